@@ -5,10 +5,21 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from typing import NoReturn
+
+from batchknee.commands import UsageError
 
 # A command module exposes `register(subparsers)`, which adds its parser and sets `handler`
 # (a function taking the parsed namespace and returning an exit status).
-Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
+Subparsers = "argparse._SubParsersAction[argparse.ArgumentParser]"
+Registrar = Callable[..., None]
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, but a bad option is one line on stderr (no usage dump), exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def _registrars() -> list[Registrar]:
@@ -17,8 +28,8 @@ def _registrars() -> list[Registrar]:
     return [plan.register]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(
         prog="batchknee",
         description="Keep LLM engines' decode batch limit at the memory-bandwidth knee.",
     )
@@ -31,9 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    status: int = args.handler(args)
+    try:
+        status: int = args.handler(args)
+    except UsageError as error:
+        print(f"batchknee {args.command}: error: {error}", file=sys.stderr)
+        return 2
     return status
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,5 @@
+import sys
+
+from batchknee.cli import main
+
+sys.exit(main())

@@ -1,0 +1,160 @@
+"""Option types and the shared model/GPU options of `plan` and `simulate`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from batchknee.commands import UsageError
+from batchknee.core.catalog import CatalogError, ModelArchitecture, find_gpu, find_model
+from batchknee.core.dtypes import KV_DTYPES, WEIGHT_DTYPES
+from batchknee.core.hf_config import ConfigError, architecture_from_hf_config
+from batchknee.core.roofline import DecodeRoofline
+from batchknee.core.units import parse_bandwidth
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive finite number")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = 0.0 if text.strip() in ("0", "0.0") else positive_float(text)
+    return value
+
+
+def fraction(text: str) -> float:
+    """A number in [0, 1)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 0 and below 1")
+    return value
+
+
+def efficiency(text: str) -> float:
+    value = positive_float(text)
+    if value > 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be in (0, 1]: a fraction of peak bandwidth")
+    return value
+
+
+def int_list(text: str) -> list[int]:
+    """`512,2048,8192` → [512, 2048, 8192], each positive."""
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError("expected a comma-separated list of positive whole numbers")
+    return [positive_int(item) for item in items]
+
+
+def bandwidth(text: str) -> float:
+    try:
+        return parse_bandwidth(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def add_roofline_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model", help="catalog name or alias, e.g. llama-3-8b or meta-llama/Meta-Llama-3-8B"
+    )
+    parser.add_argument("--model-config", type=Path, metavar="PATH", help="a local Hugging Face config.json")
+    parser.add_argument("--gpu", required=True, help="catalog name, e.g. a100-80gb, h100-sxm, h200, l40s")
+    parser.add_argument("--tp", type=positive_int, default=1, help="tensor parallel size (GPUs per replica)")
+    parser.add_argument("--params", type=positive_float, help="override the parameter count, e.g. 8.0e9")
+    parser.add_argument(
+        "--bandwidth", type=bandwidth, help="override HBM bandwidth, e.g. 2.0TB/s or 2039GB/s"
+    )
+    parser.add_argument("--weight-dtype", default="bf16", choices=WEIGHT_DTYPES)
+    parser.add_argument("--kv-dtype", default="auto", choices=KV_DTYPES)
+    parser.add_argument(
+        "--overhead-ms", type=non_negative_float, default=0.0, help="fixed time per step (ms)"
+    )
+    parser.add_argument(
+        "--bandwidth-efficiency",
+        type=efficiency,
+        default=1.0,
+        help="achieved fraction of peak bandwidth (0, 1]",
+    )
+    parser.add_argument(
+        "--prefix-sharing",
+        type=fraction,
+        default=0.0,
+        help="fraction of each context shared by all sequences",
+    )
+    parser.add_argument(
+        "--prefix-reread",
+        action="store_true",
+        help="the engine's attention re-reads shared prefix blocks per sequence (saves memory, not bandwidth)",
+    )
+
+
+def resolve_model(args: argparse.Namespace) -> ModelArchitecture:
+    if args.model_config is not None:
+        try:
+            config = json.loads(args.model_config.read_text())
+        except OSError as error:
+            raise UsageError(f"--model-config: cannot read {args.model_config}: {error.strerror}") from None
+        except json.JSONDecodeError as error:
+            raise UsageError(f"--model-config: {args.model_config} is not JSON ({error.msg})") from None
+        if not isinstance(config, dict):
+            raise UsageError(f"--model-config: {args.model_config} is not a config.json object")
+        try:
+            return architecture_from_hf_config(
+                config, args.model or args.model_config.parent.name or "custom"
+            )
+        except (ConfigError, ValueError) as error:
+            raise UsageError(f"--model-config: {error}") from None
+    if not args.model:
+        raise UsageError("--model: give a catalog model name, or --model-config PATH")
+    try:
+        return find_model(args.model)
+    except CatalogError as error:
+        raise UsageError(f"--model: {error.args[0]}") from None
+
+
+def resolve_roofline(args: argparse.Namespace) -> DecodeRoofline:
+    model = resolve_model(args)
+    try:
+        gpu = find_gpu(args.gpu)
+    except CatalogError as error:
+        raise UsageError(f"--gpu: {error.args[0]}") from None
+    return DecodeRoofline(
+        model=model,
+        gpu=gpu,
+        tensor_parallel=args.tp,
+        weight_dtype=args.weight_dtype,
+        kv_dtype=args.kv_dtype,
+        params=args.params,
+        bandwidth_bytes_per_s=args.bandwidth,
+        bandwidth_efficiency=args.bandwidth_efficiency,
+        overhead_s=args.overhead_ms / 1e3,
+        prefix_sharing=args.prefix_sharing,
+        shared_prefix_read_once=not args.prefix_reread,
+    )
+
+
+def describe(roofline: DecodeRoofline) -> str:
+    return (
+        f"{roofline.model.name} on {roofline.gpu.name} ×{roofline.tensor_parallel} (TP), "
+        f"{roofline.weight_dtype} weights, kv {roofline.kv_dtype}, "
+        f"{roofline.bandwidth / 1e12:.2f} TB/s per GPU"
+    )

@@ -1,0 +1,88 @@
+"""`batchknee plan`: the seed's table — TPOT and throughput by batch, the knee, the recommendation."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from batchknee.commands._options import (
+    add_roofline_options,
+    describe,
+    int_list,
+    positive_float,
+    resolve_roofline,
+)
+from batchknee.core.plan import ContextPlan, build_plan
+from batchknee.core.roofline import DecodeRoofline
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "plan",
+        help="the knee and the recommended --max-num-seqs for a model, GPU and context lengths",
+        description="Roofline TPOT and throughput by batch size, B_knee and the recommended batch limit.",
+    )
+    add_roofline_options(parser)
+    parser.add_argument(
+        "--context", type=int_list, default=[512, 2048, 8192], help="context lengths (tokens)"
+    )
+    parser.add_argument(
+        "--batch", type=int_list, default=[1, 8, 32, 64, 128, 256], help="batch sizes for the rows"
+    )
+    parser.add_argument(
+        "--knee-factor", type=positive_float, default=1.0, help="max-num-seqs = factor × B_knee"
+    )
+    parser.add_argument(
+        "--tpot-target-ms", type=positive_float, help="cap the batch so TPOT stays under this"
+    )
+    parser.add_argument("--output", choices=("table", "json"), default="table")
+    parser.add_argument("--plot", metavar="FILE.png", help="write TPOT and throughput against batch")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    roofline = resolve_roofline(args)
+    tpot_target_s = args.tpot_target_ms / 1e3 if args.tpot_target_ms else None
+    plans = build_plan(
+        roofline, args.context, args.batch, knee_factor=args.knee_factor, tpot_target_s=tpot_target_s
+    )
+    if args.output == "json":
+        print(json.dumps([plan.to_json() for plan in plans], indent=2))
+    else:
+        print(render_table(roofline, plans))
+    if args.plot:
+        from pathlib import Path
+
+        from batchknee.plots import plot_plan
+
+        plot_plan(plans, describe(roofline), Path(args.plot))
+    return 0
+
+
+def _change(current: float, previous: float | None) -> str:
+    return "" if previous is None else f"{(current / previous - 1) * 100:+.0f}%"
+
+
+def render_table(roofline: DecodeRoofline, plans: list[ContextPlan]) -> str:
+    lines = [
+        describe(roofline),
+        f"model bytes {roofline.model_bytes / 1e9:.2f} GB, KV bytes per token {roofline.kv_bytes_per_token:,.0f}",
+    ]
+    for plan in plans:
+        rec = plan.recommendation
+        lines += [
+            "",
+            f"context {plan.context_tokens:,} tokens: KV per sequence {plan.kv_bytes_per_seq / 1e6:,.1f} MB, "
+            f"B_knee {rec.b_knee:.1f}",
+            f"  recommended --max-num-seqs {rec.max_num_seqs}   TensorRT-LLM max_tokens {rec.max_tokens:,}"
+            f"   ({rec.explain()})",
+            f"  {'batch':>6} {'TPOT ms':>9} {'ΔTPOT':>7} {'tok/s':>9} {'Δtok/s':>7}",
+        ]
+        for previous, row in zip((None, *plan.rows), plan.rows, strict=False):
+            tpot_change = _change(row.tpot_s, previous.tpot_s if previous else None)
+            tokens_change = _change(row.tokens_per_s, previous.tokens_per_s if previous else None)
+            lines.append(
+                f"  {row.batch:>6} {row.tpot_s * 1e3:>9.1f} {tpot_change:>7} {row.tokens_per_s:>9,.0f} {tokens_change:>7}"
+            )
+    return "\n".join(lines)

@@ -1,0 +1,273 @@
+"""The decode roofline: what one engine step reads and computes, and what that costs in time.
+
+Per decode step every GPU reads its share of the weights once and every running sequence's KV cache:
+
+    bytes_per_step = weight_bytes + B · kv_bytes_per_seq          (per GPU under tensor parallelism)
+    step_time      = max(bytes / bandwidth, flops / peak_flops) / efficiency + overhead
+    B_knee         = weight_bytes / kv_bytes_per_seq                (the two byte terms are equal)
+
+With efficiency 1 and overhead 0 this is exactly the source document's roofline.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from batchknee.core.catalog import GIB, GpuSpec, ModelArchitecture
+from batchknee.core.dtypes import dtype_bytes, kv_dtype_bytes
+
+DEFAULT_RESERVE_BYTES = 1 * GIB  # activations, CUDA graphs and non-torch memory outside the KV pool
+_MAX_SEARCH_BATCH = 1 << 20
+
+
+@dataclass(frozen=True)
+class DecodeRoofline:
+    """One engine replica: a model on `tensor_parallel` GPUs of one type, with its dtypes.
+
+    `params` and `bandwidth_bytes_per_s` override the catalog (the seed rounds Llama-3-8B to 8.0e9
+    parameters and the A100 to 2.0 TB/s). `prefix_sharing` is the fraction of each sequence's
+    context that all running sequences share (a system prompt): it is stored once, and read once
+    per step when `shared_prefix_read_once` (SGLang RadixAttention / cascade kernels); engines
+    whose attention re-reads shared blocks per sequence gain capacity but no bandwidth.
+    """
+
+    model: ModelArchitecture
+    gpu: GpuSpec
+    tensor_parallel: int = 1
+    weight_dtype: str = "bf16"
+    kv_dtype: str = "auto"
+    params: float | None = None
+    bandwidth_bytes_per_s: float | None = None
+    bandwidth_efficiency: float = 1.0
+    overhead_s: float = 0.0
+    prefix_sharing: float = 0.0
+    shared_prefix_read_once: bool = True
+
+    def __post_init__(self) -> None:
+        if self.tensor_parallel < 1:
+            raise ValueError("tensor_parallel must be at least 1")
+        if self.params is not None and not self.params > 0:
+            raise ValueError("params must be positive")
+        if self.bandwidth_bytes_per_s is not None and not self.bandwidth_bytes_per_s > 0:
+            raise ValueError("bandwidth must be positive")
+        if not 0.0 < self.bandwidth_efficiency <= 1.0:
+            raise ValueError("bandwidth_efficiency must be in (0, 1]")
+        if not self.overhead_s >= 0.0:
+            raise ValueError("overhead must be zero or positive")
+        if not 0.0 <= self.prefix_sharing < 1.0:
+            raise ValueError("prefix_sharing must be in [0, 1)")
+        dtype_bytes(self.weight_dtype)
+        kv_dtype_bytes(self.kv_dtype, self.weight_dtype)
+
+    # --- weights -------------------------------------------------------------------------------
+
+    @property
+    def bandwidth(self) -> float:
+        """Peak HBM bandwidth of one GPU, bytes/s."""
+        return self.bandwidth_bytes_per_s or self.gpu.bandwidth_bytes_per_s
+
+    @property
+    def _param_scale(self) -> float:
+        # An override scales every part of the model alike (dense, experts, active).
+        return (self.params or self.model.params) / self.model.params
+
+    @property
+    def model_bytes(self) -> float:
+        """All weights of the model, across all GPUs."""
+        return self.model.params * self._param_scale * dtype_bytes(self.weight_dtype)
+
+    @property
+    def weight_bytes_per_gpu(self) -> float:
+        return self.model_bytes / self.tensor_parallel
+
+    def expected_experts_touched(self, tokens: float) -> float:
+        """Distinct routed experts per MoE layer that `tokens` tokens touch, assuming each token picks
+        its k experts uniformly at random and independently of the others: E · (1 − (1 − k/E)^T).
+        Real routers are skewed, which touches fewer experts; this is the upper, conservative case."""
+        experts, k = self.model.experts, self.model.experts_per_token
+        if experts is None or k is None:
+            return 0.0
+        untouched: float = (1.0 - k / experts) ** max(tokens, 0.0)
+        return experts * (1.0 - untouched)
+
+    def weight_bytes_read_per_gpu(self, tokens: float) -> float:
+        """Weight bytes one GPU reads in a step that processes `tokens` tokens. Dense models read all
+        weights; MoE models read the dense part plus the experts the tokens touch."""
+        if not self.model.is_moe:
+            return self.weight_bytes_per_gpu
+        assert self.model.experts is not None
+        touched_fraction = self.expected_experts_touched(tokens) / self.model.experts
+        params = self.model.dense_params + self.model.routed_expert_params * touched_fraction
+        return params * self._param_scale * dtype_bytes(self.weight_dtype) / self.tensor_parallel
+
+    @property
+    def active_params(self) -> float:
+        return (self.model.active_params or self.model.params) * self._param_scale
+
+    # --- KV cache ------------------------------------------------------------------------------
+
+    @property
+    def kv_heads_per_gpu(self) -> int:
+        """KV heads one GPU holds: they divide by TP until TP exceeds them, then replicate."""
+        return max(1, self.model.kv_heads // self.tensor_parallel)
+
+    @property
+    def kv_bytes_per_token_per_layer(self) -> float:
+        """One GPU's KV bytes for one token in one layer. MLA stores one latent (replicated on every
+        rank); MHA/GQA store K and V for each of the GPU's KV heads."""
+        element = kv_dtype_bytes(self.kv_dtype, self.weight_dtype)
+        if self.model.kv_lora_rank is not None and self.model.qk_rope_head_dim is not None:  # MLA
+            return (self.model.kv_lora_rank + self.model.qk_rope_head_dim) * element
+        return 2 * self.kv_heads_per_gpu * self.model.head_dim * element
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        """One GPU's KV bytes per token of context, all layers, below any sliding window."""
+        return self.model.layers * self.kv_bytes_per_token_per_layer
+
+    def kv_bytes_per_seq(self, context_tokens: float) -> float:
+        """One GPU's KV bytes for a sequence of `context_tokens`; windowed layers keep at most the window."""
+        windowed = self.model.sliding_window_layers if self.model.sliding_window is not None else 0
+        window = self.model.sliding_window or 0
+        full_layers = self.model.layers - windowed
+        tokens = full_layers * context_tokens + windowed * min(context_tokens, window)
+        return tokens * self.kv_bytes_per_token_per_layer
+
+    def kv_bytes_shared(self, context_tokens: float) -> float:
+        """The one copy of the shared prefix."""
+        return self.prefix_sharing * self.kv_bytes_per_seq(context_tokens)
+
+    def kv_bytes_unique_per_seq(self, context_tokens: float) -> float:
+        return (1.0 - self.prefix_sharing) * self.kv_bytes_per_seq(context_tokens)
+
+    def kv_bytes_stored(self, batch: float, context_tokens: float) -> float:
+        """KV bytes `batch` running sequences occupy on one GPU (the shared prefix stored once)."""
+        if batch <= 0:
+            return 0.0
+        return batch * self.kv_bytes_unique_per_seq(context_tokens) + self.kv_bytes_shared(context_tokens)
+
+    def kv_bytes_read(self, batch: float, context_tokens: float) -> float:
+        """KV bytes one GPU reads in one decode step of `batch` sequences."""
+        if batch <= 0:
+            return 0.0
+        if self.shared_prefix_read_once:
+            return self.kv_bytes_stored(batch, context_tokens)
+        return batch * self.kv_bytes_per_seq(context_tokens)
+
+    # --- time ----------------------------------------------------------------------------------
+
+    def attention_flops_per_pair(self) -> float:
+        """FLOPs per (query token, attended token) pair across all layers, on one GPU: QKᵀ and PV,
+        two FLOPs per multiply-add (the source's 4·S·D term). MLA attends in the latent space."""
+        heads = self.model.attention_heads / self.tensor_parallel
+        if self.model.kv_lora_rank is not None and self.model.qk_rope_head_dim is not None:  # MLA
+            per_head = (
+                2 * (self.model.kv_lora_rank + self.model.qk_rope_head_dim) + 2 * self.model.kv_lora_rank
+            )
+        else:
+            per_head = 4 * self.model.head_dim
+        return self.model.layers * heads * per_head
+
+    def step_time_s(
+        self,
+        tokens: float,
+        kv_bytes_read: float,
+        attended_pairs: float,
+    ) -> float:
+        """Duration of one engine step on one GPU that processes `tokens` tokens (decode sequences
+        plus any prefill chunk), reads `kv_bytes_read` of KV cache and attends over
+        `attended_pairs` (query, key) pairs: the larger of the memory and compute roofs, divided by
+        the achieved efficiency, plus the fixed per-step overhead."""
+        memory_s = (self.weight_bytes_read_per_gpu(tokens) + kv_bytes_read) / self.bandwidth
+        flops = 2.0 * self.active_params / self.tensor_parallel * tokens
+        flops += self.attention_flops_per_pair() * attended_pairs
+        compute_s = flops / self.gpu.peak_bf16_flops
+        return max(memory_s, compute_s) / self.bandwidth_efficiency + self.overhead_s
+
+    def tpot_s(self, batch: float, context_tokens: float) -> float:
+        """Time per output token of a steady decode batch of `batch` sequences at `context_tokens`."""
+        if batch <= 0:
+            raise ValueError("batch must be positive")
+        return self.step_time_s(
+            batch, self.kv_bytes_read(batch, context_tokens), attended_pairs=batch * context_tokens
+        )
+
+    def throughput_tokens_per_s(self, batch: float, context_tokens: float) -> float:
+        """Aggregate output tokens per second of that batch: B / TPOT(B)."""
+        return batch / self.tpot_s(batch, context_tokens)
+
+    def b_knee(self, context_tokens: float) -> float:
+        """The batch at which KV bytes read per step equal the weight bytes read: past it, each
+        added sequence costs more time than it adds throughput share. Independent of bandwidth."""
+        if context_tokens <= 0:
+            raise ValueError("context_tokens must be positive")
+        unique = self.kv_bytes_unique_per_seq(context_tokens) if self.shared_prefix_read_once else None
+        if not self.model.is_moe:
+            if unique is None:
+                return self.weight_bytes_per_gpu / self.kv_bytes_per_seq(context_tokens)
+            return max(0.0, (self.weight_bytes_per_gpu - self.kv_bytes_shared(context_tokens)) / unique)
+
+        # MoE: the weights read grow with B, so solve kv_read(B) = weights_read(B). The difference
+        # is convex (linear minus concave) and negative near zero, so it has one positive root.
+        def gap(batch: float) -> float:
+            return self.kv_bytes_read(batch, context_tokens) - self.weight_bytes_read_per_gpu(batch)
+
+        low, high = 0.0, 1.0
+        for _ in range(80):  # 2^80 sequences: far past any real knee, however short the context
+            if gap(high) >= 0.0:
+                break
+            low, high = high, high * 2.0
+        for _ in range(100):
+            middle = (low + high) / 2.0
+            low, high = (middle, high) if gap(middle) < 0.0 else (low, middle)
+        return (low + high) / 2.0
+
+    def max_batch_for_tpot(self, tpot_target_s: float, context_tokens: float) -> int:
+        """The largest batch whose TPOT meets the target (0 when even one sequence misses it).
+        TPOT is non-decreasing in B, so a binary search finds it."""
+        if tpot_target_s <= 0:
+            raise ValueError("tpot target must be positive")
+        if self.tpot_s(1, context_tokens) > tpot_target_s:
+            return 0
+        low, high = 1, 2
+        while high < _MAX_SEARCH_BATCH and self.tpot_s(high, context_tokens) <= tpot_target_s:
+            low, high = high, high * 2
+        while high - low > 1:
+            middle = (low + high) // 2
+            if self.tpot_s(middle, context_tokens) <= tpot_target_s:
+                low = middle
+            else:
+                high = middle
+        return low
+
+    # --- memory capacity -----------------------------------------------------------------------
+
+    def kv_pool_bytes(
+        self, gpu_memory_utilization: float = 0.9, reserve_bytes: float = DEFAULT_RESERVE_BYTES
+    ) -> float:
+        """vLLM's KV pool on one GPU: memory × utilization − weights − reserve (may be negative: the
+        model does not fit)."""
+        if not 0.0 < gpu_memory_utilization <= 1.0:
+            raise ValueError("gpu_memory_utilization must be in (0, 1]")
+        return self.gpu.memory_bytes * gpu_memory_utilization - self.weight_bytes_per_gpu - reserve_bytes
+
+    def kv_pool_bytes_free_fraction(
+        self, free_gpu_memory_fraction: float = 0.9, reserve_bytes: float = DEFAULT_RESERVE_BYTES
+    ) -> float:
+        """TensorRT-LLM's KV pool: a fraction of the memory left after weights and reserve."""
+        if not 0.0 < free_gpu_memory_fraction <= 1.0:
+            raise ValueError("free_gpu_memory_fraction must be in (0, 1]")
+        return (self.gpu.memory_bytes - self.weight_bytes_per_gpu - reserve_bytes) * free_gpu_memory_fraction
+
+    def kv_capacity_batch(self, context_tokens: float, pool_bytes: float) -> int:
+        """How many sequences of `context_tokens` a KV pool of `pool_bytes` holds at once."""
+        room = pool_bytes - self.kv_bytes_shared(context_tokens)
+        if room <= 0:
+            return 0
+        return math.floor(room / self.kv_bytes_unique_per_seq(context_tokens))
+
+    def knee_max_tokens(self) -> float:
+        """TensorRT-LLM's KV token cap at the knee, B_knee · ctx = weights / kv bytes per token:
+        independent of the context length (below any sliding window, without prefix sharing)."""
+        return self.weight_bytes_per_gpu / self.kv_bytes_per_token
