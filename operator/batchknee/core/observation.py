@@ -1,0 +1,63 @@
+"""What the operator saw of an engine fleet: plain values, each either a number or a reason.
+
+Adapters build these; policy reads them. A missing, NaN, infinite, stale or too-thin series is
+never a zero: it is `Reading.unavailable("why")`, and the policy holds and says why.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One observed quantity: `value` when known, else `reason` says why not."""
+
+    value: float | None
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        if self.value is None and not self.reason:
+            raise ValueError("an unavailable reading needs a reason")
+        if self.value is not None and not math.isfinite(self.value):
+            raise ValueError(f"a reading must be finite, got {self.value}; make it unavailable instead")
+
+    @classmethod
+    def of(cls, value: float) -> Reading:
+        return cls(value)
+
+    @classmethod
+    def unavailable(cls, reason: str) -> Reading:
+        return cls(None, reason)
+
+    @property
+    def available(self) -> bool:
+        return self.value is not None
+
+    def __str__(self) -> str:
+        return f"{self.value:g}" if self.value is not None else f"unavailable ({self.reason})"
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One LLMServing's engines over the evaluation window, aggregated across its pods."""
+
+    sampled_at: datetime
+    pods: int
+    avg_context_tokens: Reading
+    tpot_p99_s: Reading
+    ttft_p99_s: Reading
+    running: Reading
+    waiting: Reading
+    kv_cache_usage: Reading  # fraction of the KV pool in use, 0–1
+    prefix_hit_ratio: Reading  # 0–1
+    preemptions_per_s: Reading
+    generation_tokens_per_s: Reading
+
+    @classmethod
+    def unavailable(cls, sampled_at: datetime, reason: str, pods: int = 0) -> Observation:
+        """Nothing could be read (Prometheus down, no series): every field carries the reason."""
+        missing = Reading.unavailable(reason)
+        return cls(sampled_at, pods, *([missing] * 9))
