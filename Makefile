@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(CURDIR)/$(VENV)/bin
 export PATH := $(BIN):$(PATH)
 
-.PHONY: help venv lint test test-unit demo clean
+.PHONY: help venv lint test test-unit demo clean crds
 
 help:
 	@echo "make demo   - the closed loop on an embedded local cluster"
@@ -24,6 +24,11 @@ lint: venv
 	ruff format --check operator tests
 	mypy
 	lint-imports
+
+crds: venv
+	mkdir -p crds
+	batchknee crd > crds/batchknee.io_llmservings.yaml
+	batchknee crd --peering > crds/kopf.dev_peerings.yaml
 
 test-unit: venv
 	pytest -q tests/unit

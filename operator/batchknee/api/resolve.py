@@ -1,0 +1,185 @@
+"""From an LLMServing to the planner's plain values, with errors that name the field and the fix."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from pydantic import ValidationError
+
+from batchknee.api.models import Engine, LLMServing, LLMServingSpec
+from batchknee.core.catalog import GIB, CatalogError, GpuSpec, ModelArchitecture, find_gpu, find_model
+from batchknee.core.engine_args import vllm_gpu_memory_utilization
+from batchknee.core.observation import ObservationTarget
+from batchknee.core.policy import TuningRules
+from batchknee.core.roofline import DEFAULT_RESERVE_BYTES, DecodeRoofline
+
+TRTLLM_FREE_GPU_MEMORY_FRACTION = 0.9
+UNKNOWN_PEAK_FLOPS = 1e18  # outside the catalog without peakTeraflops: the compute roof never binds
+
+
+class SpecError(ValueError):
+    """A spec the operator cannot act on: `field` is its path (spec.tuning.minMaxNumSeqs)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+def _location(loc: tuple[int | str, ...]) -> str:
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path
+
+
+def parse_llmserving(obj: Mapping[str, Any]) -> LLMServing:
+    """Validate a raw LLMServing; the first problem becomes a SpecError naming its field."""
+    try:
+        return LLMServing.model_validate(obj)
+    except ValidationError as error:
+        first = error.errors(include_url=False)[0]
+        message = str(first["msg"]).removeprefix("Value error, ")
+        if first["type"] == "missing":
+            message = "required; set it"
+        return_field = _location(tuple(first["loc"])) or "spec"
+        raise SpecError(return_field, message) from None
+
+
+def resolve_model(spec: LLMServingSpec) -> ModelArchitecture:
+    model = spec.model
+    if model.architecture is not None:
+        a = model.architecture
+        windowed = 0
+        if a.sliding_window is not None:
+            windowed = a.layers if a.sliding_window_layers is None else a.sliding_window_layers
+        try:
+            return ModelArchitecture(
+                name=model.name,
+                layers=a.layers,
+                attention_heads=a.attention_heads,
+                kv_heads=a.kv_heads,
+                head_dim=a.head_dim,
+                params=float(a.params),
+                active_params=float(a.active_params) if a.active_params is not None else None,
+                experts=a.experts,
+                experts_per_token=a.experts_per_token,
+                kv_lora_rank=a.kv_lora_rank,
+                qk_rope_head_dim=a.qk_rope_head_dim,
+                sliding_window=a.sliding_window if windowed else None,
+                sliding_window_layers=windowed,
+            )
+        except ValueError as error:
+            raise SpecError("spec.model.architecture", str(error)) from None
+    try:
+        return find_model(model.name)
+    except CatalogError as error:
+        raise SpecError(
+            "spec.model.name",
+            f"{error.args[0]}; set spec.model.architecture (layers, attentionHeads, kvHeads, headDim, params) "
+            "for a model outside the catalog",
+        ) from None
+
+
+def resolve_gpu(spec: LLMServingSpec) -> GpuSpec:
+    gpu = spec.gpu
+    try:
+        base = find_gpu(gpu.type)
+    except CatalogError as error:
+        if gpu.memory_mebibytes is None or gpu.bandwidth_gigabytes_per_second is None:
+            raise SpecError(
+                "spec.gpu.type",
+                f"{error.args[0]}; set spec.gpu.memoryMebibytes and spec.gpu.bandwidthGigabytesPerSecond "
+                "for a GPU outside the catalog",
+            ) from None
+        base = GpuSpec(gpu.type, 1, 1.0, UNKNOWN_PEAK_FLOPS)
+    return replace(
+        base,
+        memory_bytes=gpu.memory_mebibytes * 1024**2 if gpu.memory_mebibytes else base.memory_bytes,
+        bandwidth_bytes_per_s=gpu.bandwidth_gigabytes_per_second * 1e9
+        if gpu.bandwidth_gigabytes_per_second
+        else base.bandwidth_bytes_per_s,
+        peak_bf16_flops=gpu.peak_teraflops * 1e12 if gpu.peak_teraflops else base.peak_bf16_flops,
+    )
+
+
+def resolve_roofline(spec: LLMServingSpec) -> DecodeRoofline:
+    try:
+        return DecodeRoofline(
+            model=resolve_model(spec),
+            gpu=resolve_gpu(spec),
+            tensor_parallel=spec.gpu.count,
+            weight_dtype=spec.model.weight_dtype,
+            kv_dtype=spec.model.kv_cache_dtype,
+            params=float(spec.model.params) if spec.model.params else None,
+        )
+    except ValueError as error:
+        if isinstance(error, SpecError):
+            raise
+        raise SpecError("spec.model", str(error)) from None
+
+
+def kv_pool_bytes(spec: LLMServingSpec, roofline: DecodeRoofline) -> float:
+    """One GPU's KV pool as the engine sizes it; a SpecError when the weights do not fit at all."""
+    if spec.engine == Engine.TensorRTLLM:
+        pool = roofline.kv_pool_bytes_free_fraction(TRTLLM_FREE_GPU_MEMORY_FRACTION)
+        budget = f"{roofline.gpu.memory_bytes / GIB:.0f} GiB"
+    else:
+        utilization = vllm_gpu_memory_utilization(spec.args)
+        pool = roofline.kv_pool_bytes(utilization)
+        budget = f"{roofline.gpu.memory_bytes / GIB:.0f} GiB × {utilization:.2f}"
+    if pool <= 0:
+        raise SpecError(
+            "spec.gpu.count",
+            f"{roofline.model.name} weights ({roofline.weight_bytes_per_gpu / GIB:.1f} GiB per GPU at tensor "
+            f"parallel {roofline.tensor_parallel}) leave no KV cache in {budget} of {roofline.gpu.name} "
+            f"(reserve {DEFAULT_RESERVE_BYTES / GIB:.0f} GiB); raise spec.gpu.count or use a larger GPU",
+        )
+    return pool
+
+
+def tuning_rules(spec: LLMServingSpec) -> TuningRules:
+    tuning = spec.tuning
+    try:
+        return TuningRules(
+            mode=tuning.mode.value,
+            knee_factor_percent=tuning.knee_factor_percent,
+            tpot_p99_target_ms=tuning.tpot_p99_target_milliseconds,
+            min_max_num_seqs=tuning.min_max_num_seqs,
+            max_max_num_seqs=tuning.max_max_num_seqs,
+            dead_band_percent=tuning.dead_band_percent,
+            cooldown_s=tuning.cooldown_seconds,
+            max_rollouts_per_hour=tuning.max_rollouts_per_hour,
+            window_s=tuning.window_seconds,
+            initial_context_length=tuning.initial_context_length,
+            pinned_max_num_seqs=tuning.pinned_max_num_seqs,
+        )
+    except ValueError as error:
+        raise SpecError("spec.tuning", str(error)) from None
+
+
+def observation_target(obj: LLMServing) -> ObservationTarget:
+    spec = obj.spec
+    return ObservationTarget(
+        namespace=obj.metadata.namespace,
+        name=obj.metadata.name,
+        engine=spec.engine.value,
+        window_s=spec.tuning.window_seconds,
+        selector=dict(spec.prometheus.selector) if spec.prometheus.selector else None,
+    )
+
+
+def calibration_fingerprint(spec: LLMServingSpec) -> str:
+    """What the TPOT calibration depends on; samples taken under another fingerprint are discarded."""
+    key = {
+        "engine": spec.engine.value,
+        "model": spec.model.dump(),
+        "gpu": spec.gpu.dump(),
+        "image": spec.image,
+        "args": sorted(spec.args),
+    }
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]

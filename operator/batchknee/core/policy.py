@@ -1,0 +1,461 @@
+"""The retuning decision (DESIGN.md §4): what batch limit an engine should run with now, and why.
+
+Pure: the spec's rules, the latest observation, what the cluster runs, the rollout history and the
+calibration samples come in as arguments, together with the current time. The answer is a
+`Decision` whose `reason` is one line born in the math, e.g.
+`avg ctx 2050 tok → B_knee 59.6 → 64 (×1.00, ⌈8⌉)`, and whose holds always say why.
+
+Rules, in the order they are checked (the first that applies names the hold):
+- no engine yet: create it at the recommendation for the observed context, or for
+  `initial_context_length` before any traffic has been seen (Pinned: the pinned value;
+  Recommend: the user's own `--max-num-seqs` when given);
+- Pinned: run the pinned value; Recommend: compute and report, never roll;
+- a rollout in progress, or the metrics window after one (`window_s`), holds;
+- unavailable or too-thin metrics, or no running sequences, hold — never a zero;
+- the target: knee factor × B_knee rounded up to the granularity, under the KV-capacity cap, under
+  the TPOT guard, clamped to [min, max];
+- already there, inside the dead band (safety decreases excepted), inside the cooldown, or over
+  the rollouts-per-hour budget: hold; otherwise roll.
+
+The TPOT guard, with a p99 target: once enough calibration samples exist, the calibrated cap
+(`fit_roofline` on observed p99 steps, `max_batch_for_tpot` on the fitted roofline); until then,
+a multiplicative step down (×3/4) while p99 is over the target and no raise while it is within
+10 % of it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Literal
+
+from batchknee.core.calibration import RooflineCalibration, StepSample, fit_roofline
+from batchknee.core.observation import Observation, Reading
+from batchknee.core.recommend import Recommendation, recommend, round_down_under_cap
+from batchknee.core.roofline import DecodeRoofline
+
+Mode = Literal["Auto", "Recommend", "Pinned"]
+Action = Literal["roll", "hold", "recommend"]
+Hold = Literal[
+    "metrics-unavailable",
+    "no-traffic",
+    "rollout-in-progress",
+    "settling",
+    "at-target",
+    "dead-band",
+    "cooldown",
+    "rollout-budget",
+    "pinned",
+    "recommend-mode",
+]
+GuardSource = Literal["calibrated", "step-down", "no-raise"]
+
+STEP_DOWN_NUMERATOR, STEP_DOWN_DENOMINATOR = 3, 4  # uncalibrated guard: ×3/4 per evaluation over target
+NO_RAISE_FRACTION = 0.9  # uncalibrated guard: no raise while p99 is within 10 % of the target
+MIN_CALIBRATION_SAMPLES = 6
+MAX_CALIBRATION_RELATIVE_RMSE = 0.2  # a fit worse than this is noise, not a model
+CALIBRATION_SAMPLES_KEPT = 32
+HISTORY_KEPT = 10  # rollouts remembered; maxRolloutsPerHour may not exceed it
+HOUR = timedelta(hours=1)
+
+
+def _z(moment: datetime) -> str:
+    return moment.strftime("%H:%M:%SZ")
+
+
+@dataclass(frozen=True)
+class TuningRules:
+    """`spec.tuning` as plain values."""
+
+    mode: Mode = "Auto"
+    knee_factor_percent: int = 100
+    tpot_p99_target_ms: int | None = None
+    min_max_num_seqs: int = 8
+    max_max_num_seqs: int = 512
+    dead_band_percent: int = 10
+    cooldown_s: int = 600
+    max_rollouts_per_hour: int = 4
+    window_s: int = 300
+    initial_context_length: int = 2048
+    pinned_max_num_seqs: int | None = None
+    granularity: int = 8
+
+    def __post_init__(self) -> None:
+        if not 100 <= self.knee_factor_percent <= 200:
+            raise ValueError("kneeFactorPercent must be within 100–200")
+        if not 1 <= self.min_max_num_seqs <= self.max_max_num_seqs:
+            raise ValueError("minMaxNumSeqs must be at least 1 and at most maxMaxNumSeqs")
+        if self.tpot_p99_target_ms is not None and self.tpot_p99_target_ms < 1:
+            raise ValueError("tpotP99TargetMilliseconds must be positive")
+        if not 0 <= self.dead_band_percent <= 100:
+            raise ValueError("deadBandPercent must be within 0–100")
+        if self.cooldown_s < 0 or self.window_s < 0:
+            raise ValueError("cooldownSeconds and windowSeconds must not be negative")
+        if not 1 <= self.max_rollouts_per_hour <= HISTORY_KEPT:
+            raise ValueError(f"maxRolloutsPerHour must be within 1–{HISTORY_KEPT}")
+        if self.initial_context_length < 1:
+            raise ValueError("initialContextLength must be positive")
+        if self.mode == "Pinned" and self.pinned_max_num_seqs is None:
+            raise ValueError("Pinned mode needs pinnedMaxNumSeqs")
+        if self.pinned_max_num_seqs is not None and self.pinned_max_num_seqs < 1:
+            raise ValueError("pinnedMaxNumSeqs must be positive")
+        if self.granularity < 1:
+            raise ValueError("granularity must be positive")
+
+    @property
+    def knee_factor(self) -> float:
+        return self.knee_factor_percent / 100.0
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """One change of the batch limit, recorded together with the change itself."""
+
+    time: datetime
+    from_value: int | None
+    to_value: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What the cluster runs now (the cluster is the source of truth).
+
+    `max_num_seqs` is None before the engine Deployment exists. `settled_since` is when the
+    current pod set was first seen fully rolled out and available after the last recorded rollout.
+    """
+
+    max_num_seqs: int | None
+    max_tokens: int | None = None
+    rolling: bool = False
+    settled_since: datetime | None = None
+    rollouts: tuple[Rollout, ...] = ()
+
+    @property
+    def last_rollout(self) -> Rollout | None:
+        return self.rollouts[-1] if self.rollouts else None
+
+
+@dataclass(frozen=True)
+class CalibrationPoint:
+    """One settled observation: the running batch per pod, its context, and the TPOT p99 seen."""
+
+    time: datetime
+    batch: float
+    context_tokens: float
+    tpot_p99_s: float
+
+
+@dataclass(frozen=True)
+class TpotGuard:
+    cap: int
+    source: GuardSource
+    text: str
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    value: int
+    max_tokens: int
+    reason: str
+    hold: Hold | None = None
+    recommended: int | None = None
+    recommendation: Recommendation | None = None
+    context_tokens: float | None = None
+    context_source: Literal["observed", "initial"] | None = None
+    limited_by: str | None = None
+    guard: TpotGuard | None = None
+    calibration: RooflineCalibration | None = field(default=None, compare=False)
+
+    @property
+    def rolls(self) -> bool:
+        return self.action == "roll"
+
+
+# --- calibration -----------------------------------------------------------------------------------
+
+
+def calibration_point(observation: Observation) -> CalibrationPoint | None:
+    """A calibration sample from a settled observation, or None when any input is missing."""
+    ctx, tpot, running = (
+        observation.avg_context_tokens.value,
+        observation.tpot_p99_s.value,
+        observation.running.value,
+    )
+    if ctx is None or tpot is None or running is None or observation.pods < 1:
+        return None
+    batch = running / observation.pods
+    if not (batch > 0 and ctx > 0 and tpot > 0):
+        return None
+    return CalibrationPoint(observation.sampled_at, batch, ctx, tpot)
+
+
+def add_calibration_point(
+    points: Sequence[CalibrationPoint], point: CalibrationPoint, keep: int = CALIBRATION_SAMPLES_KEPT
+) -> tuple[CalibrationPoint, ...]:
+    """The newest `keep` samples, `point` last."""
+    return (*points, point)[-keep:]
+
+
+def calibrate(
+    roofline: DecodeRoofline, points: Sequence[CalibrationPoint]
+) -> tuple[RooflineCalibration | None, str]:
+    """Fit per-step overhead and bandwidth efficiency to the observed p99 steps: the TPOT the
+    target constrains. None (and why) until there are enough, varied, consistent samples."""
+    if len(points) < MIN_CALIBRATION_SAMPLES:
+        return None, f"uncalibrated, {len(points)}/{MIN_CALIBRATION_SAMPLES} samples"
+    samples = [
+        StepSample(p.batch, roofline.kv_bytes_read(p.batch, p.context_tokens), p.tpot_p99_s) for p in points
+    ]
+    try:
+        fit = fit_roofline(roofline, samples)
+    except ValueError as error:
+        return None, f"uncalibrated: {error}"
+    mean = sum(p.tpot_p99_s for p in points) / len(points)
+    if fit.rmse_s > MAX_CALIBRATION_RELATIVE_RMSE * mean:
+        return None, f"uncalibrated: fit residual {fit.rmse_s / mean:.0%} of TPOT"
+    return fit, f"calibrated on {fit.samples} samples"
+
+
+def _guard(
+    rules: TuningRules,
+    observation: Observation | None,
+    applied: int | None,
+    calibrated_cap: int | None,
+    calibration_text: str,
+) -> TpotGuard | None:
+    if rules.tpot_p99_target_ms is None:
+        return None
+    target_ms = rules.tpot_p99_target_ms
+    if calibrated_cap is not None:
+        return TpotGuard(
+            calibrated_cap,
+            "calibrated",
+            f"TPOT p99 ≤ {target_ms} ms allows {calibrated_cap} ({calibration_text})",
+        )
+    p99 = observation.tpot_p99_s.value if observation is not None else None
+    if p99 is None or applied is None:
+        return None
+    p99_ms = p99 * 1e3
+    if p99_ms > target_ms:
+        stepped = round_down_under_cap(
+            max(1, applied * STEP_DOWN_NUMERATOR // STEP_DOWN_DENOMINATOR), rules.granularity
+        )
+        return TpotGuard(
+            stepped,
+            "step-down",
+            f"TPOT p99 {p99_ms:.0f} ms > target {target_ms} ms: step {applied} → {stepped} ({calibration_text})",
+        )
+    if p99_ms >= NO_RAISE_FRACTION * target_ms:
+        return TpotGuard(
+            applied,
+            "no-raise",
+            f"TPOT p99 {p99_ms:.0f} ms within 10% of target {target_ms} ms: no raise past {applied} "
+            f"({calibration_text})",
+        )
+    return None
+
+
+# --- the decision ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Target:
+    value: int
+    recommendation: Recommendation
+    guard: TpotGuard | None
+    limited_by: str
+    text: str
+    calibration: RooflineCalibration | None
+
+
+def _target(
+    rules: TuningRules,
+    roofline: DecodeRoofline,
+    kv_pool_bytes: float,
+    context_tokens: float,
+    observation: Observation | None,
+    applied: int | None,
+    calibration: Sequence[CalibrationPoint],
+) -> _Target:
+    fit, calibration_text = (None, "")
+    calibrated_cap: int | None = None
+    if rules.tpot_p99_target_ms is not None:
+        fit, calibration_text = calibrate(roofline, calibration)
+        if fit is not None:
+            calibrated_cap = fit.apply(roofline).max_batch_for_tpot(
+                rules.tpot_p99_target_ms / 1e3, context_tokens
+            )
+    rec = recommend(
+        roofline,
+        context_tokens,
+        knee_factor=rules.knee_factor,
+        kv_pool_bytes=kv_pool_bytes,
+        minimum=rules.min_max_num_seqs,
+        maximum=rules.max_max_num_seqs,
+        granularity=rules.granularity,
+    )
+    guard = _guard(rules, observation, applied, calibrated_cap, calibration_text)
+    value, limited_by, text = rec.max_num_seqs, str(rec.limited_by), rec.explain()
+    if guard is not None:
+        capped = max(rules.min_max_num_seqs, round_down_under_cap(guard.cap, rules.granularity))
+        if capped < value:
+            value, limited_by = capped, "tpot-target"
+            text += f" → {value} ({guard.text})"
+            if capped == rules.min_max_num_seqs and guard.cap < capped:
+                text += f" (minimum bound {rules.min_max_num_seqs})"
+    return _Target(value, rec, guard, limited_by, text, fit)
+
+
+def _max_tokens(value: int, context_tokens: float) -> int:
+    return value * math.ceil(context_tokens)
+
+
+def decide(
+    rules: TuningRules,
+    roofline: DecodeRoofline,
+    kv_pool_bytes: float,
+    observation: Observation | None,
+    applied: Applied,
+    calibration: Sequence[CalibrationPoint],
+    now: datetime,
+    user_max_num_seqs: int | None = None,
+) -> Decision:
+    """The batch limit to run now and why. `observation` is None when there is nothing to observe
+    yet (no engine pods); `user_max_num_seqs` is a `--max-num-seqs` in the spec's own args, which
+    only Recommend mode honours (Auto replaces it, Pinned uses `pinned_max_num_seqs`)."""
+    ctx_reading = observation.avg_context_tokens if observation is not None else None
+    observed_ctx = ctx_reading.value if ctx_reading is not None else None
+    if observed_ctx is not None and observed_ctx <= 0:
+        observed_ctx = None
+    current = applied.max_num_seqs
+
+    # What the math says, when it can say anything: for status, and for Auto's target.
+    target: _Target | None = None
+    context: float | None = None
+    source: Literal["observed", "initial"] | None = None
+    if observed_ctx is not None:
+        context, source = observed_ctx, "observed"
+    elif current is None:
+        context, source = float(rules.initial_context_length), "initial"
+    if context is not None:
+        target = _target(rules, roofline, kv_pool_bytes, context, observation, current, calibration)
+
+    def decision(action: Action, value: int, reason: str, hold: Hold | None = None) -> Decision:
+        if action != "roll" and applied.max_tokens is not None:
+            max_tokens = applied.max_tokens
+        else:  # a new value, or none recorded: the cap that goes with it (never a zero)
+            max_tokens = _max_tokens(value, context if context is not None else rules.initial_context_length)
+        return Decision(
+            action=action,
+            value=value,
+            max_tokens=max_tokens,
+            reason=reason,
+            hold=hold,
+            recommended=target.value if target else None,
+            recommendation=target.recommendation if target else None,
+            context_tokens=context,
+            context_source=source,
+            limited_by=target.limited_by if target else None,
+            guard=target.guard if target else None,
+            calibration=target.calibration if target else None,
+        )
+
+    explain = target.text if target is not None else ""
+
+    # --- modes that never chase the knee ---------------------------------------------------------
+    if rules.mode == "Pinned":
+        assert rules.pinned_max_num_seqs is not None
+        pinned = rules.pinned_max_num_seqs
+        note = f"; the knee says {target.value} ({explain})" if target is not None else ""
+        if current != pinned:
+            return decision("roll", pinned, f"max-num-seqs {_from(current)}→{pinned}: pinned by spec{note}")
+        return decision("hold", pinned, f"pinned at {pinned}{note}", "pinned")
+
+    if rules.mode == "Recommend":
+        wanted = user_max_num_seqs if user_max_num_seqs is not None else current
+        if wanted is None:  # first creation without a user value: start at the recommendation
+            assert target is not None
+            return decision(
+                "roll", target.value, f"max-num-seqs {_from(None)}→{target.value}: initial, {explain}"
+            )
+        if current != wanted:
+            return decision(
+                "roll", wanted, f"max-num-seqs {_from(current)}→{wanted}: set in spec.args (Recommend mode)"
+            )
+        why = f"recommend {target.value}: {explain}" if target is not None else _unobserved(ctx_reading)
+        return decision("recommend", wanted, f"{why} — Recommend mode keeps {wanted}", "recommend-mode")
+
+    # --- Auto ------------------------------------------------------------------------------------
+    if current is None:
+        assert target is not None
+        ctx_note = "" if source == "observed" else " (initial context, no traffic seen yet)"
+        return decision(
+            "roll", target.value, f"max-num-seqs {_from(None)}→{target.value}: {explain}{ctx_note}"
+        )
+
+    def hold(kind: Hold, why: str) -> Decision:
+        prefix = f"{explain} — " if target is not None else ""
+        return decision("hold", current, f"{prefix}holding {current}: {why}", kind)
+
+    if applied.rolling:
+        return hold("rollout-in-progress", "rollout in progress")
+    if applied.settled_since is not None and now < applied.settled_since + timedelta(seconds=rules.window_s):
+        until = applied.settled_since + timedelta(seconds=rules.window_s)
+        return hold("settling", f"metrics window settling after the rollout until {_z(until)}")
+    if target is None:
+        if observation is not None and observation.running.value == 0:
+            return decision(
+                "hold", current, f"holding {current}: no running sequences to measure", "no-traffic"
+            )
+        return decision(
+            "hold", current, f"holding {current}: {_unobserved(ctx_reading)}", "metrics-unavailable"
+        )
+
+    wanted = target.value
+    if wanted == current:
+        return decision("hold", current, f"{explain} — at target", "at-target")
+    change_percent = abs(wanted - current) / current * 100
+    safety = wanted < current and target.limited_by in ("tpot-target", "kv-capacity")
+    if change_percent < rules.dead_band_percent and not safety:
+        return hold(
+            "dead-band",
+            f"{wanted} is within the {rules.dead_band_percent}% dead band ({change_percent:.0f}%)",
+        )
+    last = applied.last_rollout
+    if last is not None and now < last.time + timedelta(seconds=rules.cooldown_s):
+        return hold("cooldown", f"cooldown until {_z(last.time + timedelta(seconds=rules.cooldown_s))}")
+    recent = rollouts_in_last_hour(applied.rollouts, now)
+    if recent >= rules.max_rollouts_per_hour:
+        return hold(
+            "rollout-budget",
+            f"{recent} rollouts in the last hour (maxRolloutsPerHour {rules.max_rollouts_per_hour})",
+        )
+    return decision("roll", wanted, f"max-num-seqs {current}→{wanted}: {explain}")
+
+
+def _from(value: int | None) -> str:
+    return "∅" if value is None else str(value)
+
+
+def _unobserved(reading: Reading | None) -> str:
+    if reading is not None and reading.reason:
+        return f"metrics unavailable ({reading.reason})"
+    return "metrics unavailable (no engine pods observed)"
+
+
+def rollouts_in_last_hour(rollouts: Sequence[Rollout], now: datetime) -> int:
+    return sum(1 for r in rollouts if now - HOUR < r.time <= now)
+
+
+def record(
+    applied: Applied, decision: Decision, now: datetime, keep: int = HISTORY_KEPT
+) -> tuple[Rollout, ...]:
+    """The rollout history after acting on `decision` (unchanged unless it rolls)."""
+    if not decision.rolls:
+        return applied.rollouts
+    entry = Rollout(now, applied.max_num_seqs, decision.value, decision.reason)
+    return (*applied.rollouts, entry)[-keep:]
