@@ -1,0 +1,190 @@
+"""In-memory adapters for component tests: a Kubernetes store that keeps objects as the apiserver
+would (generation, status, owner references), an observer whose readings the test sets, a clock."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from batchknee.core.observation import Observation, ObservationTarget, Reading
+from batchknee.ports import ApplyError, EventType
+
+START = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
+
+
+@dataclass
+class Clock:
+    now: datetime = START
+
+    def advance(self, seconds: float) -> datetime:
+        self.now += timedelta(seconds=seconds)
+        return self.now
+
+
+Key = tuple[str, str, str]  # kind, namespace, name
+
+
+@dataclass
+class MemoryKube:
+    """Implements batchknee.ports.KubernetesPort. Apply replaces the object but keeps its status;
+    a changed spec bumps metadata.generation (and so starts a Deployment "rollout" that lasts
+    until `finish_rollout`)."""
+
+    objects: dict[Key, dict[str, Any]] = field(default_factory=dict)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    applies: int = 0
+    status_writes: int = 0
+    fail_apply: set[str] = field(default_factory=set)
+    fail_status: bool = False
+    _uids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+    # --- the port ---
+    def get_llmserving(self, namespace: str, name: str) -> dict[str, Any] | None:
+        found = self.objects.get(("LLMServing", namespace, name))
+        return copy.deepcopy(found) if found else None
+
+    def get_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
+        found = self.objects.get(("Deployment", namespace, name))
+        return copy.deepcopy(found) if found else None
+
+    def apply(self, obj: dict[str, Any]) -> None:
+        kind, meta = obj["kind"], obj["metadata"]
+        if kind in self.fail_apply:
+            raise ApplyError(f"{kind} {meta['name']}: admission webhook denied the request")
+        key = (kind, meta["namespace"], meta["name"])
+        new = copy.deepcopy(obj)
+        old = self.objects.get(key)
+        body = {k: v for k, v in new.items() if k not in ("metadata", "status")}
+        if old is None:
+            new["metadata"]["generation"] = 1
+            new["metadata"]["uid"] = f"uid-{next(self._uids)}"
+        else:
+            old_body = {k: v for k, v in old.items() if k not in ("metadata", "status")}
+            generation = old["metadata"]["generation"] + (1 if body != old_body else 0)
+            new["metadata"]["generation"] = generation
+            new["metadata"]["uid"] = old["metadata"]["uid"]
+            if "status" in old:
+                new["status"] = old["status"]
+        self.objects[key] = new
+        self.applies += 1
+
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        if self.fail_status:
+            raise RuntimeError("connection reset while writing status")
+        self.objects[("LLMServing", namespace, name)]["status"] = copy.deepcopy(status)
+        self.status_writes += 1
+
+    def emit_event(
+        self, involved: dict[str, Any], event_type: EventType, reason: str, message: str, now: datetime
+    ) -> None:
+        self.events.append(
+            {
+                "object": involved["metadata"]["name"],
+                "type": event_type,
+                "reason": reason,
+                "message": message,
+                "time": now,
+            }
+        )
+
+    # --- what a test does to the world ---
+    def create(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        obj = copy.deepcopy(manifest)
+        meta = obj.setdefault("metadata", {})
+        meta.setdefault("namespace", "default")
+        meta["uid"] = f"uid-{next(self._uids)}"
+        meta["generation"] = 1
+        meta["creationTimestamp"] = "2026-03-01T12:00:00Z"
+        self.objects[("LLMServing", meta["namespace"], meta["name"])] = obj
+        return obj
+
+    def edit_spec(self, namespace: str, name: str, change: dict[str, Any]) -> None:
+        obj = self.objects[("LLMServing", namespace, name)]
+        _merge(obj["spec"], change)
+        obj["metadata"]["generation"] += 1
+
+    def deployment(self, namespace: str, name: str) -> dict[str, Any]:
+        return self.objects[("Deployment", namespace, name)]
+
+    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.objects.get((kind, namespace, name))
+
+    def finish_rollout(self, namespace: str, name: str) -> None:
+        """What the Deployment controller reports once every pod runs the new template."""
+        dep = self.objects[("Deployment", namespace, name)]
+        replicas = dep["spec"].get("replicas", 1)
+        dep["status"] = {
+            "observedGeneration": dep["metadata"]["generation"],
+            "replicas": replicas,
+            "updatedReplicas": replicas,
+            "readyReplicas": replicas,
+            "availableReplicas": replicas,
+        }
+
+    def status(self, namespace: str, name: str) -> dict[str, Any]:
+        return self.objects[("LLMServing", namespace, name)].get("status", {})
+
+    def condition(self, namespace: str, name: str, kind: str) -> dict[str, Any]:
+        return next(c for c in self.status(namespace, name)["conditions"] if c["type"] == kind)
+
+
+def _merge(into: dict[str, Any], change: dict[str, Any]) -> None:
+    for key, value in change.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        elif value is None:
+            into.pop(key, None)
+        else:
+            into[key] = value
+
+
+def observation(
+    now: datetime,
+    *,
+    ctx: float | None = 2048,
+    tpot_p99_ms: float | None = 20.0,
+    running: float | None = 48,
+    pods: int = 1,
+    reason: str = "no samples in the window",
+) -> Observation:
+    def reading(value: float | None) -> Reading:
+        return Reading.of(value) if value is not None else Reading.unavailable(reason)
+
+    return Observation(
+        sampled_at=now,
+        pods=pods,
+        avg_context_tokens=reading(ctx),
+        tpot_p99_s=reading(tpot_p99_ms / 1e3 if tpot_p99_ms is not None else None),
+        tpot_mean_s=reading(tpot_p99_ms / 2e3 if tpot_p99_ms is not None else None),
+        ttft_p99_s=reading(0.25),
+        running=reading(running),
+        waiting=reading(0.0),
+        kv_cache_usage=reading(0.4),
+        prefix_hit_ratio=reading(0.1),
+        preemptions_per_s=reading(0.0),
+        generation_tokens_per_s=reading(1000.0),
+    )
+
+
+@dataclass
+class MemoryObserver:
+    """Implements batchknee.ports.Observer; unset targets read as Prometheus being unreachable."""
+
+    readings: dict[tuple[str, str], Observation] = field(default_factory=dict)
+    down: bool = False
+    calls: int = 0
+
+    def set(self, namespace: str, name: str, value: Observation) -> None:
+        self.readings[(namespace, name)] = value
+
+    def observation(self, target: ObservationTarget, now: datetime) -> Observation:
+        self.calls += 1
+        if self.down or target.key not in self.readings:
+            return Observation.unavailable(
+                now, "Prometheus at http://127.0.0.1:9090 unreachable (connection refused)"
+            )
+        found = self.readings[target.key]
+        return Observation(now, *[getattr(found, f) for f in list(found.__dataclass_fields__)[1:]])

@@ -1,0 +1,235 @@
+"""reconcile against in-memory adapters: the resulting objects and status, not call sequences."""
+
+from __future__ import annotations
+
+import contextlib
+
+from conftest import World, llmserving
+from fakes import observation
+
+from batchknee.render import deployment_state
+
+
+def max_num_seqs(world: World, name: str = "chat") -> int | None:
+    state = deployment_state(world.kube.get_deployment("default", name))
+    return state.max_num_seqs if state else None
+
+
+def settle(world: World, seconds: float = 121) -> None:
+    world.kube.finish_rollout("default", "chat")
+    world.reconcile()  # sees the rollout complete: the settle window starts now
+    world.clock.advance(seconds)
+
+
+def test_creation_renders_the_engine_at_the_initial_context(world: World) -> None:
+    world.kube.create(llmserving())
+    outcome = world.reconcile()
+
+    args = world.args()
+    assert args.count("--max-num-seqs") == 1
+    assert args[args.index("--max-num-seqs") + 1] == "64"  # llama-3-8b, ctx 2048: B_knee 59.6 → 64
+    assert args[args.index("--tensor-parallel-size") + 1] == "1"
+    dep = world.kube.deployment("default", "chat")
+    owner = dep["metadata"]["ownerReferences"][0]
+    assert owner["kind"] == "LLMServing" and owner["controller"] and owner["blockOwnerDeletion"]
+    assert world.kube.get("Service", "default", "chat") is not None
+
+    status = world.kube.status("default", "chat")
+    assert status["maxNumSeqs"] == 64
+    assert status["recommendedMaxNumSeqs"] == 64
+    assert status["bKnee"] == 59.8  # 8.03 B parameters (the seed rounds to 8.0 B: 59.6)
+    assert status["observedGeneration"] == 1
+    assert (
+        len(status["history"]) == 1
+        and status["history"][0]["to"] == 64
+        and "from" not in status["history"][0]
+    )
+    assert "initial context" in status["reason"]
+    assert world.kube.condition("default", "chat", "Ready")["status"] == "False"
+    assert world.kube.condition("default", "chat", "MetricsAvailable")["status"] == "Unknown"
+    assert [e["reason"] for e in world.kube.events] == ["Deployed"]
+    assert outcome.decision is not None and outcome.decision.rolls
+
+
+def test_context_shift_rolls_to_the_new_knee_and_says_why(world: World) -> None:
+    world.kube.create(llmserving())
+    world.reconcile()
+    world.observer.set("default", "chat", observation(world.clock.now, ctx=2048, tpot_p99_ms=31))
+    settle(world)
+    world.reconcile()
+    assert max_num_seqs(world) == 64
+    assert world.kube.status("default", "chat")["holdReason"] == "at-target"
+    assert world.kube.condition("default", "chat", "Ready")["status"] == "True"
+
+    world.clock.advance(600)
+    world.observer.set("default", "chat", observation(world.clock.now, ctx=8192, tpot_p99_ms=31))
+    world.reconcile()
+    assert max_num_seqs(world) == 16
+    status = world.kube.status("default", "chat")
+    assert status["maxNumSeqs"] == 16 and status["recommendedMaxNumSeqs"] == 16
+    assert status["observed"]["avgContextLength"] == 8192
+    assert status["reason"].startswith("max-num-seqs 64→16: avg ctx 8192 tok → B_knee 15.0 → 16")
+    assert [h["to"] for h in status["history"]] == [64, 16]
+    retuned = world.kube.events[-1]
+    assert retuned["reason"] == "Retuned"
+    assert retuned["message"] == "max-num-seqs 64→16: avg ctx 8192 tokens, B_knee 15.0, TPOT p99 31 ms"
+    assert world.kube.condition("default", "chat", "Progressing")["status"] == "True"
+
+    # while the rollout runs, nothing else moves even if the context moves back
+    world.observer.set("default", "chat", observation(world.clock.now, ctx=2048))
+    world.reconcile()
+    assert max_num_seqs(world) == 16
+    assert world.kube.status("default", "chat")["holdReason"] == "rollout-in-progress"
+
+
+def test_second_reconcile_changes_nothing(world: World) -> None:
+    world.kube.create(llmserving())
+    world.reconcile()
+    world.kube.finish_rollout("default", "chat")
+    world.reconcile()
+    before = world.kube.deployment("default", "chat")
+    writes, events = world.kube.status_writes, len(world.kube.events)
+    outcome = world.reconcile()
+    assert world.kube.deployment("default", "chat") == before
+    assert not outcome.status_written and world.kube.status_writes == writes
+    assert len(world.kube.events) == events
+
+
+def test_metrics_unavailable_holds_the_last_good_setting(world: World) -> None:
+    world.kube.create(llmserving())
+    world.reconcile()
+    world.observer.set("default", "chat", observation(world.clock.now, ctx=2048))
+    settle(world)
+    world.reconcile()
+    good = world.kube.status("default", "chat")["observed"]
+
+    world.observer.down = True
+    world.clock.advance(600)
+    world.reconcile()
+    status = world.kube.status("default", "chat")
+    assert max_num_seqs(world) == 64
+    assert status["holdReason"] == "metrics-unavailable"
+    assert "unreachable" in status["reason"] and "holding 64" in status["reason"]
+    assert status["observed"] == good  # the last good observation, never zeros
+    metrics = world.kube.condition("default", "chat", "MetricsAvailable")
+    assert metrics["status"] == "False" and metrics["reason"] == "MetricsUnavailable"
+    assert world.kube.events[-1]["reason"] == "MetricsUnavailable"
+
+
+def test_recommend_mode_never_changes_the_deployment(world: World) -> None:
+    world.kube.create(llmserving(tuning={"mode": "Recommend"}, args=["--max-num-seqs=256"]))
+    world.reconcile()
+    assert max_num_seqs(world) == 256
+    settle(world)
+    world.observer.set("default", "chat", observation(world.clock.now, ctx=8192))
+    template = world.kube.deployment("default", "chat")["spec"]["template"]
+    world.clock.advance(3600)
+    world.reconcile()
+    assert world.kube.deployment("default", "chat")["spec"]["template"] == template
+    status = world.kube.status("default", "chat")
+    assert status["maxNumSeqs"] == 256 and status["recommendedMaxNumSeqs"] == 16
+    assert status["action"] == "recommend"
+    assert world.kube.events[-1]["reason"] == "Recommended"
+
+
+def test_invalid_spec_is_degraded_and_changes_nothing(world: World) -> None:
+    world.kube.create(llmserving())
+    world.reconcile()
+    before = world.kube.deployment("default", "chat")
+    world.kube.edit_spec("default", "chat", {"tuning": {"minMaxNumSeqs": 64, "maxMaxNumSeqs": 16}})
+    world.reconcile()
+    assert world.kube.deployment("default", "chat") == before
+    degraded = world.kube.condition("default", "chat", "Degraded")
+    assert degraded["status"] == "True" and degraded["reason"] == "InvalidSpec"
+    assert "spec.tuning" in degraded["message"] and "minMaxNumSeqs" in degraded["message"]
+    assert degraded["observedGeneration"] == 2
+    assert world.kube.events[-1]["reason"] == "InvalidSpec"
+
+
+def test_model_outside_the_catalog_names_the_fix(world: World) -> None:
+    world.kube.create(llmserving(model={"name": "acme/secret-13b"}))
+    world.reconcile()
+    assert world.kube.get("Deployment", "default", "chat") is None
+    message = world.kube.condition("default", "chat", "Degraded")["message"]
+    assert message.startswith("spec.model.name:") and "spec.model.architecture" in message
+
+
+def test_restart_after_the_roll_before_the_status_does_not_roll_twice(world: World) -> None:
+    world.kube.create(llmserving())
+    world.reconcile()
+    world.observer.set("default", "chat", observation(world.clock.now, ctx=2048))
+    settle(world)
+    world.reconcile()
+    world.clock.advance(600)
+    world.observer.set("default", "chat", observation(world.clock.now, ctx=8192))
+    world.kube.fail_status = True  # the operator dies between the apply and the status write
+    with contextlib.suppress(RuntimeError):
+        world.reconcile()
+    world.kube.fail_status = False
+    assert max_num_seqs(world) == 16
+    generation = world.kube.deployment("default", "chat")["metadata"]["generation"]
+
+    # a fresh operator: status still says 64, the cluster says 16 with its rollout record
+    world.clock.advance(5)
+    world.reconcile()
+    world.kube.finish_rollout("default", "chat")
+    world.clock.advance(5)
+    world.reconcile()
+    assert world.kube.deployment("default", "chat")["metadata"]["generation"] == generation
+    status = world.kube.status("default", "chat")
+    assert status["maxNumSeqs"] == 16 and [h["to"] for h in status["history"]] == [64, 16]
+
+
+def test_apply_refused_is_degraded_and_not_recorded(world: World) -> None:
+    world.kube.create(llmserving())
+    world.kube.fail_apply = {"Deployment"}
+    world.reconcile()
+    degraded = world.kube.condition("default", "chat", "Degraded")
+    assert degraded["reason"] == "ApplyFailed" and "denied" in degraded["message"]
+    status = world.kube.status("default", "chat")
+    assert status.get("history", []) == [] and "maxNumSeqs" not in status
+
+
+def test_tensorrt_llm_gets_an_options_file_and_a_checksum_that_rolls(world: World) -> None:
+    world.kube.create(llmserving(engine="TensorRTLLM"))
+    world.reconcile()
+    config = world.kube.get("ConfigMap", "default", "chat-engine")
+    assert config is not None
+    assert "max_batch_size: 64" in config["data"]["engine.yaml"]
+    assert "max_tokens: 131072" in config["data"]["engine.yaml"]
+    template = world.kube.deployment("default", "chat")["spec"]["template"]
+    checksum = template["metadata"]["annotations"]["batchknee.io/engine-config-checksum"]
+    assert template["spec"]["containers"][0]["command"][0] == "trtllm-serve"
+
+    world.observer.set("default", "chat", observation(world.clock.now, ctx=2048))
+    settle(world)
+    world.clock.advance(600)
+    world.observer.set("default", "chat", observation(world.clock.now, ctx=8192))
+    world.reconcile()
+    template = world.kube.deployment("default", "chat")["spec"]["template"]
+    assert template["metadata"]["annotations"]["batchknee.io/engine-config-checksum"] != checksum
+    assert max_num_seqs(world) == 16
+    assert world.kube.status("default", "chat")["maxTokens"] == 16 * 8192
+
+
+def test_pinned_runs_the_pinned_value(world: World) -> None:
+    world.kube.create(llmserving(tuning={"mode": "Pinned", "pinnedMaxNumSeqs": 100}))
+    world.reconcile()
+    assert max_num_seqs(world) == 100
+    world.observer.set("default", "chat", observation(world.clock.now, ctx=8192))
+    settle(world, 4000)
+    world.reconcile()
+    assert max_num_seqs(world) == 100
+    assert world.kube.status("default", "chat")["holdReason"] == "pinned"
+
+
+def test_tpot_over_target_steps_down_without_calibration(world: World) -> None:
+    world.kube.create(llmserving(tuning={"tpotP99TargetMilliseconds": 25}))
+    world.reconcile()
+    world.observer.set("default", "chat", observation(world.clock.now, ctx=2048, tpot_p99_ms=40))
+    settle(world)
+    world.clock.advance(600)
+    world.reconcile()
+    assert max_num_seqs(world) == 48
+    assert "step 64 → 48" in world.kube.status("default", "chat")["reason"]
+    assert world.kube.status("default", "chat")["limitedBy"] == "tpot-target"

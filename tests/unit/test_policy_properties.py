@@ -1,0 +1,240 @@
+"""Every rule of the retuning policy (DESIGN.md §4) as a property."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from batchknee.core import DecodeRoofline, find_gpu, find_model, recommend
+from batchknee.core.observation import Observation, Reading
+from batchknee.core.policy import (
+    Applied,
+    CalibrationPoint,
+    Rollout,
+    TuningRules,
+    decide,
+    record,
+    rollouts_in_last_hour,
+)
+
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+ROOFLINE = DecodeRoofline(find_model("llama-3-8b"), find_gpu("a100-80gb"))
+POOL = ROOFLINE.kv_pool_bytes(0.9)
+
+contexts = st.integers(16, 131072)
+
+
+@st.composite
+def rules(draw: st.DrawFn, mode: str = "Auto") -> TuningRules:
+    low = draw(st.integers(1, 256))
+    high = draw(st.integers(low, 1024))
+    return TuningRules(
+        mode=mode,  # type: ignore[arg-type]
+        knee_factor_percent=draw(st.integers(100, 200)),
+        min_max_num_seqs=low,
+        max_max_num_seqs=high,
+        dead_band_percent=draw(st.integers(0, 50)),
+        cooldown_s=draw(st.integers(0, 3600)),
+        max_rollouts_per_hour=draw(st.integers(1, 10)),
+        window_s=draw(st.integers(30, 900)),
+        initial_context_length=draw(contexts),
+        pinned_max_num_seqs=draw(st.integers(1, 1024)) if mode == "Pinned" else None,
+    )
+
+
+def seen(
+    ctx: float | None, *, tpot_ms: float | None = 20.0, running: float = 32.0, now: datetime = T0
+) -> Observation:
+    def reading(value: float | None) -> Reading:
+        return Reading.of(value) if value is not None else Reading.unavailable("series empty in the window")
+
+    return Observation(
+        now, 1, reading(ctx), reading(tpot_ms / 1e3 if tpot_ms else None), reading(None), reading(0.1),
+        reading(running), reading(0.0), reading(0.5), reading(0.0), reading(0.0), reading(900.0),
+    )  # fmt: skip
+
+
+def steady(applied: int, *rollouts: Rollout) -> Applied:
+    return Applied(max_num_seqs=applied, rollouts=tuple(rollouts))
+
+
+@given(rules(), contexts)
+def test_bounds_and_granularity(r: TuningRules, ctx: int) -> None:
+    d = decide(r, ROOFLINE, POOL, seen(ctx), Applied(None), (), T0)
+    assert r.min_max_num_seqs <= d.value <= r.max_max_num_seqs
+    if d.value not in (r.min_max_num_seqs, r.max_max_num_seqs) and d.limited_by == "knee":
+        assert d.value % 8 == 0
+    assert d.reason and d.rolls
+
+
+@given(rules(), contexts)
+def test_before_any_traffic_the_initial_context_is_used(r: TuningRules, ctx: int) -> None:
+    for nothing in (None, seen(None, running=0)):
+        d = decide(r, ROOFLINE, POOL, nothing, Applied(None), (), T0)
+        expected = recommend(
+            ROOFLINE, r.initial_context_length, knee_factor=r.knee_factor, kv_pool_bytes=POOL,
+            minimum=r.min_max_num_seqs, maximum=r.max_max_num_seqs,
+        ).max_num_seqs  # fmt: skip
+        assert d.value == expected and d.context_source == "initial"
+
+
+@given(rules(), st.integers(1, 1024), st.sampled_from([None, "unavailable", "no-traffic"]))
+def test_missing_metrics_never_move_the_value(r: TuningRules, applied: int, kind: str | None) -> None:
+    observation = None if kind is None else seen(None, running=0 if kind == "no-traffic" else 5)
+    d = decide(r, ROOFLINE, POOL, observation, steady(applied), (), T0 + timedelta(days=1))
+    assert not d.rolls and d.value == applied
+    assert d.hold in ("metrics-unavailable", "no-traffic") and d.reason
+
+
+@given(rules(), contexts, st.integers(1, 1024))
+def test_a_rollout_in_progress_holds(r: TuningRules, ctx: int, applied: int) -> None:
+    d = decide(r, ROOFLINE, POOL, seen(ctx), replace(steady(applied), rolling=True), (), T0)
+    assert not d.rolls and d.hold == "rollout-in-progress"
+
+
+@given(rules(), contexts, st.integers(1, 1024), st.integers(0, 10_000))
+def test_the_window_after_a_rollout_settles(r: TuningRules, ctx: int, applied: int, since: int) -> None:
+    now = T0 + timedelta(seconds=since)
+    d = decide(r, ROOFLINE, POOL, seen(ctx), replace(steady(applied), settled_since=T0), (), now)
+    if since < r.window_s:
+        assert not d.rolls and d.hold == "settling"
+
+
+@given(rules(), contexts, st.integers(1, 1024), st.integers(0, 7200))
+def test_cooldown(r: TuningRules, ctx: int, applied: int, since: int) -> None:
+    last = Rollout(T0, 256, applied, "earlier")
+    d = decide(r, ROOFLINE, POOL, seen(ctx), steady(applied, last), (), T0 + timedelta(seconds=since))
+    if since < r.cooldown_s:
+        assert not d.rolls
+        if d.value != d.recommended and d.hold not in ("dead-band", "at-target"):
+            assert d.hold == "cooldown" and "cooldown until" in d.reason
+
+
+@given(rules(), contexts, st.integers(1, 1024))
+def test_dead_band(r: TuningRules, ctx: int, applied: int) -> None:
+    d = decide(r, ROOFLINE, POOL, seen(ctx), steady(applied), (), T0)
+    if d.rolls:
+        assert abs(d.value - applied) / applied * 100 >= r.dead_band_percent
+    elif d.recommended is not None and d.recommended != applied:
+        assert d.hold == "dead-band"
+
+
+@settings(max_examples=60)
+@given(rules(), st.lists(st.tuples(st.integers(60, 1800), contexts), min_size=1, max_size=60))
+def test_rollout_budget_and_cooldown_hold_over_any_history(
+    r: TuningRules, steps: list[tuple[int, int]]
+) -> None:
+    applied = Applied(None)
+    now = T0
+    for gap, ctx in steps:
+        now += timedelta(seconds=gap)
+        d = decide(r, ROOFLINE, POOL, seen(ctx, now=now), applied, (), now)
+        if d.rolls:
+            applied = Applied(d.value, rollouts=record(applied, d, now))
+        for rollout in applied.rollouts:
+            assert rollouts_in_last_hour(applied.rollouts, rollout.time) <= r.max_rollouts_per_hour
+    times = [x.time for x in applied.rollouts]
+    assert all(b - a >= timedelta(seconds=r.cooldown_s) for a, b in itertools.pairwise(times))
+
+
+@given(rules(mode="Recommend"), contexts, st.integers(1, 1024))
+def test_recommend_mode_reports_and_never_rolls(r: TuningRules, ctx: int, applied: int) -> None:
+    d = decide(r, ROOFLINE, POOL, seen(ctx), steady(applied), (), T0 + timedelta(days=1))
+    assert not d.rolls and d.value == applied and d.action == "recommend"
+    assert d.recommended is not None and str(d.recommended) in d.reason
+
+
+@given(rules(mode="Pinned"), contexts, st.none() | st.integers(1, 1024))
+def test_pinned_runs_the_pinned_value(r: TuningRules, ctx: int, applied: int | None) -> None:
+    d = decide(r, ROOFLINE, POOL, seen(ctx), Applied(applied), (), T0)
+    assert d.value == r.pinned_max_num_seqs
+    assert d.rolls == (applied != r.pinned_max_num_seqs)
+
+
+@given(contexts, st.integers(1, 200))
+def test_kv_capacity_caps_the_value(ctx: int, small_pool_percent: int) -> None:
+    pool = POOL * small_pool_percent / 1000
+    r = TuningRules(min_max_num_seqs=1, max_max_num_seqs=4096)
+    d = decide(r, ROOFLINE, pool, seen(ctx), Applied(None), (), T0)
+    capacity = ROOFLINE.kv_capacity_batch(ctx, pool)
+    assert d.value <= max(capacity, 1)
+
+
+@given(contexts, contexts)
+def test_longer_context_never_recommends_more(a: int, b: int) -> None:
+    short, long = sorted((a, b))
+    r = TuningRules(min_max_num_seqs=1, max_max_num_seqs=4096)
+    first = decide(r, ROOFLINE, POOL, seen(short), Applied(None), (), T0)
+    second = decide(r, ROOFLINE, POOL, seen(long), Applied(None), (), T0)
+    assert second.value <= first.value
+
+
+@given(st.integers(9, 1024), st.integers(1, 200), st.integers(0, 100))
+def test_tpot_over_target_steps_down(applied: int, target_ms: int, over_percent: int) -> None:
+    r = TuningRules(
+        min_max_num_seqs=8, max_max_num_seqs=1024, tpot_p99_target_ms=target_ms, dead_band_percent=10
+    )
+    p99 = target_ms * (1 + (over_percent + 1) / 100)
+    d = decide(r, ROOFLINE, POOL, seen(512, tpot_ms=p99), steady(applied), (), T0)
+    assert (d.recommended is not None and d.recommended < applied) or applied <= 8 or d.recommended == 8
+    if d.rolls:
+        assert d.value < applied
+
+
+@given(st.integers(8, 1024), st.integers(10, 200), st.floats(0.9, 1.0))
+def test_tpot_near_target_never_raises(applied: int, target_ms: int, fraction: float) -> None:
+    r = TuningRules(min_max_num_seqs=8, max_max_num_seqs=1024, tpot_p99_target_ms=target_ms)
+    d = decide(r, ROOFLINE, POOL, seen(128, tpot_ms=target_ms * fraction), steady(applied), (), T0)
+    assert d.value <= applied
+    assert d.recommended is not None and d.recommended <= max(applied, 8)
+
+
+@settings(max_examples=40)
+@given(st.integers(15, 60), contexts.filter(lambda c: c <= 32768), st.integers(0, 2**32))
+def test_calibrated_cap_keeps_the_true_p99_under_target(target_ms: int, ctx: int, seed: int) -> None:
+    truth = replace(ROOFLINE, bandwidth_efficiency=0.78, overhead_s=0.0025)
+    rng = random.Random(seed)
+    points = []
+    for i in range(12):
+        batch = rng.choice([4, 8, 16, 32, 48, 64, 96, 128])
+        context = rng.choice([1024, 2048, 4096])
+        points.append(
+            CalibrationPoint(
+                T0 + timedelta(minutes=5 * i),
+                batch,
+                context,
+                truth.tpot_s(batch, context) * rng.gauss(1, 0.01),
+            )
+        )
+    r = TuningRules(
+        min_max_num_seqs=1, max_max_num_seqs=1024, tpot_p99_target_ms=target_ms, knee_factor_percent=200
+    )
+    d = decide(r, ROOFLINE, POOL, seen(ctx, tpot_ms=target_ms * 2), steady(512), points, T0)
+    assert d.calibration is not None
+    true_cap = truth.max_batch_for_tpot(target_ms / 1e3, ctx)
+    assume(true_cap >= 8)
+    assert d.recommended is not None and d.recommended <= true_cap * 1.05
+    assert d.recommended <= 8 or truth.tpot_s(d.recommended, ctx) <= target_ms / 1e3 * 1.05
+
+
+@given(rules(), contexts, st.integers(1, 1024), st.integers(0, 100_000))
+def test_every_hold_says_why(r: TuningRules, ctx: int, applied: int, seconds: int) -> None:
+    last = Rollout(T0, None, applied, "created")
+    d = decide(
+        r,
+        ROOFLINE,
+        POOL,
+        seen(ctx),
+        replace(steady(applied, last), settled_since=T0),
+        (),
+        T0 + timedelta(seconds=seconds),
+    )
+    if not d.rolls:
+        assert d.hold is not None and d.reason and d.value == applied
+    else:
+        assert d.reason.startswith(f"max-num-seqs {applied}→{d.value}: avg ctx {ctx} tok → B_knee")
