@@ -23,9 +23,9 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 def _registrars() -> list[Registrar]:
-    from batchknee.commands import crd, plan
+    from batchknee.commands import crd, operator, plan
 
-    return [plan.register, crd.register]
+    return [plan.register, crd.register, operator.register]
 
 
 def build_parser() -> ArgumentParser:

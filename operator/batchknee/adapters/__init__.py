@@ -1,0 +1,1 @@
+"""All I/O: Prometheus (observation), Kubernetes (the engine objects, status, events)."""

@@ -1,0 +1,168 @@
+"""The Kubernetes side of reconcile (`batchknee.ports.KubernetesPort`) with the official client.
+
+Reads come back as plain dicts (the apiserver's JSON), so the pure code parses what the cluster
+really stores. Writes are server-side apply with field manager "batchknee" (forced: the operator
+owns what it renders), the status through the status subresource, Events as core/v1 Events.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+from datetime import datetime
+from typing import Any, cast
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from batchknee.api.models import GROUP, PLURAL, VERSION, format_timestamp
+from batchknee.ports import ApplyError, EventType
+from batchknee.render import FIELD_MANAGER
+
+log = logging.getLogger(__name__)
+APPLY = "application/apply-patch+yaml"
+
+
+def load_config() -> None:
+    """In a pod: its service account; elsewhere: the kubeconfig (KUBECONFIG or ~/.kube/config)."""
+    try:
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
+    except config.ConfigException:
+        config.load_kube_config()  # type: ignore[no-untyped-call]
+
+
+def _explain(error: ApiException) -> str:
+    try:
+        body = json.loads(error.body or "{}")
+        message = body.get("message") or error.reason
+    except (ValueError, AttributeError):
+        message = error.reason
+    return f"{error.status} {error.reason}: {message}"
+
+
+class KubernetesAdapter:
+    def __init__(self, api_client: client.ApiClient | None = None, *, timeout_s: float = 10.0) -> None:
+        self.api_client = api_client or client.ApiClient()
+        self.core = client.CoreV1Api(self.api_client)
+        self.apps = client.AppsV1Api(self.api_client)
+        self.custom = client.CustomObjectsApi(self.api_client)
+        self.timeout_s = timeout_s
+        self.instance = socket.gethostname()
+
+    # --- reads ---
+    def get_llmserving(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            found = self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name, _request_timeout=self.timeout_s
+            )
+            return cast(dict[str, Any], found)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def get_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            response: Any = self.apps.read_namespaced_deployment(
+                name, namespace, _preload_content=False, _request_timeout=self.timeout_s
+            )
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        found: dict[str, Any] = json.loads(response.data)
+        return found
+
+    # --- writes ---
+    def apply(self, obj: dict[str, Any]) -> None:
+        kind, meta = obj["kind"], obj["metadata"]
+        name, namespace = meta["name"], meta["namespace"]
+        method = {
+            "Deployment": self.apps.patch_namespaced_deployment,
+            "Service": self.core.patch_namespaced_service,
+            "ConfigMap": self.core.patch_namespaced_config_map,
+        }[kind]
+        try:
+            method(
+                name,
+                namespace,
+                cast(Any, obj),
+                field_manager=FIELD_MANAGER,
+                force=True,
+                _content_type=APPLY,
+                _preload_content=False,
+                _request_timeout=self.timeout_s,
+            )
+        except ApiException as error:
+            raise ApplyError(f"{kind} {namespace}/{name}: {_explain(error)}") from None
+
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "LLMServing",
+            "metadata": {"name": name, "namespace": namespace},
+            "status": status,
+        }
+        self.custom.patch_namespaced_custom_object_status(
+            GROUP,
+            VERSION,
+            namespace,
+            PLURAL,
+            name,
+            body,
+            field_manager=FIELD_MANAGER,
+            force=True,
+            _content_type=APPLY,
+            _request_timeout=self.timeout_s,
+        )
+
+    def emit_event(
+        self, involved: dict[str, Any], event_type: EventType, reason: str, message: str, now: datetime
+    ) -> None:
+        meta = involved["metadata"]
+        stamp = format_timestamp(now)
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": involved["apiVersion"],
+                "kind": involved["kind"],
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta.get("uid"),
+            },
+            "type": event_type,
+            "reason": reason,
+            "message": message[:1024],
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+            "source": {"component": FIELD_MANAGER},
+            "reportingComponent": FIELD_MANAGER,
+            "reportingInstance": self.instance,
+        }
+        self.core.create_namespaced_event(
+            meta["namespace"], cast(Any, body), _preload_content=False, _request_timeout=self.timeout_s
+        )
+
+    # --- peering ---
+    def ensure_peering(self, name: str, namespaces: list[str]) -> None:
+        """kopf's peering object must exist for replicas to see each other: create it if missing."""
+        targets: list[str | None] = list(namespaces) or [None]
+        for namespace in targets:
+            kind, plural = (
+                ("KopfPeering", "kopfpeerings")
+                if namespace
+                else ("ClusterKopfPeering", "clusterkopfpeerings")
+            )
+            body = {"apiVersion": "kopf.dev/v1", "kind": kind, "metadata": {"name": name}}
+            try:
+                if namespace:
+                    self.custom.create_namespaced_custom_object("kopf.dev", "v1", namespace, plural, body)
+                else:
+                    self.custom.create_cluster_custom_object("kopf.dev", "v1", plural, body)
+            except ApiException as error:
+                if error.status != 409:  # already there is fine
+                    log.warning("could not create the %s %r: %s", kind, name, _explain(error))

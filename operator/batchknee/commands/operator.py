@@ -1,0 +1,76 @@
+"""`batchknee operator`: run the operator (kopf) against the current cluster."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from batchknee.commands import UsageError
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "operator",
+        help="run the operator: keep every LLMServing's engines at the knee",
+        description="Run the batchknee operator against the cluster of the current kubeconfig (or in-cluster "
+        "service account). Every option also reads from the environment (BATCHKNEE_*); flags win.",
+    )
+    parser.add_argument(
+        "--namespace",
+        action="append",
+        dest="namespaces",
+        metavar="NS",
+        help="watch this namespace (repeatable; default: BATCHKNEE_NAMESPACES, else the whole cluster)",
+    )
+    parser.add_argument("--prometheus-url", help="Prometheus base URL (BATCHKNEE_PROMETHEUS_URL)")
+    parser.add_argument(
+        "--metrics-address", help="address of the operator's /metrics (BATCHKNEE_METRICS_ADDRESS)"
+    )
+    parser.add_argument(
+        "--metrics-port", type=int, help="port of /metrics, 0 for none (BATCHKNEE_METRICS_PORT)"
+    )
+    parser.add_argument("--health-address", help="address of /healthz (BATCHKNEE_HEALTH_ADDRESS)")
+    parser.add_argument(
+        "--health-port", type=int, help="port of /healthz, 0 for none (BATCHKNEE_HEALTH_PORT)"
+    )
+    parser.add_argument(
+        "--peering",
+        choices=("auto", "mandatory", "standalone"),
+        help="kopf peering between replicas (BATCHKNEE_PEERING; default auto)",
+    )
+    parser.add_argument("--peering-name", help="the peering object's name (BATCHKNEE_PEERING_NAME)")
+    parser.add_argument("--priority", type=int, help="this replica's peering priority (default: random)")
+    parser.add_argument("--verbose", action="store_true", help="debug logging")
+    parser.set_defaults(handler=run)
+
+
+def settings_from(args: argparse.Namespace) -> Any:
+    from pydantic import ValidationError
+
+    from batchknee.settings import OperatorSettings
+
+    overrides = {
+        "namespaces": args.namespaces,
+        "prometheus_url": args.prometheus_url,
+        "metrics_address": args.metrics_address,
+        "metrics_port": args.metrics_port,
+        "health_address": args.health_address,
+        "health_port": args.health_port,
+        "peering": args.peering,
+        "peering_name": args.peering_name,
+        "peering_priority": args.priority,
+        "verbose": args.verbose or None,
+    }
+    try:
+        return OperatorSettings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as error:
+        first = error.errors(include_url=False)[0]
+        field = ".".join(str(part) for part in first["loc"])
+        raise UsageError(f"{field}: {first['msg']} (BATCHKNEE_{field.upper()} or its flag)") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = settings_from(args)
+    from batchknee.handlers import run as run_operator
+
+    return run_operator(settings)

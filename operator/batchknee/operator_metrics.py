@@ -1,0 +1,67 @@
+"""The operator's own /metrics (prometheus_client): what each object runs and why it held."""
+
+from __future__ import annotations
+
+import contextlib
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from batchknee.reconcile import Outcome
+
+
+class OperatorMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        labels = ["namespace", "name"]
+        self.applied = Gauge(
+            "batchknee_max_num_seqs", "Batch limit the engine Deployment runs", labels, registry=self.registry
+        )
+        self.recommended = Gauge(
+            "batchknee_recommended_max_num_seqs",
+            "Batch limit the knee math recommends",
+            labels,
+            registry=self.registry,
+        )
+        self.b_knee = Gauge(
+            "batchknee_b_knee", "Knee batch at the observed context", labels, registry=self.registry
+        )
+        self.retunes = Counter(
+            "batchknee_retunes", "Rollouts of a new batch limit", labels, registry=self.registry
+        )
+        self.holds = Counter(
+            "batchknee_holds", "Decisions that held, by reason", ["reason"], registry=self.registry
+        )
+        self.errors = Counter("batchknee_reconcile_errors", "Reconciles that failed", registry=self.registry)
+        self.duration = Histogram(
+            "batchknee_reconcile_duration_seconds",
+            "Time of one reconcile (observe, decide, act, status)",
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=self.registry,
+        )
+
+    def record(self, outcome: Outcome, seconds: float) -> None:
+        self.duration.observe(seconds)
+        key = (outcome.namespace, outcome.name)
+        if not outcome.found:
+            self.forget(*key)
+            return
+        status = outcome.status
+        if status is not None:
+            if status.max_num_seqs is not None:
+                self.applied.labels(*key).set(status.max_num_seqs)
+            if status.recommended_max_num_seqs is not None:
+                self.recommended.labels(*key).set(status.recommended_max_num_seqs)
+            if status.b_knee is not None:
+                self.b_knee.labels(*key).set(status.b_knee)
+            if status.hold_reason:
+                self.holds.labels(status.hold_reason).inc()
+        if outcome.decision is not None and outcome.decision.rolls and outcome.error is None:
+            self.retunes.labels(*key).inc()
+
+    def forget(self, namespace: str, name: str) -> None:
+        for gauge in (self.applied, self.recommended, self.b_knee):
+            with contextlib.suppress(KeyError):
+                gauge.remove(namespace, name)
+
+    def serve(self, address: str, port: int) -> None:
+        start_http_server(port, addr=address, registry=self.registry)

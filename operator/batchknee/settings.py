@@ -1,0 +1,45 @@
+"""The operator's configuration, from the environment (BATCHKNEE_*) and `batchknee operator` flags."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+class OperatorSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="BATCHKNEE_", extra="ignore")
+
+    prometheus_url: str = Field(
+        "http://127.0.0.1:9090",
+        description="Prometheus base URL (an LLMServing's spec.prometheus.url overrides)",
+    )
+    prometheus_timeout_seconds: float = Field(5.0, gt=0, description="Timeout of one Prometheus query")
+    prometheus_min_samples: int = Field(3, ge=1, description="Fewer samples in the window read as too thin")
+    namespaces: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Namespaces to watch, comma-separated; empty: the whole cluster"
+    )
+    metrics_address: str = Field("127.0.0.1", description="Address of the operator's own /metrics")
+    metrics_port: int = Field(8081, ge=0, le=65535, description="Port of /metrics (0: off)")
+    health_address: str = Field("127.0.0.1", description="Address of /healthz")
+    health_port: int = Field(8080, ge=0, le=65535, description="Port of /healthz (0: off)")
+    peering: Literal["auto", "mandatory", "standalone"] = Field(
+        "auto", description="kopf peering: replicas see each other and only the highest priority acts"
+    )
+    peering_name: str = Field("batchknee", description="Name of the kopf peering object")
+    peering_priority: int | None = Field(
+        None, description="This replica's peering priority (default: random, so two replicas never tie)"
+    )
+    vllm_image: str = Field("vllm/vllm-openai:v0.11.0", description="Default vLLM image")
+    trtllm_image: str = Field(
+        "nvcr.io/nvidia/tensorrt-llm/release:1.0.0", description="Default TensorRT-LLM image"
+    )
+    verbose: bool = Field(False, description="Debug logging")
+
+    @field_validator("namespaces", mode="before")
+    @classmethod
+    def _split(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
