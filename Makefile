@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(CURDIR)/$(VENV)/bin
 export PATH := $(BIN):$(PATH)
 
-.PHONY: help venv lint test test-unit demo clean crds
+.PHONY: help venv lint test test-unit test-component demo clean crds
 
 help:
 	@echo "make demo   - the closed loop on an embedded local cluster"
@@ -33,7 +33,10 @@ crds: venv
 test-unit: venv
 	pytest -q tests/unit
 
-test: lint test-unit
+test-component: venv
+	pytest -q tests/component
+
+test: lint test-unit test-component
 
 demo: venv
 	batchknee plan --model llama-3-8b --gpu a100-80gb --params 8.0e9 --bandwidth 2.0TB/s \

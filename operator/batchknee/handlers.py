@@ -23,10 +23,9 @@ from typing import Any
 import kopf
 
 from batchknee.adapters.kubernetes import KubernetesAdapter, load_config
-from batchknee.adapters.observing import PerTargetObserver, RoutingObserver
+from batchknee.adapters.observing import RoutedObserver
 from batchknee.api.models import GROUP, PLURAL, VERSION
 from batchknee.operator_metrics import OperatorMetrics
-from batchknee.ports import Observer
 from batchknee.reconcile import Outcome, Ports, reconcile
 from batchknee.render import LABEL, RenderDefaults
 from batchknee.settings import OperatorSettings
@@ -34,16 +33,25 @@ from batchknee.settings import OperatorSettings
 log = logging.getLogger("batchknee")
 
 
-def prometheus_observer(url: str, settings: OperatorSettings) -> Observer:
-    """The Prometheus adapter for one URL, as reconcile's per-target Observer."""
-    from batchknee.adapters.prometheus import PrometheusObserver
+def prometheus_observer(settings: OperatorSettings) -> RoutedObserver:
+    """The Prometheus adapter: one PrometheusObserver per URL behind a cache that serves every
+    object of a tick with one batch of queries, routed per object."""
+    from batchknee.adapters.prometheus import CachedObserver, PrometheusObserver
 
-    observer: Any = PrometheusObserver(
-        url, timeout_s=settings.prometheus_timeout_seconds, min_samples=settings.prometheus_min_samples
-    )
-    if hasattr(observer, "observation"):
-        return observer  # type: ignore[no-any-return]
-    return PerTargetObserver(observer)
+    observers: dict[str, Any] = {}
+    lock = threading.Lock()
+
+    def observer_for(url: str) -> Any:
+        with lock:
+            if url not in observers:
+                observers[url] = PrometheusObserver(
+                    url,
+                    timeout_s=settings.prometheus_timeout_seconds,
+                    min_samples=settings.prometheus_min_samples,
+                )
+            return observers[url]
+
+    return RoutedObserver(CachedObserver(observer_for), settings.prometheus_url)
 
 
 @dataclass
@@ -51,7 +59,7 @@ class Runtime:
     """What the handlers share: the ports, the metrics and a lock per object."""
 
     ports: Ports
-    router: RoutingObserver
+    router: RoutedObserver
     metrics: OperatorMetrics
     locks: defaultdict[tuple[str, str], threading.Lock] = field(
         default_factory=lambda: defaultdict(threading.Lock)
@@ -78,6 +86,7 @@ class Runtime:
         elif outcome.decision is not None and outcome.decision.rolls:
             log.info("%s/%s: %s", namespace, name, outcome.decision.reason)
         if not outcome.found:
+            self.router.forget(namespace, name)
             with self.guard:
                 self.locks.pop((namespace, name), None)
         return outcome
@@ -97,7 +106,7 @@ def configure(settings: OperatorSettings) -> Runtime:
     global RUNTIME
     load_config()
     kube = KubernetesAdapter()
-    router = RoutingObserver(lambda url: prometheus_observer(url, settings), settings.prometheus_url)
+    router = prometheus_observer(settings)
     metrics = OperatorMetrics()
     if settings.metrics_port:
         metrics.serve(settings.metrics_address, settings.metrics_port)

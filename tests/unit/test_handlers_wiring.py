@@ -1,0 +1,79 @@
+"""The kopf wiring without a cluster: handlers registered, observers routed, metrics recorded."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from prometheus_client import generate_latest
+
+from batchknee.adapters.observing import RoutedObserver
+from batchknee.api.models import LLMServingStatus
+from batchknee.core.observation import Observation, ObservationTarget
+from batchknee.core.policy import Decision
+from batchknee.operator_metrics import OperatorMetrics
+from batchknee.reconcile import Outcome
+
+NOW = datetime(2026, 3, 1, tzinfo=UTC)
+
+
+def test_handlers_register_with_kopf() -> None:
+    import kopf
+
+    import batchknee.handlers as handlers
+
+    registry = kopf.get_default_registry()
+    ids = {h.id for h in registry._changing.get_all_handlers()}
+    assert any("on_change" in i for i in ids)
+    assert any("evaluate" in h.id for h in registry._spawning.get_all_handlers())
+    assert any("on_engine_deployment" in h.id for h in registry._watching.get_all_handlers())
+    settings = handlers.kopf_settings(handlers.OperatorSettings())
+    assert settings.posting.enabled is False
+    assert settings.peering.name == "batchknee"
+
+
+class Recording:
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, tuple[str, str]]] = []
+        self.forgotten: list[tuple[str, str]] = []
+
+    def observation(self, url: str, target: ObservationTarget, now: datetime) -> Observation:
+        self.asked.append((url, target.key))
+        return Observation.unavailable(now, "test")
+
+    def forget(self, key: tuple[str, str]) -> None:
+        self.forgotten.append(key)
+
+
+def test_objects_are_routed_to_their_own_prometheus() -> None:
+    inner = Recording()
+    routed = RoutedObserver(inner, "http://127.0.0.1:9090")
+    a = ObservationTarget("ml", "a", "VLLM", 300)
+    b = ObservationTarget("ml", "b", "VLLM", 300)
+    routed.route("ml", "b", "http://127.0.0.1:9191")
+    routed.observation(a, NOW)
+    routed.observation(b, NOW)
+    routed.route("ml", "b", None)
+    routed.observation(b, NOW)
+    assert inner.asked == [
+        ("http://127.0.0.1:9090", ("ml", "a")),
+        ("http://127.0.0.1:9191", ("ml", "b")),
+        ("http://127.0.0.1:9090", ("ml", "b")),
+    ]
+    routed.forget("ml", "a")
+    assert inner.forgotten == [("ml", "a")]
+
+
+def test_operator_metrics() -> None:
+    metrics = OperatorMetrics()
+    status = LLMServingStatus(max_num_seqs=16, recommended_max_num_seqs=16, b_knee=15.0, hold_reason=None)
+    decision = Decision(action="roll", value=16, max_tokens=0, reason="r")
+    metrics.record(Outcome("ml", "chat", decision=decision, status=status), 0.02)
+    held = status.model_copy(update={"hold_reason": "cooldown"})
+    metrics.record(Outcome("ml", "chat", decision=None, status=held), 0.01)
+    text = generate_latest(metrics.registry).decode()
+    assert 'batchknee_max_num_seqs{name="chat",namespace="ml"} 16.0' in text
+    assert 'batchknee_retunes_total{name="chat",namespace="ml"} 1.0' in text
+    assert 'batchknee_holds_total{reason="cooldown"} 1.0' in text
+    assert "batchknee_reconcile_duration_seconds_count 2.0" in text
+    metrics.record(Outcome("ml", "chat", found=False), 0.01)
+    assert 'batchknee_max_num_seqs{name="chat"' not in generate_latest(metrics.registry).decode()
