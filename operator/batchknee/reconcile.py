@@ -131,14 +131,12 @@ class _Conditions:
         for kind, condition in self.old.items():
             self.new.setdefault(kind, condition)
 
-    def turned(self, kind: str, status: str) -> bool:
-        """Did `kind` just become `status` (or change message while in it)?"""
+    def turned(self, kind: str, status: str, *, or_message: bool = False) -> bool:
+        """Did `kind` just become `status` (or, with `or_message`, change its message while in it)?"""
         new, old = self.new.get(kind), self.old.get(kind)
-        return (
-            new is not None
-            and new.status == status
-            and (old is None or old.status != status or old.message != new.message)
-        )
+        if new is None or new.status != status:
+            return False
+        return old is None or old.status != status or (or_message and old.message != new.message)
 
     def result(self) -> list[Condition]:
         return [self.new[k] for k in self.ORDER if k in self.new]
@@ -187,6 +185,11 @@ def retune_message(decision: Decision, before: int | None, observation: Observat
     if decision.limited_by not in (None, "knee"):
         parts.append(f"limited by {decision.limited_by}")
     return f"{head}: {', '.join(parts)}"
+
+
+def _moved(before: int | None, after: int, dead_band_percent: int) -> bool:
+    """A change worth telling about: new, or outside the dead band."""
+    return before is None or (before != after and abs(after - before) / before * 100 >= dead_band_percent)
 
 
 # --- the reconcile ---------------------------------------------------------------------------------
@@ -241,7 +244,7 @@ class _Reconcile:
                 "hold_reason": "invalid-spec",
             }
         )
-        if self.conditions.turned("Degraded", "True"):
+        if self.conditions.turned("Degraded", "True", or_message=True):
             self.event("Warning", "InvalidSpec", str(error))
         written = self.write(status)
         return Outcome(self.namespace, self.name, status=status, status_written=written, error=str(error))
@@ -300,8 +303,8 @@ class _Reconcile:
         elif (
             rules.mode == "Recommend"
             and decision.recommended is not None
-            and decision.recommended != self.old.recommended_max_num_seqs
             and decision.context_source == "observed"
+            and _moved(self.old.recommended_max_num_seqs, decision.recommended, rules.dead_band_percent)
         ):
             self.event(
                 "Normal",
@@ -314,7 +317,8 @@ class _Reconcile:
         settled = not applied.rolling and (
             settled_since is None or self.now >= settled_since + timedelta(seconds=rules.window_s)
         )
-        if settled and observation is not None and not decision.rolls:
+        spec_changed = self.old.observed_generation != self.generation
+        if settled and observation is not None and not decision.rolls and not spec_changed:
             point = calibration_point(observation)
             last_time = calibration[-1].time if calibration else None
             if point is not None and (
@@ -345,12 +349,15 @@ class _Reconcile:
         )
 
     def settled_since(self, state: DeploymentState | None) -> datetime | None:
-        """When the pods of the last recorded rollout were first seen all updated and available."""
-        if state is None or state.rolling or not state.rollouts:
+        """When the current pods were first seen all updated and available: after any rollout (a
+        retune's or a spec change's), and conservatively now when nothing recorded it."""
+        if state is None or state.rolling:
             return None
-        last = state.rollouts[-1].time
+        last = state.rollouts[-1].time if state.rollouts else None
         previous = self.old.rollout_complete_time
-        return previous if previous is not None and previous >= last else self.now
+        if previous is not None and (last is None or previous >= last):
+            return previous
+        return self.now
 
     def observe(self, obj: LLMServing, state: DeploymentState | None) -> Observation | None:
         if state is None:
@@ -425,7 +432,7 @@ class _Reconcile:
         else:
             c.set("Degraded", "False", "AsExpected", "")
 
-        if c.turned("Degraded", "True"):
+        if c.turned("Degraded", "True", or_message=True):
             reason = c.new["Degraded"].reason
             self.event("Warning", reason, c.new["Degraded"].message)
         if c.turned("MetricsAvailable", "False") and c.old.get("MetricsAvailable") is not None:
@@ -471,7 +478,9 @@ class _Reconcile:
             recommended_max_num_seqs=decision.recommended
             if decision.recommended is not None
             else old.recommended_max_num_seqs,
-            max_tokens=(state.max_tokens if state else None) if not rolled else decision.max_tokens,
+            max_tokens=(decision.max_tokens if rolled else (state.max_tokens if state else None))
+            if obj.spec.engine == Engine.TensorRTLLM
+            else None,
             limited_by=decision.limited_by or old.limited_by,
             action="roll" if rolled else ("hold" if decision.action == "roll" else decision.action),
             hold_reason=decision.hold,

@@ -233,3 +233,76 @@ def test_tpot_over_target_steps_down_without_calibration(world: World) -> None:
     assert max_num_seqs(world) == 48
     assert "step 64 → 48" in world.kube.status("default", "chat")["reason"]
     assert world.kube.status("default", "chat")["limitedBy"] == "tpot-target"
+
+
+def test_a_spec_change_rerenders_without_a_retune(world: World) -> None:
+    world.kube.create(llmserving())
+    world.reconcile()
+    world.kube.finish_rollout("default", "chat")
+    world.reconcile()
+    world.kube.edit_spec("default", "chat", {"image": "vllm/vllm-openai:v0.12.0", "replicas": 2})
+    world.reconcile()
+    dep = world.kube.deployment("default", "chat")
+    assert dep["spec"]["replicas"] == 2
+    assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == "vllm/vllm-openai:v0.12.0"
+    assert max_num_seqs(world) == 64
+    status = world.kube.status("default", "chat")
+    assert len(status["history"]) == 1 and status["observedGeneration"] == 2
+    assert "maxTokens" not in status  # a TensorRT-LLM figure
+
+
+def test_cooldown_and_budget_hold_with_their_reason(world: World) -> None:
+    world.kube.create(llmserving(tuning={"cooldownSeconds": 3000}))
+    world.reconcile()
+    world.observer.set("default", "chat", observation(world.clock.now, ctx=8192))
+    settle(world)
+    world.reconcile()
+    status = world.kube.status("default", "chat")
+    assert status["holdReason"] == "cooldown" and "cooldown until 12:50:00Z" in status["reason"]
+    assert max_num_seqs(world) == 64
+
+
+def test_an_observer_that_raises_is_unavailable_not_a_crash(world: World) -> None:
+    class Broken:
+        def observation(self, target: object, now: object) -> object:
+            raise TimeoutError("read timed out after 5 s")
+
+    world.kube.create(llmserving())
+    world.reconcile()
+    settle(world)
+    world.ports.observer = Broken()  # type: ignore[assignment]
+    world.reconcile()
+    status = world.kube.status("default", "chat")
+    assert status["holdReason"] == "metrics-unavailable" and "timed out" in status["reason"]
+
+
+def test_calibration_samples_accumulate_and_reset_on_a_new_model(world: World) -> None:
+    world.kube.create(llmserving(tuning={"tpotP99TargetMilliseconds": 60, "windowSeconds": 60}))
+    world.reconcile()
+    settle(world, 61)
+    for running in (8, 16, 32, 48, 56, 64, 40):
+        world.observer.set(
+            "default",
+            "chat",
+            observation(world.clock.now, ctx=2048, running=running, tpot_p99_ms=10 + running * 0.2),
+        )
+        world.reconcile()
+        world.clock.advance(61)
+    calibration = world.kube.status("default", "chat")["calibration"]
+    assert len(calibration["samples"]) == 7
+    assert (
+        calibration["overheadMilliseconds"] is not None
+        and calibration["bandwidthEfficiencyPercent"] is not None
+    )
+    world.kube.edit_spec("default", "chat", {"model": {"name": "qwen3-8b"}})
+    world.reconcile()
+    assert world.kube.status("default", "chat")["calibration"]["samples"] == []
+
+
+def test_a_damaged_status_is_rebuilt(world: World) -> None:
+    world.kube.create(llmserving())
+    world.reconcile()
+    world.kube.objects[("LLMServing", "default", "chat")]["status"] = {"history": "garbage", "bKnee": "x"}
+    world.reconcile()
+    status = world.kube.status("default", "chat")
+    assert status["maxNumSeqs"] == 64 and [h["to"] for h in status["history"]] == [64]

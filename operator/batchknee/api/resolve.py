@@ -38,9 +38,10 @@ def _location(loc: tuple[int | str, ...]) -> str:
 
 
 def parse_llmserving(obj: Mapping[str, Any]) -> LLMServing:
-    """Validate a raw LLMServing; the first problem becomes a SpecError naming its field."""
+    """Validate a raw LLMServing's metadata and spec (the status is the operator's own, read apart);
+    the first problem becomes a SpecError naming its field."""
     try:
-        return LLMServing.model_validate(obj)
+        return LLMServing.model_validate({k: v for k, v in obj.items() if k != "status"})
     except ValidationError as error:
         first = error.errors(include_url=False)[0]
         message = str(first["msg"]).removeprefix("Value error, ")
