@@ -218,8 +218,9 @@ def test_calibrated_cap_keeps_the_true_p99_under_target(target_ms: int, ctx: int
     assert d.calibration is not None
     true_cap = truth.max_batch_for_tpot(target_ms / 1e3, ctx)
     assume(true_cap >= 8)
-    assert d.recommended is not None and d.recommended <= true_cap * 1.05
-    assert d.recommended <= 8 or truth.tpot_s(d.recommended, ctx) <= target_ms / 1e3 * 1.05
+    assert d.recommended is not None
+    # the TPOT the calibrated choice really gives stays within 5 % of the target
+    assert truth.tpot_s(d.recommended, ctx) <= target_ms / 1e3 * 1.05
 
 
 @given(rules(), contexts, st.integers(1, 1024), st.integers(0, 100_000))
