@@ -187,8 +187,7 @@ def run(settings: OperatorSettings) -> int:
     kopf.run(
         settings=kopf_settings(settings),
         standalone=True if settings.peering == "standalone" else None,
-        priority=priority,
-        peering_name=settings.peering_name,
+        priority=priority,  # (no peering_name here: kopf would make peering mandatory; it is in kopf_settings)
         liveness_endpoint=liveness,
         clusterwide=not settings.namespaces,
         namespaces=settings.namespaces,

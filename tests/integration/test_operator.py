@@ -43,14 +43,22 @@ def state_for(ctx: int, tpot_s: float = 0.02) -> dict[str, Any]:
     }
 
 
-def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.5) -> Any:
+def wait_for(
+    predicate: Callable[[], Any],
+    timeout_s: float,
+    what: str,
+    detail: Callable[[], str] | None = None,
+    interval_s: float = 0.5,
+) -> Any:
     deadline = time.monotonic() + timeout_s
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+            raise AssertionError(
+                f"timed out after {timeout_s:.0f}s waiting for {what}\n{detail() if detail else ''}"
+            )
         time.sleep(interval_s)
 
 
@@ -168,7 +176,8 @@ class Harness:
 
 @pytest.fixture(scope="module")
 def crds(cluster: DevCluster) -> None:
-    cluster.kubectl("apply", "--server-side", "-f", str(CRD), "-f", str(PEERING_CRD))
+    done = cluster.kubectl("apply", "--server-side", "-f", str(CRD), "-f", str(PEERING_CRD), check=False)
+    assert done.returncode == 0, done.stderr
     cluster.kubectl("wait", "--for=condition=Established", "crd/llmservings.batchknee.io", "--timeout=60s")
 
 
@@ -186,7 +195,15 @@ def world(
 
 
 def test_the_crd_is_accepted_and_explains_itself(crds: None, cluster: DevCluster) -> None:
-    explained = cluster.kubectl("explain", "llms.spec.tuning").stdout
+    def explain(path: str) -> str:  # the apiserver publishes a new CRD's OpenAPI a moment after Established
+        done = wait_for(
+            lambda: (r := cluster.kubectl("explain", path, check=False)).returncode == 0 and r,
+            60,
+            f"explain {path}",
+        )
+        return str(done.stdout)
+
+    explained = explain("llms.spec.tuning")
     assert "kneeFactorPercent" in explained and "minMaxNumSeqs" in explained
     assert "B_knee" in explained  # the descriptions are there
     assert (
@@ -207,17 +224,17 @@ def test_a_bad_spec_is_rejected_at_admission_naming_the_field(world: Harness) ->
 def test_retune_follows_the_context_and_explains_itself(world: Harness) -> None:
     world.start_operator()
     assert world.apply("chat").returncode == 0
-    wait_for(lambda: world.max_num_seqs("chat") == 64, 60, "the Deployment at 64\n" + world.log())
+    wait_for(lambda: world.max_num_seqs("chat") == 64, 60, "the Deployment at 64", world.log)
     dep = world.get("deployment", "chat")
     assert dep is not None
     args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args.count("--max-num-seqs") == 1 and "--state" in args
     assert dep["metadata"]["ownerReferences"][0]["kind"] == "LLMServing"
-    wait_for(lambda: world.condition("chat", "Ready").get("status") == "True", 90, "Ready\n" + world.log())
+    wait_for(lambda: world.condition("chat", "Ready").get("status") == "True", 90, "Ready", world.log)
     wait_for(lambda: world.status("chat").get("observed", {}).get("avgContextLength"), 90, "an observation")
 
     world.set_state(state_for(8192))
-    wait_for(lambda: world.max_num_seqs("chat") == 16, 150, "the retune to 16\n" + world.log())
+    wait_for(lambda: world.max_num_seqs("chat") == 16, 150, "the retune to 16", world.log)
     wait_for(lambda: world.status("chat").get("maxNumSeqs") == 16, 30, "status at 16")
     status = world.status("chat")
     assert status["recommendedMaxNumSeqs"] == 16
@@ -270,7 +287,8 @@ def test_prometheus_stopped_holds_and_says_so(world: Harness) -> None:
         wait_for(
             lambda: world.condition("steady", "MetricsAvailable").get("status") == "False",
             60,
-            "MetricsAvailable=False\n" + world.log(),
+            "MetricsAvailable=False",
+            world.log,
         )
         time.sleep(10)
         assert world.max_num_seqs("steady") == 64
@@ -297,7 +315,7 @@ def test_killing_the_operator_during_a_rollout_does_not_roll_twice(world: Harnes
         lambda: world.status("restart").get("observed", {}).get("avgContextLength"), 120, "an observation"
     )
     world.set_state(state_for(8192))
-    wait_for(lambda: world.max_num_seqs("restart") == 16, 150, "the retune\n" + world.log())
+    wait_for(lambda: world.max_num_seqs("restart") == 16, 150, "the retune", world.log)
     world.kill_operator()  # mid-rollout: the status may not even say 16 yet
     generation = world.get("deployment", "restart")["metadata"]["generation"]  # type: ignore[index]
 

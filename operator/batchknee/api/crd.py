@@ -21,6 +21,10 @@ from batchknee.api.models import (
     VERSION,
     LLMServingSpec,
     LLMServingStatus,
+    PrometheusSpec,
+    RolloutSpec,
+    TemplateSpec,
+    TuningSpec,
 )
 
 CRD_NAME = f"{PLURAL}.{GROUP}"
@@ -182,8 +186,14 @@ def _check_structural(node: dict[str, Any], path: str) -> None:
 def crd_manifest() -> dict[str, Any]:
     spec = structural_schema(LLMServingSpec)
     status = structural_schema(LLMServingStatus)
-    for name in ("template", "tuning", "prometheus", "rollout"):
-        spec["properties"][name]["default"] = {}  # so the apiserver fills in the nested defaults
+    for name, model in (
+        ("template", TemplateSpec),
+        ("tuning", TuningSpec),
+        ("prometheus", PrometheusSpec),
+        ("rollout", RolloutSpec),
+    ):
+        # the whole defaulted object: the apiserver validates a default (CEL rules included) as given
+        spec["properties"][name]["default"] = model().dump()
     spec["properties"]["args"]["default"] = []
     schema = {
         "type": "object",
