@@ -238,10 +238,14 @@ def test_retune_follows_the_context_and_explains_itself(world: Harness) -> None:
     wait_for(lambda: world.status("chat").get("maxNumSeqs") == 16, 30, "status at 16")
     status = world.status("chat")
     assert status["recommendedMaxNumSeqs"] == 16
-    assert status["reason"].startswith("max-num-seqs 64→16: avg ctx")
-    assert [h["to"] for h in status["history"]] == [64, 16]
+    # the windowed average climbs from 2048 to 8192, so the way down may take a step on the way
+    steps = [h["to"] for h in status["history"]]
+    assert steps[0] == 64 and steps[-1] == 16 and steps == sorted(steps, reverse=True)
+    last = status["history"][-1]["reason"]
+    assert last.startswith(f"max-num-seqs {steps[-2]}→16: avg ctx") and "B_knee" in last
     retuned = world.events("Retuned")
-    assert retuned and retuned[-1]["message"].startswith("max-num-seqs 64→16: avg ctx")
+    assert retuned and retuned[-1]["message"].startswith(f"max-num-seqs {steps[-2]}→16: avg ctx")
+    assert "B_knee" in retuned[-1]["message"] and "TPOT p99" in retuned[-1]["message"]
 
     table = world.kubectl("get", "llms", "-o", "wide").stdout
     header = table.splitlines()[0].split()
@@ -258,7 +262,7 @@ def test_retune_follows_the_context_and_explains_itself(world: Harness) -> None:
         "REASON",
     ):
         assert column in header
-    assert "max-num-seqs 64→16" in table
+    assert "max-num-seqs" in table or "at target" in table  # the Reason column explains the state
 
 
 def test_recommend_mode_never_changes_the_deployment(world: Harness) -> None:
@@ -309,20 +313,25 @@ def test_deleting_the_llmserving_removes_its_children(world: Harness) -> None:
 
 def test_killing_the_operator_during_a_rollout_does_not_roll_twice(world: Harness) -> None:
     world.start_operator()
-    assert world.apply("restart").returncode == 0
+    assert world.apply("restart", tuning={"cooldownSeconds": 3600}).returncode == 0
     wait_for(lambda: world.condition("restart", "Ready").get("status") == "True", 120, "Ready")
     wait_for(
         lambda: world.status("restart").get("observed", {}).get("avgContextLength"), 120, "an observation"
     )
     world.set_state(state_for(8192))
-    wait_for(lambda: world.max_num_seqs("restart") == 16, 150, "the retune", world.log)
-    world.kill_operator()  # mid-rollout: the status may not even say 16 yet
+    retuned = wait_for(
+        lambda: (n := world.max_num_seqs("restart")) is not None and n < 64 and n,
+        150,
+        "the retune",
+        world.log,
+    )
+    world.kill_operator()  # mid-rollout: the status may not even say so yet
     generation = world.get("deployment", "restart")["metadata"]["generation"]  # type: ignore[index]
 
     world.start_operator()
-    wait_for(lambda: world.status("restart").get("maxNumSeqs") == 16, 60, "the new operator's status")
+    wait_for(lambda: world.status("restart").get("maxNumSeqs") == retuned, 60, "the new operator's status")
     wait_for(lambda: world.condition("restart", "Ready").get("status") == "True", 120, "the rollout done")
-    time.sleep(15)
+    time.sleep(15)  # three more evaluations
     assert world.get("deployment", "restart")["metadata"]["generation"] == generation  # type: ignore[index]
-    assert [h["to"] for h in world.status("restart")["history"]] == [64, 16]
+    assert [h["to"] for h in world.status("restart")["history"]] == [64, retuned]
     assert len(world.events("Retuned")) == 1

@@ -10,8 +10,8 @@ Rules, in the order they are checked (the first that applies names the hold):
   `initial_context_length` before any traffic has been seen (Pinned: the pinned value;
   Recommend: the user's own `--max-num-seqs` when given);
 - Pinned: run the pinned value; Recommend: compute and report, never roll;
-- a rollout in progress, or the metrics window after one (`window_s`), holds;
-- unavailable or too-thin metrics, or no running sequences, hold — never a zero;
+- a rollout in progress holds; so do unavailable or too-thin metrics, or no running sequences —
+  never a zero; so does the metrics window after a rollout (`window_s`);
 - the target: knee factor × B_knee rounded up to the granularity, under the KV-capacity cap, under
   the TPOT guard, clamped to [min, max];
 - already there, inside the dead band (safety decreases excepted), inside the cooldown, or over
@@ -403,9 +403,6 @@ def decide(
 
     if applied.rolling:
         return hold("rollout-in-progress", "rollout in progress")
-    if applied.settled_since is not None and now < applied.settled_since + timedelta(seconds=rules.window_s):
-        until = applied.settled_since + timedelta(seconds=rules.window_s)
-        return hold("settling", f"metrics window settling after the rollout until {_z(until)}")
     if target is None:
         if observation is not None and observation.running.value == 0:
             return decision(
@@ -414,6 +411,9 @@ def decide(
         return decision(
             "hold", current, f"holding {current}: {_unobserved(ctx_reading)}", "metrics-unavailable"
         )
+    if applied.settled_since is not None and now < applied.settled_since + timedelta(seconds=rules.window_s):
+        until = applied.settled_since + timedelta(seconds=rules.window_s)
+        return hold("settling", f"metrics window settling after the rollout until {_z(until)}")
 
     wanted = target.value
     if wanted == current:
