@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from datetime import timedelta
 
 from conftest import World, llmserving
 from fakes import observation
@@ -256,9 +257,23 @@ def test_cooldown_and_budget_hold_with_their_reason(world: World) -> None:
     world.reconcile()
     world.observer.set("default", "chat", observation(world.clock.now, ctx=8192))
     settle(world)
+    world.reconcile()  # the creation is not a retune: no cooldown yet
+    assert max_num_seqs(world) == 16
+    retuned_at = world.clock.now
+    world.observer.set("default", "chat", observation(world.clock.now, ctx=2048))
+    settle(world)
     world.reconcile()
     status = world.kube.status("default", "chat")
-    assert status["holdReason"] == "cooldown" and "cooldown until 12:50:00Z" in status["reason"]
+    until = (retuned_at + timedelta(seconds=3000)).strftime("%H:%M:%SZ")
+    assert status["holdReason"] == "cooldown" and f"cooldown until {until}" in status["reason"]
+    assert max_num_seqs(world) == 16
+
+    world.kube.edit_spec("default", "chat", {"tuning": {"cooldownSeconds": 0, "maxRolloutsPerHour": 1}})
+    world.reconcile()
+    status = world.kube.status("default", "chat")
+    assert status["holdReason"] == "rollout-budget" and "1 rollouts in the last hour" in status["reason"]
+    world.clock.advance(3600)
+    world.reconcile()
     assert max_num_seqs(world) == 64
 
 

@@ -262,7 +262,7 @@ def test_retune_follows_the_context_and_explains_itself(world: Harness) -> None:
         "REASON",
     ):
         assert column in header
-    assert "max-num-seqs" in table or "at target" in table  # the Reason column explains the state
+    assert "avg ctx 8192 tok → B_knee 15.0 → 16" in table  # the Reason column: the decision in one line
 
 
 def test_recommend_mode_never_changes_the_deployment(world: Harness) -> None:

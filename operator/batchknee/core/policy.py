@@ -15,7 +15,7 @@ Rules, in the order they are checked (the first that applies names the hold):
 - the target: knee factor × B_knee rounded up to the granularity, under the KV-capacity cap, under
   the TPOT guard, clamped to [min, max];
 - already there, inside the dead band (safety decreases excepted), inside the cooldown, or over
-  the rollouts-per-hour budget: hold; otherwise roll.
+  the rollouts-per-hour budget (both count retunes, not the creation): hold; otherwise roll.
 
 The TPOT guard, with a p99 target: once enough calibration samples exist, the calibrated cap
 (`fit_roofline` on observed p99 steps, `max_batch_for_tpot` on the fitted roofline); until then,
@@ -134,8 +134,10 @@ class Applied:
     rollouts: tuple[Rollout, ...] = ()
 
     @property
-    def last_rollout(self) -> Rollout | None:
-        return self.rollouts[-1] if self.rollouts else None
+    def last_retune(self) -> Rollout | None:
+        """The last change of a running engine's limit (creation is not a retune: the settle
+        window covers it, cooldown and budget do not)."""
+        return next((r for r in reversed(self.rollouts) if r.from_value is not None), None)
 
 
 @dataclass(frozen=True)
@@ -425,7 +427,7 @@ def decide(
             "dead-band",
             f"{wanted} is within the {rules.dead_band_percent}% dead band ({change_percent:.0f}%)",
         )
-    last = applied.last_rollout
+    last = applied.last_retune
     if last is not None and now < last.time + timedelta(seconds=rules.cooldown_s):
         return hold("cooldown", f"cooldown until {_z(last.time + timedelta(seconds=rules.cooldown_s))}")
     recent = rollouts_in_last_hour(applied.rollouts, now)
@@ -448,7 +450,8 @@ def _unobserved(reading: Reading | None) -> str:
 
 
 def rollouts_in_last_hour(rollouts: Sequence[Rollout], now: datetime) -> int:
-    return sum(1 for r in rollouts if now - HOUR < r.time <= now)
+    """Retunes (not the creation) within the hour before `now`."""
+    return sum(1 for r in rollouts if r.from_value is not None and now - HOUR < r.time <= now)
 
 
 def record(
