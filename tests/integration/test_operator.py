@@ -83,11 +83,12 @@ class Harness:
         done = self.kubectl("get", kind, name, "-o", "json", check=False)
         return json.loads(done.stdout) if done.returncode == 0 else None
 
-    def start_operator(self) -> None:
+    def start_operator(self, *extra: str, log_name: str = "operator.log") -> subprocess.Popen[bytes]:
         env = self.cluster.env()
         env["BATCHKNEE_PROMETHEUS_URL"] = self.prometheus.url
-        log = (self.tmp / "operator.log").open("ab")
-        self.operator = subprocess.Popen(
+        log = (self.tmp / log_name).open("ab")
+        flags = list(extra) or ["--peering", "standalone"]
+        process = subprocess.Popen(
             [
                 sys.executable,
                 "-m",
@@ -95,18 +96,20 @@ class Harness:
                 "operator",
                 "--namespace",
                 self.ns,
-                "--peering",
-                "standalone",
                 "--metrics-port",
                 "0",
                 "--health-port",
                 "0",
+                *flags,
             ],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=ROOT,
         )
+        if log_name == "operator.log":
+            self.operator = process
+        return process
 
     def kill_operator(self) -> None:
         if self.operator is not None and self.operator.poll() is None:
@@ -335,3 +338,27 @@ def test_killing_the_operator_during_a_rollout_does_not_roll_twice(world: Harnes
     assert world.get("deployment", "restart")["metadata"]["generation"] == generation  # type: ignore[index]
     assert [h["to"] for h in world.status("restart")["history"]] == [64, retuned]
     assert len(world.events("Retuned")) == 1
+
+
+def test_two_replicas_never_both_act(world: Harness) -> None:
+    """kopf peering: the replica with the higher priority acts, the other pauses."""
+    low = world.start_operator("--peering", "mandatory", "--priority", "10", log_name="low.log")
+    high = world.start_operator("--peering", "mandatory", "--priority", "20", log_name="high.log")
+    try:
+        time.sleep(8)  # both announce themselves; the lower one pauses
+        assert world.apply("shared").returncode == 0
+        wait_for(
+            lambda: world.max_num_seqs("shared") == 64,
+            60,
+            "the Deployment",
+            lambda: (world.tmp / "high.log").read_text(),
+        )
+        time.sleep(10)
+        high_log, low_log = (world.tmp / "high.log").read_text(), (world.tmp / "low.log").read_text()
+        assert "shared: max-num-seqs ∅→64" in high_log
+        assert "shared" not in low_log and "Pausing operations" in low_log
+        assert len(world.events("Deployed")) == 1
+    finally:
+        for process in (low, high):
+            process.terminate()
+            process.wait(timeout=30)
