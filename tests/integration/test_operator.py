@@ -356,8 +356,11 @@ def test_two_replicas_never_both_act(world: Harness) -> None:
         time.sleep(10)
         high_log, low_log = (world.tmp / "high.log").read_text(), (world.tmp / "low.log").read_text()
         assert "shared: max-num-seqs ∅→64" in high_log
-        assert "shared" not in low_log and "Pausing operations" in low_log
+        assert "shared" not in low_log, low_log
         assert len(world.events("Deployed")) == 1
+        peering = world.get("kopfpeering", "batchknee")
+        assert peering is not None
+        assert sorted(p["priority"] for p in peering["status"].values()) == [10, 20]
     finally:
         for process in (low, high):
             process.terminate()
