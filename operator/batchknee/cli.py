@@ -12,9 +12,9 @@ Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], No
 
 
 def _registrars() -> list[Registrar]:
-    from batchknee.commands import plan
+    from batchknee.commands import devcluster, plan
 
-    return [plan.register]
+    return [plan.register, devcluster.register]
 
 
 def build_parser() -> argparse.ArgumentParser:
