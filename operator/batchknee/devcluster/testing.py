@@ -1,6 +1,8 @@
 """pytest fixtures for the local cluster. A test tier's conftest.py imports them:
 
-    from batchknee.devcluster.testing import cluster, cluster_runtimes, prometheus, namespace  # noqa: F401
+    from batchknee.devcluster.testing import (  # noqa: F401
+        cluster, cluster_runtimes, namespace, prometheus, pytest_terminal_summary,
+    )
 
 and overrides `cluster_runtimes` to plug its engines into the test kubelet, e.g.
 
@@ -13,6 +15,7 @@ One cluster per test session (per conftest that imports these).
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -20,6 +23,9 @@ import pytest
 
 from batchknee.devcluster import DevCluster, LocalPrometheus
 from batchknee.devcluster.procs import wait_until
+
+# Printed at the end of the session (import `pytest_terminal_summary` into the conftest too).
+TIMINGS: dict[str, float] = {}
 
 
 @pytest.fixture(scope="session")
@@ -32,14 +38,16 @@ def cluster_runtimes() -> dict[str, list[str]]:
 def cluster(cluster_runtimes: dict[str, list[str]]) -> Iterator[DevCluster]:
     """A real local control plane (etcd, kube-apiserver, controller-manager, scheduler, test kubelet)."""
     with DevCluster(runtimes=cluster_runtimes) as dev:
-        print(f"\n[devcluster] warm start {dev.start_seconds:.1f} s, {dev.server}, workdir {dev.workdir}")
+        TIMINGS["local cluster start (s)"] = dev.start_seconds or 0.0
         yield dev
 
 
 @pytest.fixture(scope="session")
 def prometheus(cluster: DevCluster) -> Iterator[LocalPrometheus]:
     """Prometheus scraping the test kubelet's file_sd targets every second."""
+    started = time.monotonic()
     with LocalPrometheus(cluster.file_sd_path, scrape_interval_s=1) as prom:
+        TIMINGS["prometheus start (s)"] = time.monotonic() - started
         yield prom
 
 
@@ -57,3 +65,11 @@ def namespace(cluster: DevCluster) -> Iterator[str]:
     )
     yield name
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Report (not assert) how long the local cluster took to start."""
+    if TIMINGS:
+        terminalreporter.section("devcluster timings")
+        for what, seconds in TIMINGS.items():
+            terminalreporter.write_line(f"{what}: {seconds:.1f}")
