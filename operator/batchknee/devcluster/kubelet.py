@@ -260,6 +260,7 @@ class PodWorker(threading.Thread):
         self._last_status: str | None = None
         self._start_time = now_rfc3339()
         self.spawner: Spawner | None = None
+        self.interrupted = False
 
     # -- events from the watch ---------------------------------------------------------------------
 
@@ -289,6 +290,7 @@ class PodWorker(threading.Thread):
             self._run()
         except Exception:
             log.exception("pod %s/%s: worker failed", self.namespace, self.pod_name)
+            self.interrupted = True  # a later event for this pod may start a fresh worker
             self._kill_all(0)
         finally:
             self.kubelet.forget(self)
@@ -303,12 +305,8 @@ class PodWorker(threading.Thread):
         if self._deletion_requested() or self._deleted:
             self._finish_deletion()
             return
-        mounts = self._materialize_volumes()
-        self._set_condition("PodReadyToStartContainers", True)
-        self._set_condition("Initialized", True)
-        spec = self.pod["spec"]
-        for c in spec.get("containers", []):
-            self.containers.append(self._prepare(c, mounts.get(c["name"], [])))
+        if not self._prepare_all():
+            return
         self._push_status(force=True)
         for run in self.containers:
             self._start(run)
@@ -330,6 +328,36 @@ class PodWorker(threading.Thread):
             if self._all_terminated_for_good():
                 self._push_status()
                 return
+
+    def _prepare_all(self) -> bool:
+        """Volumes, env and command lines; retried (like a kubelet's FailedMount) while a ConfigMap
+        or Secret is missing. False when the pod went away meanwhile."""
+        spec = self.pod["spec"]
+        attempt = 0
+        while True:
+            try:
+                mounts = self._materialize_volumes()
+                self.containers = [
+                    self._prepare(c, mounts.get(c["name"], [])) for c in spec.get("containers", [])
+                ]
+                break
+            except ApiException as exc:
+                attempt += 1
+                if attempt == 1 or attempt % 20 == 0:
+                    log.warning(
+                        "pod %s/%s: cannot prepare (%s), retrying", self.namespace, self.pod_name, exc.reason
+                    )
+            with self._update:
+                self._update.wait(min(5.0, 0.5 * attempt))
+                deleted, shutdown = self._deleted, self._shutdown
+            if deleted or shutdown:
+                return False
+            if self._deletion_requested():
+                self._finish_deletion()
+                return False
+        self._set_condition("PodReadyToStartContainers", True)
+        self._set_condition("Initialized", True)
+        return True
 
     def _deletion_requested(self) -> bool:
         return bool(self.pod["metadata"].get("deletionTimestamp"))
@@ -741,6 +769,7 @@ class Kubelet:
         self.net = PodNetwork()
         self.stop_event = threading.Event()
         self.workers: dict[str, PodWorker] = {}
+        self._finished: set[str] = set()  # pods whose worker ended: never start them again
         self._workers_lock = threading.Lock()
         self._targets: dict[str, list[dict[str, Any]]] = {}
         self._targets_lock = threading.Lock()
@@ -763,6 +792,8 @@ class Kubelet:
         with self._workers_lock:
             if self.workers.get(worker.uid) is worker:
                 del self.workers[worker.uid]
+            if not worker.interrupted:
+                self._finished.add(worker.uid)
         self.write_pids()
 
     def set_targets(self, uid: str, targets: list[dict[str, Any]]) -> None:
@@ -913,7 +944,7 @@ class Kubelet:
             if worker is not None:
                 worker.update(pod)
                 return
-            if self.stop_event.is_set():
+            if self.stop_event.is_set() or uid in self._finished:
                 return
             phase = (pod.get("status") or {}).get("phase")
             if phase in ("Succeeded", "Failed") and not meta.get("deletionTimestamp"):
