@@ -122,6 +122,8 @@ def main() -> None:
         registry, bool(state["legacyNames"]), args.served_model_name, cache, " ".join(engine_args)
     )
     label = {"model_name": args.served_model_name, "engine": "0"}
+    for metric in metrics.values():  # like vLLM, every series exists from the start (zero counts)
+        metric.labels(**label)
     stop = threading.Event()
 
     def advance() -> None:
