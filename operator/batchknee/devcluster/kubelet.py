@@ -14,7 +14,7 @@ Run as a child process of `DevCluster` (`python -m batchknee.devcluster.kubelet 
   (or has started, without one); restarts exited processes under restartPolicy (bounded backoff);
 - on deletion sends SIGTERM, waits up to the grace period, SIGKILLs, then deletes the pod with grace
   period 0 (else it stays Terminating forever);
-- writes a Prometheus file_sd JSON of running+ready pods' container ports, labelled as a PodMonitor
+- writes a Prometheus file_sd JSON of running pods' container ports (kept while they drain), labelled as a PodMonitor
   would (namespace, pod, container) plus the pod's own labels.
 
 No Services/Endpoints: the apiserver rejects loopback endpoint IPs.
@@ -393,7 +393,8 @@ class PodWorker(threading.Thread):
                 log.warning("pod %s/%s: delete failed: %s", self.namespace, self.pod_name, exc.reason)
 
     def _kill_all(self, grace_s: float) -> None:
-        self.kubelet.drop_target(self.uid)
+        # The scrape target stays while the processes drain, as Kubernetes service discovery keeps
+        # a terminating pod: the engine's final counters (drops during a drain) reach Prometheus.
         procs = [c.proc for c in self.containers if c.proc is not None]
         for proc in procs:
             if proc.poll() is None:
@@ -714,7 +715,8 @@ class PodWorker(threading.Thread):
             "conditions": list(self._conditions.values()),
             "containerStatuses": [r.status(self.uid) for r in self.containers],
         }
-        if all_ready and status["phase"] == "Running":
+        # Like a PodMonitor (role: pod), scrape a running pod whether or not it is ready yet.
+        if status["phase"] == "Running" and any(r.proc is not None and r.proc.poll() is None for r in self.containers):
             self.kubelet.set_targets(self.uid, self._targets())
         else:
             self.kubelet.drop_target(self.uid)
