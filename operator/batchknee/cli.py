@@ -23,9 +23,9 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 def _registrars() -> list[Registrar]:
-    from batchknee.commands import plan
+    from batchknee.commands import plan, simulate
 
-    return [plan.register]
+    return [plan.register, simulate.register]
 
 
 def build_parser() -> ArgumentParser:
