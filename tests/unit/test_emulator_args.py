@@ -60,6 +60,7 @@ def test_engine_flags_in_every_spelling_and_unknown_flags_ignored() -> None:
             "--kv-cache-dtype",
             "fp8",
             "--no-enable-prefix-caching",
+            "--disable-cascade-attn",
             "--max-model-len",
             "16K",
             "--trust-remote-code",
@@ -75,6 +76,7 @@ def test_engine_flags_in_every_spelling_and_unknown_flags_ignored() -> None:
     assert settings.gpu == "h100-sxm" and settings.model == "llama-3-70b"
     assert settings.served_model_name == "meta-llama/Llama-3.1-70B-Instruct"
     assert config.roofline.tensor_parallel == 4 and config.roofline.kv_dtype == "fp8"
+    assert not config.roofline.shared_prefix_read_once  # --disable-cascade-attn
     assert (config.max_num_seqs, config.max_num_batched_tokens) == (96, 4096)
     assert config.max_model_len == 16 * 1024 and not config.enable_prefix_caching  # K = 1024, k = 1000
     assert settings.cache_info["gpu_memory_utilization"] == "0.92"

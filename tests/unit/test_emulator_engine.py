@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
+from dataclasses import replace
 
 import pytest
 
@@ -318,3 +319,23 @@ def test_simulation_is_fast() -> None:
     engine.run_until(300.0)
     assert time.perf_counter() - started < 30.0
     assert math.isfinite(engine.now)
+
+
+@pytest.mark.parametrize("read_once", [True, False])
+def test_shared_prefix_is_read_once_per_step_with_cascade_attention(read_once: bool) -> None:
+    # 40 sequences of 1024 + 64 tokens sharing their first 512 tokens, decoding in lockstep.
+    # Read once (vLLM's cascade attention), the step reads 40 unique parts and one shared prefix:
+    # the planner's roofline with that sharing fraction; re-read, it is the roofline without.
+    roofline = replace(SEED_ROOFLINE, shared_prefix_read_once=read_once)
+    done: list[Request] = []
+    cfg = config(roofline=roofline, enable_prefix_caching=True, max_num_batched_tokens=64 * 1024)
+    engine = Engine(cfg, on_finish=done.append, step_hook=checked)
+    for _ in range(40):
+        engine.submit(1024, 64, shared_prefix_tokens=512)
+    assert engine.drain()
+    context = 1024 + 64 / 2
+    planner = replace(roofline, prefix_sharing=512 / context if read_once else 0.0)
+    for request in done:
+        assert request.tpot_s == pytest.approx(planner.tpot_s(40, context), rel=0.02)
+    if read_once:
+        assert planner.tpot_s(40, context) < SEED_ROOFLINE.tpot_s(40, context) * 0.9

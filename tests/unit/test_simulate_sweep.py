@@ -155,3 +155,18 @@ def test_benchmark_prints_simulated_seconds_per_wall_second(capsys: pytest.Captu
     assert figures["requestRate"] == 100 and figures["simulatedSeconds"] == 30
     assert figures["requests"] == pytest.approx(3000, rel=0.1)
     assert figures["simulatedSecondsPerWallSecond"] > 0
+
+
+def test_prefix_sharing_is_a_fraction_of_the_prompt(capsys: pytest.CaptureFixture[str]) -> None:
+    # 1024-token prompts whose first half is shared; mean context 1024 + 512 / 2 = 1280. The knee is
+    # the planner's with 512 of 1280 tokens shared (read once, as the simulated engine does).
+    status, out, _ = run(
+        capsys, *SEED, "--prompt-tokens", "1024", "--output-tokens", "512", "--prefix-sharing", "0.5",
+        "--sweep", "32", "--duration", "120", "--output", "json",
+    )  # fmt: skip
+    assert status == 0
+    planner = DecodeRoofline(
+        find_model("llama-3-8b"), find_gpu("a100-80gb"), params=8.0e9, bandwidth_bytes_per_s=2.0e12,
+        prefix_sharing=512 / 1280,
+    )  # fmt: skip
+    assert json.loads(out)["bKnee"] == pytest.approx(planner.b_knee(1280))

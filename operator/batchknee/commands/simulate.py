@@ -12,6 +12,7 @@ import argparse
 import json
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -138,6 +139,13 @@ def _load(args: argparse.Namespace, rate: float | None) -> LoadSpec:
         raise UsageError(str(error)) from None
 
 
+def _planner_roofline(roofline: DecodeRoofline, load: LoadSpec) -> DecodeRoofline:
+    """The planner's view of the same workload: its prefix sharing is a fraction of the mean
+    context (the simulation's is a fraction of each prompt, a system prompt)."""
+    shared = load.prefix_sharing * load.prompt_tokens
+    return replace(roofline, prefix_sharing=min(0.99, shared / load.mean_context_tokens))
+
+
 def run(args: argparse.Namespace) -> int:
     roofline = resolve_roofline(args)
     if args.request_rate is not None and args.concurrency is not None:
@@ -151,6 +159,7 @@ def run(args: argparse.Namespace) -> int:
     if warmup >= duration:
         raise UsageError(f"--warmup: {warmup:g} s leaves nothing of --duration {duration:g} s to measure")
     tpot_target_s = args.tpot_target_ms / 1e3 if args.tpot_target_ms else None
+    config = replace(config, roofline=_planner_roofline(roofline, load))
     result = sweep(
         config,
         load,

@@ -9,6 +9,8 @@ Each engine step:
 3. waiting requests are admitted first-come first-served while fewer than `max_num_seqs` run,
    the token budget (`max_num_batched_tokens`) lasts and the pool has the blocks for their first
    chunk (with prefix caching, shared-prefix blocks already cached are hits, not allocations).
+Shared prefix blocks are read once per step when the roofline says so (`shared_prefix_read_once`,
+vLLM's cascade attention), else once per sequence.
 The step lasts `DecodeRoofline.step_time_s(tokens, kv bytes read, attended pairs)` (times optional
 lognormal noise); tokens appear at its end.
 
@@ -273,6 +275,8 @@ class Engine:
         self.prefix_cached_blocks = 0  # m
         self.prefix_in_use_blocks = 0  # z
         self._prefix_refs = [0] * (config.max_model_len // config.block_size + 2)
+        self._prefix_holder_blocks = 0  # Σ shared blocks over the running requests that hold them
+        self._read_shared_once = config.enable_prefix_caching and self.roofline.shared_prefix_read_once
         self.step_end_times: list[float] | None = [] if keep_token_times else None
         self._reserve = config.reserve_full_sequence
         self.load: LoadGenerator | None = None
@@ -547,6 +551,11 @@ class Engine:
             return False
 
         roofline = self.roofline
+        if self._read_shared_once and self._prefix_holder_blocks:
+            # Cascade attention reads each shared prefix block once, not once per sequence using it.
+            duplicate = (self._prefix_holder_blocks - self.prefix_in_use_blocks) * self.block_size
+            context = max(0, context - duplicate)
+            windowed = max(0, windowed - duplicate)
         kv_bytes = roofline.kv_bytes_of_contexts(context, windowed if window is not None else context)
         duration = roofline.step_time_s(tokens, kv_bytes, pairs)
         if self._noise_sigma:
@@ -798,6 +807,7 @@ class Engine:
             refs = self._prefix_refs
             k = request.shared_blocks
             refs[k] -= 1
+            self._prefix_holder_blocks -= k
             if k == self.prefix_in_use_blocks and refs[k] == 0:
                 z = k
                 while z > 0 and refs[z] == 0:
@@ -806,6 +816,7 @@ class Engine:
 
     def _ref_prefix(self, k: int) -> None:
         self._prefix_refs[k] += 1
+        self._prefix_holder_blocks += k
         if k > self.prefix_in_use_blocks:
             self.prefix_in_use_blocks = k
         if k > self.prefix_cached_blocks:

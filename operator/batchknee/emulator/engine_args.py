@@ -58,7 +58,7 @@ _VLLM_SWITCHES = {
     "--skip-tokenizer-init", "--disable-sliding-window", "--async-scheduling", "--no-async-scheduling",
     "--enable-server-load-tracking", "--enable-force-include-usage", "--disable-uvicorn-access-log",
     "--return-tokens-as-token-ids", "--enable-request-id-headers", "--enable-sleep-mode",
-    "--show-hidden-metrics-for-version", "--calculate-kv-scales", "--disable-cascade-attn",
+    "--show-hidden-metrics-for-version", "--calculate-kv-scales",
     "--no-enable-prefix-caching", "--enable-prefix-caching", "--headless", "--api-server-count",
 }  # fmt: skip
 _TRTLLM_SWITCHES = {
@@ -263,6 +263,11 @@ def _emulator_parser(engine: str) -> _Parser:
         flags.add_argument("--max-model-len", type=_token_count, default=None)
         flags.add_argument("--num-gpu-blocks-override", type=_positive_int, default=None)
         flags.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+        flags.add_argument(
+            "--disable-cascade-attn",
+            action="store_true",
+            help="read shared prefix blocks once per sequence, not once per step",
+        )
     else:
         flags = parser.add_argument_group("trtllm-serve flags (dash or underscore spelling)")
         flags.add_argument("--max-batch-size", type=_positive_int, default=2048)
@@ -449,7 +454,7 @@ def parse_emulator_args(argv: Sequence[str], environ: dict[str, str] | None = No
     }
     served = (args.served_model_name or [model_name])[0]
 
-    def roofline(tp: int, weight_dtype: str, kv_dtype: str) -> DecodeRoofline:
+    def roofline(tp: int, weight_dtype: str, kv_dtype: str, read_shared_once: bool) -> DecodeRoofline:
         try:
             return DecodeRoofline(
                 model=model,
@@ -461,6 +466,7 @@ def parse_emulator_args(argv: Sequence[str], environ: dict[str, str] | None = No
                 bandwidth_bytes_per_s=args.bandwidth,
                 bandwidth_efficiency=args.bandwidth_efficiency,
                 overhead_s=args.overhead_ms / 1e3,
+                shared_prefix_read_once=read_shared_once,
             )
         except ValueError as error:
             raise EngineArgsError(str(error)) from None
@@ -489,7 +495,7 @@ def _vllm(
         )
     if args.pipeline_parallel_size > 1:
         warnings.append("--pipeline-parallel-size: not modelled; one pipeline stage assumed")
-    roof = roofline(args.tensor_parallel_size, dtype, kv_dtype)
+    roof = roofline(args.tensor_parallel_size, dtype, kv_dtype, not args.disable_cascade_attn)
     big_gpu = roof.gpu.memory_bytes >= 70 * 1024**3 and not roof.gpu.name.startswith("a100")
     max_num_seqs = args.max_num_seqs or (1024 if big_gpu else 256)
     batched = args.max_num_batched_tokens
@@ -605,7 +611,7 @@ def _trtllm(
         raise EngineArgsError(
             f"--extra_llm_api_options: scheduler_config.capacity_scheduler_policy {policy!r} is unknown"
         )
-    roof = roofline(tp, "bf16", kv_dtype)
+    roof = roofline(tp, "bf16", kv_dtype, False)  # no cascade attention: shared blocks re-read
     blocks = trtllm_num_blocks(roof, float(fraction), max_tokens, tokens_per_block)
     if blocks <= 0:
         raise EngineArgsError(
