@@ -175,3 +175,12 @@ def test_cli_emulate_help_and_one_line_errors(capsys: pytest.CaptureFixture[str]
     err = capsys.readouterr().err
     assert status == 2
     assert err.count("\n") == 1 and "--max-num-seqs" in err and err.startswith("batchknee emulate: error:")
+
+
+def test_module_entry_point_takes_the_engine_as_first_word(capsys: pytest.CaptureFixture[str]) -> None:
+    # The test kubelet's runtime prefix form: python -m batchknee.emulator vllm <command[1:]> <args>.
+    from batchknee.emulator.__main__ import main as module_main
+
+    assert module_main(["trtllm", "serve", "llama-3-8b", "--max_batch_size", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "--max-batch-size" in err and err.count("\n") == 1
