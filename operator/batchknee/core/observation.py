@@ -7,8 +7,12 @@ never a zero: it is `Reading.unavailable("why")`, and the policy holds and says 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Literal
+
+Engine = Literal["VLLM", "TensorRTLLM"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,7 @@ class Observation:
     pods: int
     avg_context_tokens: Reading
     tpot_p99_s: Reading
+    tpot_mean_s: Reading  # mean time per output token over the window (for calibration)
     ttft_p99_s: Reading
     running: Reading
     waiting: Reading
@@ -60,4 +65,24 @@ class Observation:
     def unavailable(cls, sampled_at: datetime, reason: str, pods: int = 0) -> Observation:
         """Nothing could be read (Prometheus down, no series): every field carries the reason."""
         missing = Reading.unavailable(reason)
-        return cls(sampled_at, pods, *([missing] * 9))
+        return cls(sampled_at, pods, *([missing] * 10))
+
+
+@dataclass(frozen=True)
+class ObservationTarget:
+    """Which engine pods belong to one LLMServing, and over what window to read them.
+
+    By default the pods are found by name: the engine Deployment is named after the LLMServing, so
+    its pods are `<name>-<replicaset hash>-<pod hash>` in `namespace` — labels every PodMonitor and
+    scrape config attach. `selector` (exact label matches) overrides that for unusual labelling.
+    """
+
+    namespace: str
+    name: str
+    engine: Engine
+    window_s: int
+    selector: Mapping[str, str] | None = field(default=None, hash=False)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.namespace, self.name)
