@@ -23,9 +23,9 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 def _registrars() -> list[Registrar]:
-    from batchknee.commands import devcluster, plan
+    from batchknee.commands import devcluster, emulate, plan, simulate
 
-    return [plan.register, devcluster.register]
+    return [plan.register, simulate.register, emulate.register, devcluster.register]
 
 
 def build_parser() -> ArgumentParser:
