@@ -6,11 +6,14 @@ VENV ?= .venv
 BIN := $(CURDIR)/$(VENV)/bin
 export PATH := $(BIN):$(PATH)
 
-.PHONY: help venv lint test test-unit test-component demo clean crds
+.PHONY: help venv lint test test-unit test-component test-integration tools system-deps dev-cluster demo clean crds
 
 help:
 	@echo "make demo   - the closed loop on an embedded local cluster"
 	@echo "make test   - lint, type-check and every test tier"
+	@echo "make tools  - build the local control plane (kube-apiserver, etcd, kubectl, ...) and helm into bin/"
+	@echo "make system-deps - install Prometheus (Debian package) when it is missing"
+	@echo "make dev-cluster - a local cluster in the foreground; Ctrl-C stops it"
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -36,11 +39,34 @@ test-unit: venv
 test-component: venv
 	pytest -q tests/component
 
-test: lint test-unit test-component
+# The local control plane: one multicall binary from k8s.io/kubernetes plus helm, built once per
+# content key into ${XDG_CACHE_HOME:-~/.cache}/batchknee/tools/<key>/ and linked into bin/.
+tools:
+	tools/build.sh
+
+# Debian's prometheus for the integration tier. Only installs when missing; CI runs as root.
+# --no-install-recommends keeps prometheus-node-exporter out. Tests never use the packaged
+# service (if the package starts one on :9090): they run their own on a free loopback port.
+system-deps:
+	@if command -v prometheus >/dev/null; then \
+	  echo "system-deps: $$(command -v prometheus) present"; \
+	else \
+	  sudo=; [ "$$(id -u)" = 0 ] || sudo=sudo; \
+	  $$sudo apt-get update -q && \
+	  DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q --no-install-recommends prometheus; \
+	fi
+
+test-integration: venv tools system-deps
+	pytest -q -m integration --timeout=300 tests/integration
+
+test: lint test-unit test-component test-integration
+
+dev-cluster: venv tools system-deps
+	batchknee dev-cluster up --with-prometheus
 
 demo: venv
 	batchknee plan --model llama-3-8b --gpu a100-80gb --params 8.0e9 --bandwidth 2.0TB/s \
 	  --context 512,2048,8192 --batch 1,8,32,64,128,256
 
 clean:
-	rm -rf $(VENV) build dist demo-out .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) bin build dist demo-out .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -23,9 +23,16 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 def _registrars() -> list[Registrar]:
-    from batchknee.commands import crd, operator, plan
+    from batchknee.commands import crd, devcluster, emulate, operator, plan, simulate
 
-    return [plan.register, crd.register, operator.register]
+    return [
+        plan.register,
+        simulate.register,
+        emulate.register,
+        devcluster.register,
+        crd.register,
+        operator.register,
+    ]
 
 
 def build_parser() -> ArgumentParser:

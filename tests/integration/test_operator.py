@@ -2,8 +2,7 @@
 exporters that the test kubelet runs as the "vllm" runtime (tests/support/vllm_exporter.py,
 whose values each test sets through a JSON state file named in the LLMServing's own args).
 
-Needs the control plane (`batchknee.devcluster`) and, in tests/integration/conftest.py,
-`cluster_runtimes` mapping "vllm" to the exporter.
+tests/integration/conftest.py maps the "vllm" runtime to the exporter.
 """
 
 from __future__ import annotations
@@ -174,7 +173,10 @@ class Harness:
 
     def events(self, reason: str) -> list[dict[str, Any]]:
         done = self.kubectl("get", "events", "--field-selector", f"reason={reason}", "-o", "json")
-        return list(json.loads(done.stdout)["items"])
+        items = json.loads(done.stdout)["items"]
+        return sorted(
+            items, key=lambda e: (e.get("firstTimestamp") or "", e["metadata"]["creationTimestamp"])
+        )
 
 
 @pytest.fixture(scope="module")

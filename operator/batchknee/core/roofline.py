@@ -128,10 +128,21 @@ class DecodeRoofline:
 
     def kv_bytes_per_seq(self, context_tokens: float) -> float:
         """One GPU's KV bytes for a sequence of `context_tokens`; windowed layers keep at most the window."""
+        return self.kv_bytes_of_contexts(context_tokens, self.windowed_tokens(context_tokens))
+
+    def windowed_tokens(self, context_tokens: float) -> float:
+        """The tokens a sliding-window layer keeps of a `context_tokens` sequence: min(ctx, window)
+        (the whole context when the model has no window)."""
+        window = self.model.sliding_window
+        return context_tokens if window is None else min(context_tokens, window)
+
+    def kv_bytes_of_contexts(self, total_context_tokens: float, total_windowed_tokens: float) -> float:
+        """One GPU's KV bytes of a set of sequences, from Σ ctx and Σ min(ctx, window) over them:
+        Σ kv_bytes_per_seq(ctx) without visiting each sequence (an engine simulation keeps both sums
+        incrementally). Full-attention layers hold every token, windowed layers at most the window."""
         windowed = self.model.sliding_window_layers if self.model.sliding_window is not None else 0
-        window = self.model.sliding_window or 0
         full_layers = self.model.layers - windowed
-        tokens = full_layers * context_tokens + windowed * min(context_tokens, window)
+        tokens = full_layers * total_context_tokens + windowed * total_windowed_tokens
         return tokens * self.kv_bytes_per_token_per_layer
 
     def kv_bytes_shared(self, context_tokens: float) -> float:
@@ -184,6 +195,16 @@ class DecodeRoofline:
         flops += self.attention_flops_per_pair() * attended_pairs
         compute_s = flops / self.gpu.peak_bf16_flops
         return max(memory_s, compute_s) / self.bandwidth_efficiency + self.overhead_s
+
+    @staticmethod
+    def prefill_attended_pairs(computed_tokens: float, chunk_tokens: float) -> float:
+        """(query, key) pairs a prefill chunk attends over under causal attention: the chunk's j-th
+        token (1-based) sees the `computed_tokens` already in the cache and the first j of the chunk,
+        so Σ_j (computed + j) = chunk · computed + chunk · (chunk + 1) / 2. A decode step is the
+        chunk of one token: computed + 1 pairs."""
+        if computed_tokens < 0 or chunk_tokens < 0:
+            raise ValueError("token counts must be zero or positive")
+        return chunk_tokens * computed_tokens + chunk_tokens * (chunk_tokens + 1) / 2.0
 
     def tpot_s(self, batch: float, context_tokens: float) -> float:
         """Time per output token of a steady decode batch of `batch` sequences at `context_tokens`."""

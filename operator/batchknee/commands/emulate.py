@@ -1,0 +1,40 @@
+"""`batchknee emulate`: a GPU-free engine pod (see batchknee.emulator.server).
+
+The rest of the command line is the engine's own (an optional `serve`, the model, vLLM's or
+trtllm-serve's flags) plus the emulator's options; it is parsed by the emulator itself, so that a
+pod's args work unchanged and flags the emulator does not model are ignored with a warning.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from batchknee.commands import UsageError
+
+
+def register(subparsers: Any) -> None:
+    # prefix_chars that no argument uses: every token, `--flags` included, lands in `argv` and is
+    # parsed by the emulator (argparse would reject the engine's flags it does not know).
+    parser = subparsers.add_parser(
+        "emulate",
+        help="a GPU-free vLLM / TensorRT-LLM engine with the real /metrics (batchknee emulate --help)",
+        add_help=False,
+        prefix_chars="\x00",
+    )
+    parser.add_argument("argv", nargs="*")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from batchknee.emulator.engine_args import EngineArgsError, parse_emulator_args
+
+    try:
+        settings = parse_emulator_args(args.argv)
+    except EngineArgsError as error:
+        raise UsageError(str(error)) from None
+    from batchknee.emulator.server import run_emulator
+
+    sys.stdout.flush()
+    return run_emulator(settings)

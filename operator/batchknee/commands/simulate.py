@@ -1,0 +1,270 @@
+"""`batchknee simulate`: the knee for a workload, measured on the engine simulation.
+
+Runs the continuous-batching simulation once per `--sweep` value of max-num-seqs and reports the
+output throughput, TPOT p50/p99, TTFT p99, goodput and preemptions of each, next to the roofline's
+prediction. By default the load is a closed loop as large as the batch limit, so the limit binds;
+`--request-rate` makes it open-loop Poisson. `--benchmark` instead times the simulator itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from batchknee.commands import UsageError
+from batchknee.commands._options import (
+    add_roofline_options,
+    describe,
+    fraction,
+    int_list,
+    non_negative_float,
+    positive_float,
+    positive_int,
+    resolve_roofline,
+)
+from batchknee.core.roofline import DecodeRoofline
+from batchknee.emulator.engine import Engine, EngineConfig, EngineConfigError, vllm_num_gpu_blocks
+from batchknee.emulator.sweep import SweepResult, default_duration_s, sweep
+from batchknee.emulator.workload import DISTRIBUTIONS, MAX_REQUEST_RATE, LoadError, LoadSpec
+
+BENCHMARK_RATE = 100.0
+BENCHMARK_DURATION_S = 3600.0
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "simulate",
+        help="measure throughput and TPOT against --max-num-seqs on the engine simulation",
+        description=(
+            "Simulate continuous batching at each --sweep value of max-num-seqs and show where "
+            "throughput stops paying for TPOT: the knee, for your workload, before any cluster."
+        ),
+    )
+    add_roofline_options(parser)
+    parser.add_argument("--prompt-tokens", type=positive_int, default=512, help="mean prompt length")
+    parser.add_argument("--output-tokens", type=positive_int, default=512, help="mean output length")
+    parser.add_argument("--prompt-distribution", choices=DISTRIBUTIONS, default="fixed")
+    parser.add_argument("--output-distribution", choices=DISTRIBUTIONS, default="fixed")
+    parser.add_argument(
+        "--prompt-spread", type=non_negative_float, default=0.5, help="uniform ±fraction or lognormal sigma"
+    )
+    parser.add_argument("--output-spread", type=non_negative_float, default=0.5)
+    parser.add_argument(
+        "--sweep", type=int_list, default=[16, 32, 64, 128, 256], help="max-num-seqs values to simulate"
+    )
+    parser.add_argument(
+        "--request-rate",
+        type=positive_float,
+        help="open-loop Poisson arrivals per second (default: a closed loop of max-num-seqs requests)",
+    )
+    parser.add_argument(
+        "--concurrency", type=positive_int, help="closed loop with this many requests in flight"
+    )
+    parser.add_argument("--tpot-target-ms", type=positive_float, help="goodput counts requests meeting it")
+    parser.add_argument(
+        "--duration", type=positive_float, help="simulated seconds per point (default: 10 request lifetimes)"
+    )
+    parser.add_argument(
+        "--warmup", type=non_negative_float, help="simulated seconds not measured (default: 30%% of duration)"
+    )
+    parser.add_argument("--max-num-batched-tokens", type=positive_int, default=2048)
+    parser.add_argument("--gpu-memory-utilization", type=positive_float, default=0.9)
+    parser.add_argument("--block-size", type=positive_int, default=16)
+    parser.add_argument(
+        "--max-model-len", type=positive_int, help="default: 8192, or prompt + output if longer"
+    )
+    parser.add_argument(
+        "--no-prefix-caching", action="store_true", help="do not cache the shared prefix (--prefix-sharing)"
+    )
+    parser.add_argument("--step-noise", type=fraction, default=0.0, help="lognormal sigma of step-time noise")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output", choices=("table", "json"), default="table")
+    parser.add_argument(
+        "--plot", metavar="FILE.png", help="write throughput and TPOT p99 against max-num-seqs"
+    )
+    parser.add_argument(
+        "--benchmark",
+        action="store_true",
+        help=f"time the simulator: {BENCHMARK_DURATION_S:.0f} s of {BENCHMARK_RATE:.0f} requests/s "
+        "(or --request-rate/--duration) at the largest --sweep value",
+    )
+    parser.set_defaults(handler=run)
+
+
+def _engine_config(args: argparse.Namespace, roofline: DecodeRoofline, max_num_seqs: int) -> EngineConfig:
+    if args.gpu_memory_utilization > 1.0:
+        raise UsageError("--gpu-memory-utilization: must be in (0, 1]")
+    max_model_len = args.max_model_len or max(8192, args.prompt_tokens + args.output_tokens)
+    blocks = vllm_num_gpu_blocks(roofline, args.gpu_memory_utilization, args.block_size)
+    if blocks <= 0:
+        raise UsageError(
+            f"--gpu-memory-utilization: {roofline.model.name} leaves no KV cache memory on {roofline.gpu.name}"
+        )
+    try:
+        return EngineConfig(
+            roofline=roofline,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max(args.max_num_batched_tokens, max_num_seqs),
+            num_gpu_blocks=blocks,
+            block_size=args.block_size,
+            max_model_len=max_model_len,
+            enable_prefix_caching=args.prefix_sharing > 0 and not args.no_prefix_caching,
+            step_noise=args.step_noise,
+        )
+    except EngineConfigError as error:
+        raise UsageError(f"--max-model-len: {error}") from None
+
+
+def _load(args: argparse.Namespace, rate: float | None) -> LoadSpec:
+    if rate is not None and rate > MAX_REQUEST_RATE:
+        raise UsageError(f"--request-rate: must be at most {MAX_REQUEST_RATE:g}")
+    try:
+        return LoadSpec(
+            request_rate=rate or 0.0,
+            prompt_tokens=args.prompt_tokens,
+            output_tokens=args.output_tokens,
+            prompt_distribution=args.prompt_distribution,
+            output_distribution=args.output_distribution,
+            prompt_spread=args.prompt_spread,
+            output_spread=args.output_spread,
+            prefix_sharing=args.prefix_sharing,
+            concurrency=args.concurrency,
+        )
+    except LoadError as error:
+        raise UsageError(str(error)) from None
+
+
+def _planner_roofline(roofline: DecodeRoofline, load: LoadSpec) -> DecodeRoofline:
+    """The planner's view of the same workload: its prefix sharing is a fraction of the mean
+    context (the simulation's is a fraction of each prompt, a system prompt)."""
+    shared = load.prefix_sharing * load.prompt_tokens
+    return replace(roofline, prefix_sharing=min(0.99, shared / load.mean_context_tokens))
+
+
+def run(args: argparse.Namespace) -> int:
+    roofline = resolve_roofline(args)
+    if args.request_rate is not None and args.concurrency is not None:
+        raise UsageError("--concurrency: give either --request-rate or --concurrency, not both")
+    if args.benchmark:
+        return benchmark(args, roofline)
+    config = _engine_config(args, roofline, max(args.sweep))
+    load = _load(args, args.request_rate)
+    duration = args.duration if args.duration is not None else default_duration_s(config, load, args.sweep)
+    warmup = args.warmup if args.warmup is not None else 0.3 * duration
+    if warmup >= duration:
+        raise UsageError(f"--warmup: {warmup:g} s leaves nothing of --duration {duration:g} s to measure")
+    tpot_target_s = args.tpot_target_ms / 1e3 if args.tpot_target_ms else None
+    config = replace(config, roofline=_planner_roofline(roofline, load))
+    result = sweep(
+        config,
+        load,
+        args.sweep,
+        duration_s=duration,
+        warmup_s=warmup,
+        seed=args.seed,
+        tpot_target_s=tpot_target_s,
+    )
+    if args.output == "json":
+        print(json.dumps(result.to_json(), indent=2))
+    else:
+        print(render_table(roofline, load, result, duration, warmup, tpot_target_s))
+    if args.plot:
+        from batchknee.emulator.plot import plot_sweep
+
+        plot_sweep(result, describe(roofline), Path(args.plot))
+    return 0
+
+
+def _fmt_ms(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value * 1e3:.1f}"
+
+
+def render_table(
+    roofline: DecodeRoofline,
+    load: LoadSpec,
+    result: SweepResult,
+    duration: float,
+    warmup: float,
+    tpot_target_s: float | None,
+) -> str:
+    arrivals = (
+        f"Poisson {load.request_rate:g} requests/s"
+        if load.request_rate
+        else f"closed loop of {load.concurrency} requests"
+        if load.concurrency
+        else "closed loop of max-num-seqs requests"
+    )
+    lines = [
+        describe(roofline),
+        f"workload: prompt {load.prompt_tokens} ({load.prompt_distribution}), output {load.output_tokens} "
+        f"({load.output_distribution}) tokens, mean context {result.context_tokens:.0f}; {arrivals}",
+        f"simulated {duration:.0f} s per point, measured after {warmup:.0f} s of warm-up"
+        + (f"; goodput at TPOT ≤ {tpot_target_s * 1e3:g} ms" if tpot_target_s else ""),
+        f"B_knee {result.b_knee:.1f} at context {result.context_tokens:.0f}",
+        "",
+        f"{'max-num-seqs':>12} {'tok/s':>8} {'Δtok/s':>7} {'TPOT p50':>9} {'TPOT p99':>9} {'ΔTPOT':>6} "
+        f"{'TTFT p99':>9} {'goodput':>8} {'preempt':>7} {'running':>7} {'roofline':>9}",
+    ]
+    previous = None
+    for point in result.points:
+        gain = (
+            f"{(point.throughput_tokens_per_s / previous.throughput_tokens_per_s - 1) * 100:+.0f}%"
+            if previous and previous.throughput_tokens_per_s
+            else ""
+        )
+        tpot_change = (
+            f"{(point.tpot_p99_s / previous.tpot_p99_s - 1) * 100:+.0f}%"
+            if previous and previous.tpot_p99_s and not math.isnan(point.tpot_p99_s)
+            else ""
+        )
+        lines.append(
+            f"{point.max_num_seqs:>12} {point.throughput_tokens_per_s:>8,.0f} {gain:>7} "
+            f"{_fmt_ms(point.tpot_p50_s):>9} {_fmt_ms(point.tpot_p99_s):>9} {tpot_change:>6} "
+            f"{_fmt_ms(point.ttft_p99_s):>9} {point.goodput_tokens_per_s:>8,.0f} {point.preemptions:>7} "
+            f"{point.mean_running:>7.1f} {point.roofline_throughput_tokens_per_s:>9,.0f}"
+        )
+        previous = point
+    lines.append("(latencies in ms; roofline = B / TPOT(B) at the mean context, no prefill)")
+    return "\n".join(lines)
+
+
+def benchmark(args: argparse.Namespace, roofline: DecodeRoofline) -> int:
+    """Simulated seconds per wall second: an hour of 100 requests/s by default."""
+    rate = args.request_rate or BENCHMARK_RATE
+    duration = args.duration or BENCHMARK_DURATION_S
+    config = _engine_config(args, roofline, max(args.sweep))
+    load = _load(args, rate)
+    engine = Engine(config, load=load, seed=args.seed)
+    started = time.perf_counter()
+    engine.run_until(duration)
+    wall = time.perf_counter() - started
+    stats = engine.stats
+    figures = {
+        "simulatedSeconds": duration,
+        "wallSeconds": wall,
+        "simulatedSecondsPerWallSecond": duration / wall,
+        "requestRate": rate,
+        "requests": stats.received,
+        "finished": stats.finished,
+        "rejected": stats.rejected,
+        "steps": stats.steps,
+        "generatedTokens": stats.generation_tokens,
+        "maxNumSeqs": config.max_num_seqs,
+        "meanRunning": stats.running_seconds / max(stats.busy_time_s, 1e-12),
+    }
+    if args.output == "json":
+        print(json.dumps(figures, indent=2))
+    else:
+        print(
+            f"{describe(roofline)}; max-num-seqs {config.max_num_seqs}\n"
+            f"simulated {duration:.0f} s of {rate:g} requests/s (prompt {load.prompt_tokens}, output "
+            f"{load.output_tokens}): {stats.received:,} requests, {stats.finished:,} finished, "
+            f"{stats.rejected:,} rejected, {stats.steps:,} engine steps, {stats.generation_tokens:,} tokens\n"
+            f"wall time {wall:.2f} s: {duration / wall:,.0f} simulated seconds per wall second"
+        )
+    return 0

@@ -1,0 +1,528 @@
+"""`batchknee emulate`: the simulation in real time behind an engine's HTTP surface.
+
+A wall-clock adapter drives the pure `Engine`: simulated time = (wall − ready) × speedup, and every
+scrape or request first runs the engine up to now. Serves `/health` (200 once the startup delay
+has passed), `/metrics` (vLLM text; for TensorRT-LLM the JSON iteration stats, with the Prometheus
+text at `/prometheus/metrics`), `GET/POST /load`, `POST /v1/completions` and
+`/v1/chat/completions` (a real request that answers when it finishes), `/v1/models`, `/version`.
+
+SIGTERM drains: the built-in load stops, new requests get 503, queued and running requests finish
+within `--drain-grace-s` wall seconds; whatever is left is counted as dropped; exit status 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import json
+import math
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from aiohttp import web
+from prometheus_client.exposition import choose_encoder
+
+from batchknee.emulator.engine import DROPPED, FINISHED, REJECTED, Engine, Request
+from batchknee.emulator.engine_args import EmulatorSettings
+from batchknee.emulator.metrics import (
+    EmulatorCollector,
+    EmulatorState,
+    TrtllmCollector,
+    VllmCollector,
+    build_registry,
+    trtllm_iteration_stats,
+)
+from batchknee.emulator.workload import LoadError, LoadSpec
+
+MAX_STEPS_PER_SYNC = 2_000
+LOAD_FILE_POLL_S = 0.5
+MAX_WAKE_S = 0.25
+MIN_WAKE_S = 0.001
+EMULATOR_VERSION = "0.11.0+batchknee.emulator"
+
+
+@dataclass
+class _Waiter:
+    future: asyncio.Future[Request]
+
+
+class EmulatorServer:
+    def __init__(
+        self,
+        settings: EmulatorSettings,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        log: TextIO | None = None,
+        out: TextIO | None = None,
+    ) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.log = log or sys.stderr
+        self.out = out or sys.stdout
+        self.state = EmulatorState()
+        self.engine = Engine(
+            settings.config, load=settings.load, seed=settings.seed, on_finish=self._on_finish
+        )
+        self.ready = False
+        self.draining = False
+        self._wall0 = 0.0
+        self._deadline = math.inf
+        self._done = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._responses: list[tuple[float, int, Request]] = []
+        self._load_file_key: tuple[int, int] | None = None
+        self._load_source = "command line"
+        self.port: int | None = None
+        model = settings.served_model_name
+        info = {
+            "engine": settings.engine,
+            "model": settings.model,
+            "gpu": settings.gpu,
+            "speedup": f"{settings.speedup:g}",
+            "metric_version": settings.metric_version,
+        }
+        emulator = EmulatorCollector(self.engine, model, self.state, info)
+        if settings.engine == "vllm":
+            engine_collector: VllmCollector | TrtllmCollector = VllmCollector(
+                self.engine, model, settings.metric_version, settings.cache_info
+            )
+        else:
+            engine_collector = TrtllmCollector(
+                self.engine, model, settings.cache_info, settings.config.max_num_batched_tokens
+            )
+        self.registry = build_registry([engine_collector, emulator])
+
+    # --- the clock adapter ---------------------------------------------------------------------
+
+    def sim_now(self) -> float:
+        if not self.ready:
+            return 0.0
+        return (self.clock() - self._wall0) * self.settings.speedup
+
+    def sync(self) -> None:
+        """Run the engine up to the scaled wall clock (bounded work per call) and answer the HTTP
+        requests whose last token time has come."""
+        if not self.ready:
+            return
+        target = self.sim_now()
+        self.engine.run_until(target, max_steps=MAX_STEPS_PER_SYNC)
+        self.state.simulated_s = target
+        busy = not self.engine.idle
+        self.state.lag_s = max(0.0, target - self.engine.now) if busy else 0.0
+        responses = self._responses
+        while responses and responses[0][0] <= target:
+            request = heapq.heappop(responses)[2]
+            waiter = request.tag
+            if isinstance(waiter, _Waiter) and not waiter.future.done():
+                waiter.future.set_result(request)
+
+    def _on_finish(self, request: Request) -> None:
+        waiter = request.tag
+        if not isinstance(waiter, _Waiter):
+            return
+        if request.state == FINISHED and request.finish_time is not None:
+            heapq.heappush(self._responses, (request.finish_time, request.id, request))
+        elif not waiter.future.done():
+            waiter.future.set_result(request)
+
+    def _wake_delay(self) -> float:
+        """Wall seconds until the next thing that changes what the emulator shows."""
+        if not self.ready:
+            return MAX_WAKE_S
+        now = self.sim_now()
+        engine = self.engine
+        if engine.idle:
+            upcoming = engine.next_arrival_time()
+        else:
+            if engine.now < now:  # behind: catch up at once
+                return 0.0
+            upcoming = engine.now
+        if self._responses:
+            upcoming = min(upcoming, self._responses[0][0])
+        if upcoming == math.inf:
+            return MAX_WAKE_S
+        return min(MAX_WAKE_S, max(MIN_WAKE_S, (upcoming - now) / self.settings.speedup))
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    def _say(self, message: str) -> None:
+        print(f"batchknee emulate: {message}", file=self.log, flush=True)
+
+    def _become_ready(self) -> None:
+        self._apply_load_file(initial=True)
+        self.ready = True
+        self._wall0 = self.clock()
+        self._say("ready")
+
+    def begin_drain(self) -> None:
+        if self.draining:
+            return
+        self.draining = True
+        self.state.draining = True
+        if not self.ready:
+            self._say("SIGTERM before ready: exiting")
+            self._done.set()
+            return
+        self.sync()
+        self.engine.stop_load()
+        self._deadline = self.clock() + self.settings.drain_grace_s
+        self._say(
+            f"draining: {self.engine.in_flight} requests in flight, grace {self.settings.drain_grace_s:g} s"
+        )
+        self._wake.set()
+
+    def _drain_finished(self) -> bool:
+        if self.engine.in_flight == 0 and not self._responses:
+            self._say(f"drained: every request finished ({self.engine.stats.finished} in all)")
+            return True
+        if self.clock() >= self._deadline:
+            self.sync()
+            dropped = self.engine.drop_all()
+            for _, _, request in self._responses:
+                waiter = request.tag
+                if isinstance(waiter, _Waiter) and not waiter.future.done():
+                    waiter.future.set_result(request)
+            self._responses.clear()
+            self._say(f"drain grace ran out: dropped {dropped} requests")
+            return True
+        return False
+
+    async def _pump(self) -> None:
+        while not self._done.is_set():
+            self.sync()
+            if self.draining and self._drain_finished():
+                break
+            delay = self._wake_delay()
+            if self.draining:
+                delay = min(delay, max(MIN_WAKE_S, self._deadline - self.clock()))
+            if delay <= 0.0:
+                await asyncio.sleep(0)
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=delay)
+            self._wake.clear()
+        if self.draining and self.settings.drain_linger_s > 0 and not self._done.is_set():
+            await asyncio.sleep(self.settings.drain_linger_s)
+        self._done.set()
+
+    async def _watch_load_file(self) -> None:
+        while not self._done.is_set():
+            await asyncio.sleep(LOAD_FILE_POLL_S)
+            if self.ready and not self.draining:
+                self._apply_load_file(initial=False)
+
+    def _apply_load_file(self, *, initial: bool) -> None:
+        path = self.settings.load_file
+        if path is None:
+            return
+        try:
+            stat = os.stat(path)
+        except OSError:
+            return
+        key = (stat.st_mtime_ns, stat.st_size)
+        if key == self._load_file_key:
+            return
+        self._load_file_key = key
+        try:
+            document = json.loads(Path(path).read_text())
+            spec = self.settings.load.merged(document)
+        except (OSError, ValueError) as error:
+            self._say(f"--load-file {path}: ignored ({error})")
+            return
+        self.sync()
+        self.engine.set_load(spec, at=self.engine.now if initial else self.sim_now())
+        self._load_source = f"load file {path}"
+        self._say(f"load from {path}: {json.dumps(spec.to_json())}")
+        self._wake.set()
+
+    async def serve(self) -> int:
+        app = self.make_app()
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
+        await runner.setup()
+        site = web.TCPSite(runner, self.settings.host, self.settings.port)
+        try:
+            await site.start()
+        except OSError as error:
+            self._say(f"cannot listen on {self.settings.host}:{self.settings.port}: {error.strerror}")
+            await runner.cleanup()
+            return 1
+        sockets = getattr(site._server, "sockets", None) or []
+        self.port = sockets[0].getsockname()[1] if sockets else self.settings.port
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, self.begin_drain)
+        for line in self.settings.warnings:
+            self._say(f"warning: {line}")
+        for flag in self.settings.ignored:
+            self._say(f"warning: ignoring engine flag {flag}")
+        self._say(self.settings.describe())
+        self._say(f"listening on http://{self.settings.host}:{self.port}")
+        tasks = [asyncio.create_task(self._start_after_delay()), asyncio.create_task(self._watch_load_file())]
+        pump = asyncio.create_task(self._pump())
+        await self._done.wait()
+        for task in (*tasks, pump):
+            task.cancel()
+        for task in (*tasks, pump):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        summary = self.summary()
+        text = json.dumps(summary, sort_keys=True)
+        print(text, file=self.out, flush=True)
+        if self.settings.summary_file is not None:
+            with contextlib.suppress(OSError):
+                self.settings.summary_file.write_text(text + "\n")
+        await runner.cleanup()
+        return 0
+
+    async def _start_after_delay(self) -> None:
+        await asyncio.sleep(self.settings.startup_delay_s)
+        if not self.draining:
+            self._become_ready()
+            self._wake.set()
+
+    def summary(self) -> dict[str, Any]:
+        stats = self.engine.stats
+        return {
+            "event": "exit",
+            "engine": self.settings.engine,
+            "model": self.settings.served_model_name,
+            "maxNumSeqs": self.settings.config.max_num_seqs,
+            "received": stats.received,
+            "finished": stats.finished,
+            "rejected": stats.rejected,
+            "dropped": stats.dropped,
+            "preemptions": stats.preemptions,
+            "simulatedSeconds": self.state.simulated_s,
+        }
+
+    # --- HTTP ----------------------------------------------------------------------------------
+
+    def make_app(self) -> web.Application:
+        app = web.Application(client_max_size=16 * 1024 * 1024)
+        routes = [
+            web.get("/health", self.health),
+            web.get("/load", self.get_load),
+            web.post("/load", self.post_load),
+            web.post("/v1/completions", self.completions),
+            web.post("/v1/chat/completions", self.chat_completions),
+            web.get("/v1/models", self.models),
+            web.get("/version", self.version),
+        ]
+        if self.settings.engine == "vllm":
+            routes.append(web.get("/metrics", self.prometheus_metrics))
+        else:
+            routes += [
+                web.get("/prometheus/metrics", self.prometheus_metrics),
+                web.get("/metrics", self.trtllm_json_metrics),
+            ]
+        app.add_routes(routes)
+        return app
+
+    def _unavailable(self) -> web.Response:
+        return web.json_response(
+            {"error": "draining" if self.draining else "loading model"},
+            status=503,
+        )
+
+    async def health(self, request: web.Request) -> web.Response:
+        if not self.ready or self.draining:
+            return self._unavailable()
+        return web.Response(status=200)
+
+    async def prometheus_metrics(self, request: web.Request) -> web.Response:
+        if not self.ready:
+            return self._unavailable()
+        self.sync()
+        encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+        body = encoder(self.registry)
+        response = web.Response(body=body)
+        response.headers["Content-Type"] = content_type
+        return response
+
+    async def trtllm_json_metrics(self, request: web.Request) -> web.Response:
+        if not self.ready:
+            return self._unavailable()
+        self.sync()
+        stamp = time.strftime("%m-%d-%Y %H:%M:%S")
+        return web.json_response(trtllm_iteration_stats(self.engine, stamp))
+
+    def _load_json(self) -> dict[str, Any]:
+        load = self.engine.load
+        spec = load.spec if load is not None else self.settings.load
+        return {
+            **spec.to_json(),
+            "active": load is not None and not load.stopped,
+            "source": self._load_source,
+        }
+
+    async def get_load(self, request: web.Request) -> web.Response:
+        return web.json_response(self._load_json())
+
+    async def post_load(self, request: web.Request) -> web.Response:
+        if self.draining:
+            return self._unavailable()
+        try:
+            document = await request.json()
+        except (ValueError, UnicodeDecodeError):
+            return web.json_response({"error": "the body must be a JSON object"}, status=400)
+        load = self.engine.load
+        current = load.spec if load is not None else self.settings.load
+        try:
+            spec = current.merged(document)
+        except LoadError as error:
+            return web.json_response({"error": str(error)}, status=400)
+        self.sync()
+        self.engine.set_load(spec, at=self.sim_now())
+        self._load_source = "POST /load"
+        self._wake.set()
+        return web.json_response(self._load_json())
+
+    async def models(self, request: web.Request) -> web.Response:
+        name = self.settings.served_model_name
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": name,
+                        "object": "model",
+                        "created": int(time.time()),
+                        "owned_by": self.settings.engine,
+                        "root": self.settings.model,
+                        "max_model_len": self.settings.config.max_model_len,
+                    }
+                ],
+            }
+        )
+
+    async def version(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": EMULATOR_VERSION})
+
+    async def completions(self, request: web.Request) -> web.Response:
+        return await self._generate(request, chat=False)
+
+    async def chat_completions(self, request: web.Request) -> web.Response:
+        return await self._generate(request, chat=True)
+
+    async def _generate(self, request: web.Request, *, chat: bool) -> web.Response:
+        if not self.ready or self.draining:
+            return self._unavailable()
+        try:
+            body = await request.json()
+        except (ValueError, UnicodeDecodeError):
+            return _openai_error("the body must be a JSON object", 400)
+        if not isinstance(body, dict):
+            return _openai_error("the body must be a JSON object", 400)
+        model = body.get("model")
+        if model is not None and model != self.settings.served_model_name:
+            return _openai_error(f"The model `{model}` does not exist.", 404, "NotFoundError")
+        try:
+            prompt_tokens = _count_prompt_tokens(body, chat)
+        except ValueError as error:
+            return _openai_error(str(error), 400)
+        max_tokens = body.get("max_completion_tokens", body.get("max_tokens", 16))
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            return _openai_error("max_tokens must be a positive integer", 400)
+        limit = self.settings.config.max_model_len
+        if prompt_tokens >= limit:
+            return _openai_error(
+                f"This model's maximum context length is {limit} tokens. However, your request has "
+                f"{prompt_tokens} input tokens.",
+                400,
+            )
+        self.sync()
+        waiter = _Waiter(asyncio.get_running_loop().create_future())
+        engine_request = self.engine.submit(prompt_tokens, max_tokens, at=self.sim_now(), tag=waiter)
+        if engine_request.state == REJECTED:
+            return _openai_error("the queue is full", 503, "ServiceUnavailableError")
+        self._wake.set()
+        done = await waiter.future
+        if done.state == DROPPED:
+            return _openai_error(
+                "the server shut down before the request finished", 503, "ServiceUnavailableError"
+            )
+        if done.state != FINISHED:
+            return _openai_error("the request was turned away", 503, "ServiceUnavailableError")
+        text = ("lorem " * done.output).rstrip() if done.output <= 65_536 else "lorem"
+        usage = {
+            "prompt_tokens": done.prompt,
+            "completion_tokens": done.output,
+            "total_tokens": done.prompt + done.output,
+        }
+        choice: dict[str, Any] = {"index": 0, "finish_reason": done.finish_reason, "logprobs": None}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        return web.json_response(
+            {
+                "id": f"{'chatcmpl' if chat else 'cmpl'}-{done.id}",
+                "object": "chat.completion" if chat else "text_completion",
+                "created": int(time.time()),
+                "model": self.settings.served_model_name,
+                "choices": [choice],
+                "usage": usage,
+                "batchknee": {
+                    "ttftSeconds": done.ttft_s,
+                    "tpotSeconds": done.tpot_s,
+                    "e2eSeconds": done.e2e_s,
+                    "preemptions": done.preemptions,
+                },
+            }
+        )
+
+
+def _openai_error(message: str, status: int, kind: str = "BadRequestError") -> web.Response:
+    return web.json_response({"error": {"message": message, "type": kind, "code": status}}, status=status)
+
+
+def text_tokens(text: str) -> int:
+    """A tokenizer-free estimate: about four characters per token, at least one per word."""
+    return max(1, len(text.split()), math.ceil(len(text) / 4))
+
+
+def _count_prompt_tokens(body: dict[str, Any], chat: bool) -> int:
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise ValueError("messages must be a non-empty list")
+        total = 0
+        for message in messages:
+            content = message.get("content") if isinstance(message, dict) else None
+            if isinstance(content, list):  # content parts
+                content = " ".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+            total += text_tokens(str(content or "")) + 4  # role and separators
+        return total
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return text_tokens(prompt)
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(item, int) and not isinstance(item, bool) for item in prompt):
+            return len(prompt)  # token ids
+        if len(prompt) == 1 and isinstance(prompt[0], str):
+            return text_tokens(prompt[0])
+        if len(prompt) == 1 and isinstance(prompt[0], list):
+            return max(1, len(prompt[0]))
+        raise ValueError("only one prompt per request is supported")
+    raise ValueError("prompt must be a string or a list of token ids")
+
+
+def run_emulator(settings: EmulatorSettings) -> int:
+    """The process entry point: serve until drained."""
+
+    async def main() -> int:
+        server = EmulatorServer(settings)
+        return await server.serve()
+
+    return asyncio.run(main())
+
+
+__all__ = ["EmulatorServer", "LoadSpec", "run_emulator", "text_tokens"]

@@ -1,0 +1,185 @@
+"""The Prometheus adapter against a real Prometheus scraping vLLM-format exporters.
+
+No cluster is needed: the exporters run on loopback addresses and a file_sd file labels them the
+way a PodMonitor labels engine pods (namespace, pod).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from batchknee.adapters.prometheus import PrometheusObserver
+from batchknee.core.observation import Observation, ObservationTarget
+from batchknee.devcluster import LocalPrometheus
+from batchknee.devcluster.cluster import free_port
+
+pytestmark = pytest.mark.integration
+
+EXPORTER = Path(__file__).parents[1] / "support" / "vllm_exporter.py"
+WINDOW_S = 10
+# avg context = usage × blocks × block size / running = 0.1398 × 30000 × 16 / 32 = 2097 tokens
+BUSY = {
+    "running": 32,
+    "kvUsage": 0.1398,
+    "tpotSeconds": 0.03,
+    "requestsPerSecond": 20,
+    "promptTokens": 2000,
+    "generationTokens": 100,
+    "prefixHitRatio": 0.25,
+}
+
+
+class Fleet:
+    """Exporters posing as engine pods, and the file_sd that names them."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.file_sd = workdir / "targets.json"
+        self.file_sd.write_text("[]")
+        self.pods: dict[str, tuple[subprocess.Popen[bytes], dict[str, Any], str]] = {}
+
+    def start(self, namespace: str, pod: str, state: dict[str, Any]) -> None:
+        host = f"127.1.1.{len(self.pods) + 1}"
+        port = free_port(host)
+        state_file = self.workdir / f"{pod}.json"
+        state_file.write_text(json.dumps(state))
+        process = subprocess.Popen(
+            [sys.executable, str(EXPORTER), "--state", str(state_file), "--host", host, "--port", str(port)]
+        )
+        self.pods[pod] = (process, {"namespace": namespace, "pod": pod}, f"{host}:{port}")
+        self._write_targets()
+
+    def stop(self, pod: str) -> None:
+        process, _, _ = self.pods.pop(pod)
+        process.terminate()
+        process.wait(10)
+        self._write_targets()
+
+    def _write_targets(self) -> None:
+        targets = [{"targets": [address], "labels": labels} for _, labels, address in self.pods.values()]
+        self.file_sd.with_suffix(".tmp").write_text(json.dumps(targets))
+        self.file_sd.with_suffix(".tmp").replace(self.file_sd)
+
+    def close(self) -> None:
+        for pod in list(self.pods):
+            self.stop(pod)
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    fleet = Fleet(tmp_path_factory.mktemp("fleet"))
+    fleet.start("prod", "llama-7c9f8b6d5-abcde", BUSY)
+    fleet.start("prod", "llama-7c9f8b6d5-fghij", {**BUSY, "running": 16, "kvUsage": 0.0699})
+    # An older vLLM, scraped in the plain text format: legacy names, colons kept.
+    fleet.start(
+        "prod",
+        "llama-2-6f7d8c9b4-klmno",
+        {**BUSY, "running": 8, "legacyNames": True, "forceTextFormat": True},
+    )
+    fleet.start("prod", "idle-5d6f7c8b9-pqrst", {"running": 0, "requestsPerSecond": 0})
+    try:
+        yield fleet
+    finally:
+        fleet.close()
+
+
+@pytest.fixture(scope="module")
+def prometheus(fleet: Fleet) -> Iterator[LocalPrometheus]:
+    with LocalPrometheus(fleet.file_sd, scrape_interval_s=1) as prom:
+        observer = PrometheusObserver(prom.url)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # a full window of scrapes for every pod
+            seen = observer.observe([target("llama"), target("llama-2"), target("idle")], datetime.now(UTC))
+            if all(o.running.available for o in seen.values()):
+                break
+            time.sleep(1)
+        time.sleep(WINDOW_S)  # rates over a window that began before the first scrape read low
+        yield prom
+
+
+def target(name: str, window_s: int = WINDOW_S) -> ObservationTarget:
+    return ObservationTarget("prod", name, "VLLM", window_s)
+
+
+def observe(prometheus: LocalPrometheus, *names: str) -> dict[str, Observation]:
+    observer = PrometheusObserver(prometheus.url)
+    result = observer.observe([target(name) for name in names], datetime.now(UTC))
+    return {name: result[("prod", name)] for name in names}
+
+
+def test_aggregates_the_pods_of_each_llmserving(prometheus: LocalPrometheus) -> None:
+    llama = observe(prometheus, "llama")["llama"]
+    assert llama.pods == 2
+    assert llama.running.value == pytest.approx(48)
+    # Both pods hold 2097 tokens per running sequence.
+    assert llama.avg_context_tokens.value == pytest.approx(2097, rel=0.01)
+    assert llama.kv_cache_usage.value == pytest.approx((0.1398 + 0.0699) / 2)
+    assert llama.prefix_hit_ratio.value == pytest.approx(0.25, abs=0.01)
+    assert llama.tpot_mean_s.value == pytest.approx(0.03, rel=0.01)
+    # Every sample is 30 ms: the p99 interpolates inside the (25 ms, 50 ms] bucket.
+    assert llama.tpot_p99_s.value is not None
+    assert 0.025 < llama.tpot_p99_s.value <= 0.05
+    assert llama.generation_tokens_per_s.value == pytest.approx(2 * 20 * 100, rel=0.15)
+    assert llama.waiting.value == 0
+
+
+def test_legacy_names_and_the_colon_spelling(prometheus: LocalPrometheus) -> None:
+    old = observe(prometheus, "llama-2")["llama-2"]
+    assert old.pods == 1
+    assert old.running.value == pytest.approx(8)
+    assert old.avg_context_tokens.value == pytest.approx(0.1398 * 30000 * 16 / 8, rel=0.01)
+    assert old.tpot_mean_s.value == pytest.approx(0.03, rel=0.01)  # from vllm:time_per_output_token_seconds
+    assert old.prefix_hit_ratio.value == pytest.approx(0.25, abs=0.01)  # from vllm:gpu_prefix_cache_*
+
+
+def test_nothing_to_measure_is_a_reason_not_a_zero(prometheus: LocalPrometheus) -> None:
+    seen = observe(prometheus, "idle", "ghost")
+    idle, ghost = seen["idle"], seen["ghost"]
+    assert idle.running.value == 0
+    assert idle.tpot_p99_s.value is None
+    assert idle.tpot_p99_s.reason == f"no requests finished in the last {WINDOW_S}s"
+    assert idle.avg_context_tokens.value is None
+    assert "no running sequences" in idle.avg_context_tokens.reason
+    assert ghost.pods == 0
+    assert ghost.avg_context_tokens.reason == f"no VLLM engine metrics in the last {WINDOW_S}s"
+
+
+def test_query_count_does_not_grow_with_the_number_of_llmservings(prometheus: LocalPrometheus) -> None:
+    now = datetime.now(UTC)
+    one = PrometheusObserver(prometheus.url)
+    one.observe([target("llama")], now)
+    many = PrometheusObserver(prometheus.url)
+    many.observe([target(name) for name in ("llama", "llama-2", "idle", "ghost", "a", "b", "c")], now)
+    assert many.queries_sent == one.queries_sent
+
+
+def test_a_stale_pod_drops_out_after_the_window(fleet: Fleet, prometheus: LocalPrometheus) -> None:
+    fleet.start("prod", "brief-5d6f7c8b9-zzzzz", BUSY)
+    deadline = time.monotonic() + 30
+    while not observe(prometheus, "brief")["brief"].running.available and time.monotonic() < deadline:
+        time.sleep(1)
+    assert observe(prometheus, "brief")["brief"].running.value == pytest.approx(32)
+    fleet.stop("brief-5d6f7c8b9-zzzzz")
+    time.sleep(WINDOW_S + 3)
+    gone = observe(prometheus, "brief")["brief"]
+    assert gone.running.value is None
+    assert gone.avg_context_tokens.reason == f"no VLLM engine metrics in the last {WINDOW_S}s"
+
+
+def test_prometheus_down_makes_everything_unavailable(prometheus: LocalPrometheus) -> None:
+    prometheus.stop()
+    try:
+        llama = observe(prometheus, "llama")["llama"]
+        assert llama.avg_context_tokens.value is None
+        assert llama.tpot_p99_s.reason.startswith(f"Prometheus at {prometheus.url} unreachable")
+    finally:
+        prometheus.start()

@@ -1,0 +1,190 @@
+"""A tiny engine stand-in whose vLLM-format metrics a test sets through a JSON state file.
+
+    python vllm_exporter.py --state STATE.json [engine args ...] --host 127.1.0.3 --port 8000
+
+Serves /metrics (vLLM names, types, labels and buckets; `"legacyNames": true` switches to the
+pre-0.12 names) and /health. Every 0.1 s it re-reads the state file and advances counters and
+histograms at the rates the state gives, so Prometheus sees what a real engine would show.
+Unknown engine arguments (`serve MODEL --max-num-seqs 64 ...`) are accepted and recorded in
+`batchknee_test_exporter_args_info` so a test can see what the pod was started with.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, choose_encoder
+
+TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1,
+    2.5,
+    5,
+    7.5,
+    10,
+    20,
+    40,
+    80,
+    160,
+    640,
+    2560,
+)
+LENGTH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
+
+DEFAULT_STATE: dict[str, Any] = {
+    "running": 0.0,
+    "waiting": 0.0,
+    "kvUsage": 0.0,
+    "numGpuBlocks": 30000,
+    "blockSize": 16,
+    "tpotSeconds": 0.02,
+    "ttftSeconds": 0.2,
+    "requestsPerSecond": 0.0,
+    "promptTokens": 1000,
+    "generationTokens": 200,
+    "prefixHitRatio": 0.0,
+    "preemptionsPerSecond": 0.0,
+    "legacyNames": False,
+    "forceTextFormat": False,
+}
+
+
+def build(
+    registry: CollectorRegistry, legacy: bool, model: str, cache: dict[str, Any], engine_args: str
+) -> dict[str, Any]:
+    labels = ["model_name", "engine"]
+    usage_name = "vllm:gpu_cache_usage_perc" if legacy else "vllm:kv_cache_usage_perc"
+    tpot_name = (
+        "vllm:time_per_output_token_seconds" if legacy else "vllm:request_time_per_output_token_seconds"
+    )
+    prefix = "vllm:gpu_prefix_cache" if legacy else "vllm:prefix_cache"
+    m: dict[str, Any] = {
+        "running": Gauge("vllm:num_requests_running", "running", labels, registry=registry),
+        "waiting": Gauge("vllm:num_requests_waiting", "waiting", labels, registry=registry),
+        "usage": Gauge(usage_name, "kv usage", labels, registry=registry),
+        "tpot": Histogram(tpot_name, "tpot", labels, buckets=TPOT_BUCKETS, registry=registry),
+        "ttft": Histogram(
+            "vllm:time_to_first_token_seconds", "ttft", labels, buckets=TTFT_BUCKETS, registry=registry
+        ),
+        "prompt_len": Histogram(
+            "vllm:request_prompt_tokens", "p", labels, buckets=LENGTH_BUCKETS, registry=registry
+        ),
+        "gen_len": Histogram(
+            "vllm:request_generation_tokens", "g", labels, buckets=LENGTH_BUCKETS, registry=registry
+        ),
+        "gen_tokens": Counter("vllm:generation_tokens", "gen", labels, registry=registry),
+        "prompt_tokens": Counter("vllm:prompt_tokens", "prompt", labels, registry=registry),
+        "preemptions": Counter("vllm:num_preemptions", "preempt", labels, registry=registry),
+        "hits": Counter(f"{prefix}_hits", "hits", labels, registry=registry),
+        "queries": Counter(f"{prefix}_queries", "queries", labels, registry=registry),
+    }
+    info = Gauge("vllm:cache_config_info", "cache config", [*labels, *cache], registry=registry)
+    info.labels(model_name=model, engine="0", **cache).set(1)
+    Info("batchknee_test_exporter_args", "engine args", registry=registry).info({"args": engine_args})
+    return m
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--state", type=Path, required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--served-model-name", default="test-model")
+    args, engine_args = parser.parse_known_args()
+
+    state = {**DEFAULT_STATE, **json.loads(args.state.read_text())}
+    cache = {
+        "block_size": str(state["blockSize"]),
+        "num_gpu_blocks": str(state["numGpuBlocks"]),
+        "cache_dtype": "auto",
+    }
+    registry = CollectorRegistry()
+    metrics = build(
+        registry, bool(state["legacyNames"]), args.served_model_name, cache, " ".join(engine_args)
+    )
+    label = {"model_name": args.served_model_name, "engine": "0"}
+    for metric in metrics.values():  # like vLLM, every series exists from the start (zero counts)
+        metric.labels(**label)
+    stop = threading.Event()
+
+    def advance() -> None:
+        owed = 0.0
+        last = time.monotonic()
+        while not stop.wait(0.1):
+            try:
+                current = {**DEFAULT_STATE, **json.loads(args.state.read_text())}
+            except (OSError, ValueError):
+                continue  # mid-write: keep the last good state
+            now = time.monotonic()
+            elapsed, last = now - last, now
+            metrics["running"].labels(**label).set(current["running"])
+            metrics["waiting"].labels(**label).set(current["waiting"])
+            metrics["usage"].labels(**label).set(current["kvUsage"])
+            owed += current["requestsPerSecond"] * elapsed
+            finished, owed = int(owed), owed - int(owed)
+            for _ in range(finished):
+                metrics["tpot"].labels(**label).observe(current["tpotSeconds"])
+                metrics["ttft"].labels(**label).observe(current["ttftSeconds"])
+                metrics["prompt_len"].labels(**label).observe(current["promptTokens"])
+                metrics["gen_len"].labels(**label).observe(current["generationTokens"])
+                metrics["prompt_tokens"].labels(**label).inc(current["promptTokens"])
+                metrics["gen_tokens"].labels(**label).inc(current["generationTokens"])
+                metrics["queries"].labels(**label).inc(current["promptTokens"])
+                metrics["hits"].labels(**label).inc(current["promptTokens"] * current["prefixHitRatio"])
+            metrics["preemptions"].labels(**label).inc(current["preemptionsPerSecond"] * elapsed)
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path.startswith("/metrics"):
+                # Negotiate like vLLM does (prometheus_client): an OpenMetrics scrape stores
+                # `vllm_x`, the plain text format keeps `vllm:x`. The state can force plain text.
+                if json.loads(args.state.read_text()).get("forceTextFormat"):
+                    body, content_type = generate_latest(registry), CONTENT_TYPE_LATEST
+                else:
+                    encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
+                    body = encoder(registry)
+            elif self.path == "/health":
+                body, content_type = b"ok", "text/plain"
+            else:
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer((args.host, args.port), Handler)
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())
+    threading.Thread(target=advance, daemon=True).start()
+    try:
+        server.serve_forever(poll_interval=0.2)
+    finally:
+        stop.set()
+        server.server_close()
+
+
+if __name__ == "__main__":
+    main()
