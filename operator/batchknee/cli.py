@@ -23,7 +23,7 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 def _registrars() -> list[Registrar]:
-    from batchknee.commands import crd, devcluster, emulate, operator, plan, simulate
+    from batchknee.commands import crd, demo, devcluster, emulate, operator, plan, simulate
 
     return [
         plan.register,
@@ -32,6 +32,7 @@ def _registrars() -> list[Registrar]:
         devcluster.register,
         crd.register,
         operator.register,
+        demo.register,
     ]
 
 

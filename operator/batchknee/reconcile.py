@@ -282,6 +282,7 @@ class _Reconcile:
             calibration,
             self.now,
             user_max_num_seqs=int_flag(obj.spec.args, user_flag),
+            previous_recommended=self.old.recommended_max_num_seqs,
         )
 
         rollouts = record(applied, decision, self.now)

@@ -22,6 +22,15 @@ def settle(world: World, seconds: float = 121) -> None:
     world.clock.advance(seconds)
 
 
+def shift_context(world: World, ctx: int) -> None:
+    """Traffic moves to `ctx` and one evaluation sees it (it holds: one reading is not a trend);
+    the next evaluation, 30 s later, sees the same."""
+    world.observer.set("default", "chat", observation(world.clock.now, ctx=ctx))
+    world.reconcile()
+    world.clock.advance(30)
+    world.observer.set("default", "chat", observation(world.clock.now, ctx=ctx))
+
+
 def test_creation_renders_the_engine_at_the_initial_context(world: World) -> None:
     world.kube.create(llmserving())
     outcome = world.reconcile()
@@ -63,6 +72,15 @@ def test_context_shift_rolls_to_the_new_knee_and_says_why(world: World) -> None:
     assert world.kube.condition("default", "chat", "Ready")["status"] == "True"
 
     world.clock.advance(600)
+    world.observer.set("default", "chat", observation(world.clock.now, ctx=8192, tpot_p99_ms=31))
+    world.reconcile()
+    assert max_num_seqs(world) == 64  # one evaluation is not a trend: the window may be mid-shift
+    status = world.kube.status("default", "chat")
+    assert status["holdReason"] == "unsteady"
+    assert status["reason"].endswith("holding 64: the recommendation is still moving (64 → 16)")
+    assert status["recommendedMaxNumSeqs"] == 16
+
+    world.clock.advance(30)
     world.observer.set("default", "chat", observation(world.clock.now, ctx=8192, tpot_p99_ms=31))
     world.reconcile()
     assert max_num_seqs(world) == 16
@@ -162,7 +180,7 @@ def test_restart_after_the_roll_before_the_status_does_not_roll_twice(world: Wor
     settle(world)
     world.reconcile()
     world.clock.advance(600)
-    world.observer.set("default", "chat", observation(world.clock.now, ctx=8192))
+    shift_context(world, 8192)
     world.kube.fail_status = True  # the operator dies between the apply and the status write
     with contextlib.suppress(RuntimeError):
         world.reconcile()
@@ -205,7 +223,7 @@ def test_tensorrt_llm_gets_an_options_file_and_a_checksum_that_rolls(world: Worl
     world.observer.set("default", "chat", observation(world.clock.now, ctx=2048))
     settle(world)
     world.clock.advance(600)
-    world.observer.set("default", "chat", observation(world.clock.now, ctx=8192))
+    shift_context(world, 8192)
     world.reconcile()
     template = world.kube.deployment("default", "chat")["spec"]["template"]
     assert template["metadata"]["annotations"]["batchknee.io/engine-config-checksum"] != checksum

@@ -239,3 +239,38 @@ def test_every_hold_says_why(r: TuningRules, ctx: int, applied: int, seconds: in
         assert d.hold is not None and d.reason and d.value == applied
     else:
         assert d.reason.startswith(f"max-num-seqs {applied}→{d.value}: avg ctx {ctx} tok → B_knee")
+
+
+@given(rules(), contexts, st.integers(1, 1024), st.integers(1, 1024))
+def test_a_recommendation_still_moving_holds_one_more_evaluation(
+    r: TuningRules, ctx: int, applied: int, previous: int
+) -> None:
+    unmoved = decide(r, ROOFLINE, POOL, seen(ctx), steady(applied), (), T0)
+    assume(unmoved.rolls and unmoved.limited_by not in ("tpot-target", "kv-capacity"))
+    moved = decide(r, ROOFLINE, POOL, seen(ctx), steady(applied), (), T0, previous_recommended=previous)
+    if abs(unmoved.value - previous) / previous * 100 > r.dead_band_percent:
+        assert moved.hold == "unsteady" and moved.value == applied
+        assert f"still moving ({previous} → {unmoved.value})" in moved.reason
+    else:
+        assert moved == unmoved
+    # the same recommendation twice in a row is steady
+    again = decide(r, ROOFLINE, POOL, seen(ctx), steady(applied), (), T0, previous_recommended=unmoved.value)
+    assert again == unmoved
+
+
+@given(rules(), contexts, contexts, st.integers(1, 1024))
+def test_a_window_mid_shift_holds(r: TuningRules, ctx: int, recent_ctx: int, applied: int) -> None:
+    plain = decide(r, ROOFLINE, POOL, seen(ctx), steady(applied), (), T0)
+    assume(plain.rolls and plain.limited_by not in ("tpot-target", "kv-capacity"))
+    shifting = replace(seen(ctx), recent_avg_context_tokens=Reading.of(recent_ctx))
+    d = decide(r, ROOFLINE, POOL, shifting, steady(applied), (), T0)
+    lately = recommend(
+        ROOFLINE, recent_ctx, knee_factor=r.knee_factor, kv_pool_bytes=POOL,
+        minimum=r.min_max_num_seqs, maximum=r.max_max_num_seqs,
+    ).max_num_seqs  # fmt: skip
+    whole = plain.recommendation.max_num_seqs if plain.recommendation else plain.value
+    if abs(lately - whole) / whole * 100 > r.dead_band_percent:
+        assert d.hold == "unsteady" and d.value == applied
+        assert f"last third says avg ctx {recent_ctx} tok → {lately}" in d.reason
+    else:
+        assert d == plain

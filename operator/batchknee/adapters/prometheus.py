@@ -125,6 +125,11 @@ class _Scope:
     def window(self) -> str:
         return f"{self.window_s}s"
 
+    @property
+    def recent_window(self) -> str:
+        """The last third of the window (trend detection)."""
+        return f"{max(1, self.window_s // 3)}s"
+
 
 def _promql_string(text: str) -> str:
     return text.replace("\\", "\\\\").replace('"', '\\"')
@@ -246,12 +251,14 @@ class PrometheusObserver:
         window = scope.window
         by_pod = "namespace, pod, engine"
 
-        def gauge_by_pod(names: tuple[str, ...]) -> str:
-            return _first_of(f"sum by ({by_pod}) (avg_over_time({scope.select(n)}[{window}]))" for n in names)
+        def gauge_by_pod(names: tuple[str, ...], over: str = window) -> str:
+            return _first_of(f"sum by ({by_pod}) (avg_over_time({scope.select(n)}[{over}]))" for n in names)
 
         running_rows = self._per_pod(scope, gauge_by_pod(metrics.running), now)
         waiting_rows = self._per_pod(scope, gauge_by_pod(metrics.waiting), now)
         usage_rows = self._per_pod(scope, gauge_by_pod(metrics.kv_usage), now)
+        recent_running_rows = self._per_pod(scope, gauge_by_pod(metrics.running, scope.recent_window), now)
+        recent_usage_rows = self._per_pod(scope, gauge_by_pod(metrics.kv_usage, scope.recent_window), now)
         sample_rows = self._per_pod(
             scope,
             _first_of(
@@ -327,6 +334,11 @@ class PrometheusObserver:
                 else:
                     context = Reading.unavailable(f"{context.reason}; histogram fallback: {fallback.reason}")
 
+            recent_context = (
+                Reading.unavailable(thin_reason)
+                if thin
+                else _kv_context(key, recent_running_rows, recent_usage_rows, capacity_rows)
+            )
             observations[key] = Observation(
                 sampled_at=now,
                 pods=len(pods),
@@ -342,6 +354,7 @@ class PrometheusObserver:
                 ),
                 preemptions_per_s=_value(preemptions, key, "preemption rate", window_text),
                 generation_tokens_per_s=_value(generation, key, "generation token rate", window_text),
+                recent_avg_context_tokens=recent_context,
             )
         return observations
 

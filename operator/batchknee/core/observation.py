@@ -60,12 +60,15 @@ class Observation:
     prefix_hit_ratio: Reading  # 0–1
     preemptions_per_s: Reading
     generation_tokens_per_s: Reading
+    # The average context over the last third of the window: when it disagrees with the whole
+    # window's, traffic is mid-shift and the window's average is a blend of before and after.
+    recent_avg_context_tokens: Reading = field(default_factory=lambda: Reading.unavailable("not measured"))
 
     @classmethod
     def unavailable(cls, sampled_at: datetime, reason: str, pods: int = 0) -> Observation:
         """Nothing could be read (Prometheus down, no series): every field carries the reason."""
         missing = Reading.unavailable(reason)
-        return cls(sampled_at, pods, *([missing] * 10))
+        return cls(sampled_at, pods, *([missing] * 11))
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,11 @@ Rules, in the order they are checked (the first that applies names the hold):
   never a zero; so does the metrics window after a rollout (`window_s`);
 - the target: knee factor × B_knee rounded up to the granularity, under the KV-capacity cap, under
   the TPOT guard, clamped to [min, max];
-- already there, inside the dead band (safety decreases excepted), inside the cooldown, or over
-  the rollouts-per-hour budget (both count retunes, not the creation): hold; otherwise roll.
+- already there, inside the dead band (safety decreases excepted), still moving — the window's
+  last third recommends something outside the dead band of the whole window's, or the previous
+  evaluation did: the windowed average is a blend of before and after a traffic shift, and
+  rolling now would only mean rolling again —, inside the cooldown, or over the rollouts-per-hour
+  budget (both count retunes, not the creation): hold; otherwise roll.
 
 The TPOT guard, with a p99 target: once enough calibration samples exist, the calibrated cap
 (`fit_roofline` on observed p99 steps, `max_batch_for_tpot` on the fitted roofline); until then,
@@ -43,6 +46,7 @@ Hold = Literal[
     "no-traffic",
     "rollout-in-progress",
     "settling",
+    "unsteady",
     "at-target",
     "dead-band",
     "cooldown",
@@ -325,10 +329,12 @@ def decide(
     calibration: Sequence[CalibrationPoint],
     now: datetime,
     user_max_num_seqs: int | None = None,
+    previous_recommended: int | None = None,
 ) -> Decision:
     """The batch limit to run now and why. `observation` is None when there is nothing to observe
     yet (no engine pods); `user_max_num_seqs` is a `--max-num-seqs` in the spec's own args, which
-    only Recommend mode honours (Auto replaces it, Pinned uses `pinned_max_num_seqs`)."""
+    only Recommend mode honours (Auto replaces it, Pinned uses `pinned_max_num_seqs`);
+    `previous_recommended` is what the previous evaluation recommended (None: unknown)."""
     ctx_reading = observation.avg_context_tokens if observation is not None else None
     observed_ctx = ctx_reading.value if ctx_reading is not None else None
     if observed_ctx is not None and observed_ctx <= 0:
@@ -427,6 +433,29 @@ def decide(
             "dead-band",
             f"{wanted} is within the {rules.dead_band_percent}% dead band ({change_percent:.0f}%)",
         )
+    recent = observation.recent_avg_context_tokens.value if observation is not None else None
+    if not safety and recent is not None and recent > 0:
+        lately = recommend(
+            roofline,
+            recent,
+            knee_factor=rules.knee_factor,
+            kv_pool_bytes=kv_pool_bytes,
+            minimum=rules.min_max_num_seqs,
+            maximum=rules.max_max_num_seqs,
+            granularity=rules.granularity,
+        ).max_num_seqs
+        whole = target.recommendation.max_num_seqs
+        if abs(lately - whole) / whole * 100 > rules.dead_band_percent:
+            return hold(
+                "unsteady",
+                f"traffic is shifting: the window's last third says avg ctx {recent:.0f} tok → {lately}",
+            )
+    if (
+        not safety
+        and previous_recommended is not None
+        and abs(wanted - previous_recommended) / previous_recommended * 100 > rules.dead_band_percent
+    ):
+        return hold("unsteady", f"the recommendation is still moving ({previous_recommended} → {wanted})")
     last = applied.last_retune
     if last is not None and now < last.time + timedelta(seconds=rules.cooldown_s):
         return hold("cooldown", f"cooldown until {_z(last.time + timedelta(seconds=rules.cooldown_s))}")

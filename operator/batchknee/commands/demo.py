@@ -1,0 +1,44 @@
+"""`batchknee demo`: the closed loop on an embedded local cluster, as traffic shifts."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "demo",
+        help="the closed loop on a local cluster: traffic shifts and the operator retunes the engines",
+        description="Start a local control plane whose test kubelet runs `batchknee emulate` for engine pods, "
+        "a real Prometheus and the operator; apply examples/llama-3-8b-a100.yaml (and a Recommend-mode "
+        "twin); drive traffic at 512, 2,048 and 8,192 tokens of context; print a live timeline; write "
+        "timeline.json and timeline.png; tear everything down.",
+    )
+    parser.add_argument("--fast", action="store_true", help="short phases (the e2e test's scenario)")
+    parser.add_argument("--out", type=Path, default=Path("demo-out"), help="where the timeline goes")
+    parser.add_argument("--gpu", default="a100-80gb", help="the GPU the emulated engines pretend to be")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from batchknee.demo.run import default_examples, run_scenario
+    from batchknee.demo.scenario import FAST, FULL
+    from batchknee.demo.world import DemoWorld
+
+    scenario = FAST if args.fast else FULL
+    print(
+        f"batchknee demo ({scenario.name}): {len(scenario.phases)} phases, {scenario.duration_s:.0f} s of traffic, "
+        f"emulators at {scenario.speedup:g}× real time; output in {args.out}/",
+        flush=True,
+    )
+    with DemoWorld(args.out, gpu=args.gpu, speedup=scenario.speedup, examples=default_examples()) as world:
+        print(
+            f"cluster up: KUBECONFIG={world.cluster.kubeconfig}  Prometheus {world.prometheus.url}",
+            flush=True,
+        )
+        run_scenario(world, scenario, sys.stdout)
+    print(f"\nwrote {args.out / 'timeline.json'} and {args.out / 'timeline.png'}; everything is torn down")
+    return 0

@@ -1,0 +1,138 @@
+"""Everything the demo runs, started in order and torn down in reverse: the local control plane
+with the test kubelet running `batchknee emulate` for engine pods, a real Prometheus scraping them,
+the CRD, the operator as its own process, and the example LLMServings."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+import yaml
+
+from batchknee.adapters.kubernetes import KubernetesAdapter
+from batchknee.devcluster import DevCluster, LocalPrometheus
+from batchknee.devcluster.cluster import free_port
+from batchknee.devcluster.procs import wait_until
+
+REPO = Path(__file__).resolve().parents[3]
+CRD_DIR = REPO / "crds"
+EXAMPLES = REPO / "examples"
+NAMESPACE = "demo"
+PLURAL_GROUP = "llmservings.batchknee.io"
+
+
+class DemoWorld:
+    def __init__(self, out_dir: Path, *, gpu: str, speedup: float, examples: list[Path]) -> None:
+        self.out_dir = out_dir
+        self.gpu = gpu
+        self.speedup = speedup
+        self.examples = examples
+        self.load_file = (out_dir / "load.json").resolve()
+        self._stack = ExitStack()
+        self.cluster: DevCluster
+        self.prometheus: LocalPrometheus
+        self.operator: subprocess.Popen[bytes]
+        self.kube: KubernetesAdapter
+        self.names: list[str] = []
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    def __enter__(self) -> Self:
+        try:
+            self._start()
+        except BaseException:
+            self._stack.close()
+            raise
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._stack.close()
+
+    def _start(self) -> None:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.set_load({"concurrency": 0, "requestRate": 0})
+        emulate = [
+            sys.executable, "-m", "batchknee", "emulate", "--engine", "vllm", "--gpu", self.gpu,
+            "--speedup", str(self.speedup), "--load-file", str(self.load_file),
+            "--drain-grace-s", "60",  # finish what is in flight: the pods' grace period is 90 s
+            "--drain-linger-s", "3",  # let Prometheus scrape the final counters of a drained pod
+        ]  # fmt: skip
+        self.cluster = self._stack.enter_context(DevCluster(runtimes={"vllm": emulate}))
+        self.prometheus = self._stack.enter_context(
+            LocalPrometheus(self.cluster.file_sd_path, scrape_interval_s=1)
+        )
+        self.kube = KubernetesAdapter(self.cluster.api_client())
+        self.cluster.kubectl("apply", "-f", str(CRD_DIR))
+        self.cluster.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL_GROUP}", "--timeout=60s")
+        self.cluster.kubectl("create", "namespace", NAMESPACE)
+        wait_until(
+            lambda: (
+                self.cluster.kubectl("get", "sa", "default", "-n", NAMESPACE, check=False).returncode == 0
+            ),
+            30,
+            "the demo namespace's default service account",
+        )
+        self._start_operator()
+        for example in self.examples:
+            self.cluster.kubectl("apply", "-n", NAMESPACE, "-f", str(example))
+            self.names += [doc["metadata"]["name"] for doc in yaml.safe_load_all(example.read_text()) if doc]
+
+    def _start_operator(self) -> None:
+        env = self.cluster.env(os.environ)
+        env.update(
+            {
+                "BATCHKNEE_PROMETHEUS_URL": self.prometheus.url,
+                "BATCHKNEE_NAMESPACES": NAMESPACE,
+                "BATCHKNEE_METRICS_PORT": str(free_port()),
+                "BATCHKNEE_HEALTH_PORT": str(free_port()),
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        log = (self.out_dir / "operator.log").open("ab")
+        self._stack.callback(log.close)
+        self.operator = subprocess.Popen(
+            [sys.executable, "-m", "batchknee", "operator"], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+        self._stack.callback(self._stop_operator)
+
+    def _stop_operator(self) -> None:
+        if self.operator.poll() is None:
+            self.operator.terminate()
+            try:
+                self.operator.wait(20)
+            except subprocess.TimeoutExpired:
+                self.operator.kill()
+                self.operator.wait(5)
+
+    # --- what the demo drives and reads ---------------------------------------------------------
+
+    def set_load(self, load: dict[str, Any]) -> None:
+        """Every engine pod follows this file, pods created by a rollout too."""
+        temporary = self.load_file.with_suffix(".tmp")
+        temporary.write_text(json.dumps(load))
+        temporary.replace(self.load_file)
+        time.sleep(0)  # the emulators poll the file's mtime
+
+    def llmserving(self, name: str) -> dict[str, Any]:
+        found = self.kube.get_llmserving(NAMESPACE, name)
+        if found is None:
+            raise LookupError(f"LLMServing {NAMESPACE}/{name} is gone")
+        return found
+
+    def deployment(self, name: str) -> dict[str, Any] | None:
+        """The engine Deployment as JSON, or None before the operator has created it."""
+        return self.kube.get_deployment(NAMESPACE, name)
+
+    def query(self, promql: str) -> float | None:
+        """One number from Prometheus (the first series), or None when there is none."""
+        result = self.prometheus.query(promql)
+        return float(result[0]["value"][1]) if result else None
