@@ -6,10 +6,11 @@ VENV ?= .venv
 BIN := $(CURDIR)/$(VENV)/bin
 export PATH := $(BIN):$(PATH)
 
-.PHONY: help venv lint test test-unit test-component test-integration tools system-deps dev-cluster demo clean crds
+.PHONY: help venv lint test test-unit test-component test-integration test-e2e tools system-deps dev-cluster demo demo-fast clean crds
 
 help:
 	@echo "make demo   - the closed loop on an embedded local cluster"
+	@echo "make demo-fast - the same with short phases"
 	@echo "make test   - lint, type-check and every test tier"
 	@echo "make tools  - build the local control plane (kube-apiserver, etcd, kubectl, ...) and helm into bin/"
 	@echo "make system-deps - install Prometheus (Debian package) when it is missing"
@@ -59,14 +60,22 @@ system-deps:
 test-integration: venv tools system-deps
 	pytest -q -m integration --timeout=300 tests/integration
 
-test: lint test-unit test-component test-integration
+# The closed loop: the fast demo scenario on the local cluster, asserted (about 5 minutes).
+test-e2e: venv tools system-deps
+	pytest -q -m e2e --timeout=900 -p no:cacheprovider tests/e2e
+
+test: lint test-unit test-component test-integration test-e2e
 
 dev-cluster: venv tools system-deps
 	batchknee dev-cluster up --with-prometheus
 
-demo: venv
-	batchknee plan --model llama-3-8b --gpu a100-80gb --params 8.0e9 --bandwidth 2.0TB/s \
-	  --context 512,2048,8192 --batch 1,8,32,64,128,256
+# The main job: the operator retuning emulated engines on an embedded local cluster as traffic
+# shifts (about 9 minutes); demo-fast runs the same scenario with short phases (under 5 minutes).
+demo: venv tools system-deps
+	batchknee demo --out demo-out
+
+demo-fast: venv tools system-deps
+	batchknee demo --fast --out demo-out
 
 clean:
 	rm -rf $(VENV) bin build dist demo-out .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,123 @@
+"""The closed loop end to end: the fast demo scenario on the local control plane, asserted.
+
+A real apiserver and controller-manager roll real Deployments, the test kubelet runs the engine
+emulator with each pod's own args, a real Prometheus scrapes them, and the operator (its own
+process) retunes as traffic moves through 512, 2,048 and 8,192 tokens of context.
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from batchknee.core import DecodeRoofline, find_gpu, find_model, recommend
+from batchknee.demo.run import default_examples, run_scenario
+from batchknee.demo.scenario import FAST
+from batchknee.demo.timeline import Sample
+from batchknee.demo.world import DemoWorld
+
+pytestmark = pytest.mark.e2e
+
+AUTO, SHADOW = "llama-3-8b", "llama-3-8b-shadow"
+ROOFLINE = DecodeRoofline(find_model("meta-llama/Llama-3.1-8B-Instruct"), find_gpu("a100-80gb"))
+DEAD_BAND = 0.10  # the example's default deadBandPercent
+
+
+class Run:
+    def __init__(self, world: DemoWorld, samples: list[Sample]) -> None:
+        self.world = world
+        self.samples = samples
+
+    def of(self, name: str, phase: str) -> list[Sample]:
+        return [s for s in self.samples if s.llmserving == name and s.phase == phase]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    out = tmp_path_factory.mktemp("demo-out")
+    log = io.StringIO()
+    with DemoWorld(out, gpu="a100-80gb", speedup=FAST.speedup, examples=default_examples()) as world:
+        try:
+            samples = run_scenario(world, FAST, log)
+        finally:
+            sys.stdout.write(log.getvalue())  # the live timeline, for a failing run's report
+        yield Run(world, samples)
+
+
+def planner(context: float) -> int:
+    return recommend(ROOFLINE, context).max_num_seqs
+
+
+@pytest.mark.parametrize(("phase", "expected"), [("ctx-512", 240), ("ctx-2048", 64), ("ctx-8192", 16)])
+def test_each_phase_converges_to_the_planners_recommendation(run: Run, phase: str, expected: int) -> None:
+    last = run.of(AUTO, phase)[-1]
+    target = int(phase.removeprefix("ctx-"))
+    assert last.avgContextLength == pytest.approx(target, rel=0.1)
+    assert planner(target) == expected
+    assert last.appliedMaxNumSeqs is not None
+    # The operator holds inside its dead band, so applied may differ from the planner's figure for
+    # the context it observed by less than that — and no more.
+    assert abs(last.appliedMaxNumSeqs - planner(last.avgContextLength)) <= DEAD_BAND * last.appliedMaxNumSeqs
+    assert abs(last.appliedMaxNumSeqs - expected) <= DEAD_BAND * expected
+
+
+def test_at_most_two_rollouts_per_phase(run: Run) -> None:
+    before = 0
+    per_phase = {}
+    for phase in (p.name for p in FAST.phases):
+        after = run.of(AUTO, phase)[-1].rollouts
+        per_phase[phase] = after - before
+        before = after
+    assert all(1 <= count <= 2 for count in per_phase.values()), per_phase
+
+
+def test_tpot_p99_falls_after_the_8192_retune(run: Run) -> None:
+    phase = run.of(AUTO, "ctx-8192")
+    start = phase[0].appliedMaxNumSeqs
+    before = [s.tpotP99Ms for s in phase if s.appliedMaxNumSeqs == start and s.tpotP99Ms is not None]
+    after = phase[-1]
+    assert after.appliedMaxNumSeqs is not None and start is not None and after.appliedMaxNumSeqs < start
+    assert before and after.tpotP99Ms is not None
+    assert after.tpotP99Ms < before[-1]
+
+
+def test_recommend_mode_reports_but_never_rolls(run: Run) -> None:
+    status = run.world.llmserving(SHADOW)["status"]
+    assert status["recommendedMaxNumSeqs"] == planner(status["observed"]["avgContextLength"]) == 16
+    deployment = run.world.deployment(SHADOW)
+    assert deployment is not None
+    assert deployment["metadata"]["generation"] == 1
+    assert deployment["metadata"]["annotations"]["deployment.kubernetes.io/revision"] == "1"
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--max-num-seqs") + 1] == "64"  # what it started with, at 2,048 tokens
+    assert all(s.appliedMaxNumSeqs == 64 for s in run.samples if s.llmserving == SHADOW)
+    assert status["maxNumSeqs"] == 64
+
+
+def test_no_request_was_dropped_while_pods_drained(run: Run) -> None:
+    query = run.world.query
+    drained = query("count(max_over_time(batchknee_emulator_draining[1h]) == 1)") or 0
+    rollouts = run.of(AUTO, "ctx-8192")[-1].rollouts
+    assert drained >= 2 * rollouts  # Prometheus saw every replaced pod of both replicas drain
+    assert query("sum(max_over_time(batchknee_emulator_dropped_requests_total[1h]))") == 0
+    # and the drained pods finished what they held: nothing in flight at their last scrape
+    still = query(
+        "sum(last_over_time(batchknee_emulator_in_flight_requests[1h])"
+        " and on (pod) (max_over_time(batchknee_emulator_draining[1h]) == 1))"
+    )
+    assert still == 0
+    finished = query("sum(max_over_time(batchknee_emulator_requests_finished_total[1h]))")
+    assert finished is not None and finished > 1000
+
+
+def test_timeline_files(run: Run) -> None:
+    out: Path = run.world.out_dir
+    assert (out / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = (out / "timeline.json").read_text()
+    for key in ("time", "phase", "avgContextLength", "bKnee", "appliedMaxNumSeqs", "recommendedMaxNumSeqs",
+                "tpotP99Ms", "tokensPerSecond", "rollouts"):  # fmt: skip
+        assert f'"{key}"' in text
