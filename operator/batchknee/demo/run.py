@@ -98,6 +98,15 @@ def run_scenario(
         print(f"\n$ kubectl get llms -o wide\n{snapshot.stdout.rstrip()}", file=out, flush=True)
         if on_phase_end is not None:
             on_phase_end(phase.name)
+    events = world.cluster.kubectl(
+        "get", "events", "-n", NAMESPACE, "--field-selector", "reason=Retuned", "--sort-by", ".lastTimestamp",
+        "-o", "custom-columns=OBJECT:.involvedObject.name,MESSAGE:.message", check=False,
+    )  # fmt: skip
+    print(
+        f"\n$ kubectl get events --field-selector reason=Retuned\n{events.stdout.rstrip()}",
+        file=out,
+        flush=True,
+    )
     write_json(samples, world.out_dir / "timeline.json")
     plot(samples, bounds, world.names[0], world.out_dir / "timeline.png")
     return samples
