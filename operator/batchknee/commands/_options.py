@@ -1,4 +1,4 @@
-"""Option types and the shared model/GPU options of `plan` and `simulate`."""
+"""The model/GPU options `plan` and `simulate` share."""
 
 from __future__ import annotations
 
@@ -6,70 +6,19 @@ import argparse
 import json
 from pathlib import Path
 
+from batchknee.argtypes import (
+    bandwidth,
+    fraction,
+    non_negative_float,
+    positive_float,
+    positive_int,
+    unit_fraction,
+)
 from batchknee.commands import UsageError
 from batchknee.core.catalog import CatalogError, ModelArchitecture, find_gpu, find_model
 from batchknee.core.dtypes import KV_DTYPES, WEIGHT_DTYPES
 from batchknee.core.hf_config import ConfigError, architecture_from_hf_config
 from batchknee.core.roofline import DecodeRoofline
-from batchknee.core.units import parse_bandwidth
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
-    return value
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a positive finite number")
-    return value
-
-
-def non_negative_float(text: str) -> float:
-    value = 0.0 if text.strip() in ("0", "0.0") else positive_float(text)
-    return value
-
-
-def fraction(text: str) -> float:
-    """A number in [0, 1)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 0 and below 1")
-    return value
-
-
-def efficiency(text: str) -> float:
-    value = positive_float(text)
-    if value > 1.0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be in (0, 1]: a fraction of peak bandwidth")
-    return value
-
-
-def int_list(text: str) -> list[int]:
-    """`512,2048,8192` → [512, 2048, 8192], each positive."""
-    items = [item.strip() for item in text.split(",") if item.strip()]
-    if not items:
-        raise argparse.ArgumentTypeError("expected a comma-separated list of positive whole numbers")
-    return [positive_int(item) for item in items]
-
-
-def bandwidth(text: str) -> float:
-    try:
-        return parse_bandwidth(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def add_roofline_options(parser: argparse.ArgumentParser) -> None:
@@ -90,7 +39,7 @@ def add_roofline_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--bandwidth-efficiency",
-        type=efficiency,
+        type=unit_fraction,
         default=1.0,
         help="achieved fraction of peak bandwidth (0, 1]",
     )

@@ -6,13 +6,8 @@ import argparse
 import json
 from typing import Any
 
-from batchknee.commands._options import (
-    add_roofline_options,
-    describe,
-    int_list,
-    positive_float,
-    resolve_roofline,
-)
+from batchknee.argtypes import int_list, positive_float
+from batchknee.commands._options import add_roofline_options, describe, resolve_roofline
 from batchknee.core.plan import ContextPlan, build_plan
 from batchknee.core.roofline import DecodeRoofline
 

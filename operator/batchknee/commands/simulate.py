@@ -16,19 +16,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from batchknee.argtypes import fraction, int_list, non_negative_float, positive_float, positive_int
 from batchknee.commands import UsageError
-from batchknee.commands._options import (
-    add_roofline_options,
-    describe,
-    fraction,
-    int_list,
-    non_negative_float,
-    positive_float,
-    positive_int,
-    resolve_roofline,
-)
+from batchknee.commands._options import add_roofline_options, describe, resolve_roofline
 from batchknee.core.roofline import DecodeRoofline
 from batchknee.emulator.engine import Engine, EngineConfig, EngineConfigError, vllm_num_gpu_blocks
+from batchknee.emulator.engine_args import load_from_args
 from batchknee.emulator.sweep import SweepResult, default_duration_s, sweep
 from batchknee.emulator.workload import DISTRIBUTIONS, MAX_REQUEST_RATE, LoadError, LoadSpec
 
@@ -124,17 +117,7 @@ def _load(args: argparse.Namespace, rate: float | None) -> LoadSpec:
     if rate is not None and rate > MAX_REQUEST_RATE:
         raise UsageError(f"--request-rate: must be at most {MAX_REQUEST_RATE:g}")
     try:
-        return LoadSpec(
-            request_rate=rate or 0.0,
-            prompt_tokens=args.prompt_tokens,
-            output_tokens=args.output_tokens,
-            prompt_distribution=args.prompt_distribution,
-            output_distribution=args.output_distribution,
-            prompt_spread=args.prompt_spread,
-            output_spread=args.output_spread,
-            prefix_sharing=args.prefix_sharing,
-            concurrency=args.concurrency,
-        )
+        return load_from_args(args, rate)
     except LoadError as error:
         raise UsageError(str(error)) from None
 

@@ -11,7 +11,6 @@ ignores, with a warning, any other flag the real engine would take.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import re
 from collections.abc import Sequence
@@ -21,9 +20,18 @@ from typing import Any, NoReturn
 
 import yaml
 
+from batchknee.argtypes import (
+    bandwidth,
+    fraction,
+    non_negative_float,
+    port,
+    positive_float,
+    positive_int,
+    token_count,
+    unit_fraction,
+)
 from batchknee.core.catalog import CatalogError, find_gpu, find_model
 from batchknee.core.roofline import DecodeRoofline
-from batchknee.core.units import parse_bandwidth
 from batchknee.emulator.engine import (
     EngineConfig,
     EngineConfigError,
@@ -87,88 +95,15 @@ def _is_option(token: str) -> bool:
 # --- the parsers -----------------------------------------------------------------------------
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a positive finite number")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not (value >= 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"{text!r} must be zero or a positive finite number")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
-    return value
-
-
-def _fraction_open(text: str) -> float:
-    value = _non_negative_float(text)
-    if not value < 1.0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 0 and below 1")
-    return value
-
-
-def _unit_fraction(text: str) -> float:
-    value = _positive_float(text)
-    if value > 1.0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be in (0, 1]")
-    return value
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not within 0..65535")
-    return value
-
-
-def _token_count(text: str) -> int:
-    """`8192`, `8k`, `32K`, `1m` (vLLM accepts the human-readable forms for --max-model-len)."""
-    match = re.match(r"^\s*(\d+(?:\.\d+)?)\s*([kKmM]?)\s*$", text)
-    if not match:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a token count")
-    scale = {"": 1, "k": 1000, "K": 1024, "m": 1_000_000, "M": 1024 * 1024}[match.group(2)]
-    value = int(float(match.group(1)) * scale)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
-    return value
-
-
-def _bandwidth(text: str) -> float:
-    try:
-        return parse_bandwidth(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-
-
 def _speedup(text: str) -> float:
-    value = _positive_float(text)
+    value = positive_float(text)
     if value > MAX_SPEEDUP:
         raise argparse.ArgumentTypeError(f"{text!r} must be at most {MAX_SPEEDUP:g}")
     return value
 
 
 def _rate(text: str) -> float:
-    value = _non_negative_float(text)
+    value = non_negative_float(text)
     if value > MAX_REQUEST_RATE:
         raise argparse.ArgumentTypeError(f"{text!r} must be at most {MAX_REQUEST_RATE:g} requests/s")
     return value
@@ -191,30 +126,30 @@ def _emulator_parser(engine: str) -> _Parser:
     )
     own.add_argument("--speedup", type=_speedup, default=1.0, help="simulated seconds per wall second")
     own.add_argument("--seed", type=int, default=0, help="seed of arrivals, lengths and step noise")
-    own.add_argument("--overhead-ms", type=_non_negative_float, default=2.0, help="fixed time per step")
+    own.add_argument("--overhead-ms", type=non_negative_float, default=2.0, help="fixed time per step")
     own.add_argument(
         "--bandwidth-efficiency",
-        type=_unit_fraction,
+        type=unit_fraction,
         default=0.8,
         help="achieved fraction of peak HBM bandwidth",
     )
     own.add_argument(
-        "--step-noise", type=_non_negative_float, default=0.0, help="lognormal sigma of step-time noise (0–1)"
+        "--step-noise", type=non_negative_float, default=0.0, help="lognormal sigma of step-time noise (0–1)"
     )
-    own.add_argument("--params", type=_positive_float, help="override the model's parameter count")
-    own.add_argument("--bandwidth", type=_bandwidth, help="override HBM bandwidth, e.g. 2.0TB/s")
+    own.add_argument("--params", type=positive_float, help="override the model's parameter count")
+    own.add_argument("--bandwidth", type=bandwidth, help="override HBM bandwidth, e.g. 2.0TB/s")
     own.add_argument(
-        "--startup-delay-s", type=_non_negative_float, default=1.0, help="wall seconds before /health is 200"
+        "--startup-delay-s", type=non_negative_float, default=1.0, help="wall seconds before /health is 200"
     )
     own.add_argument(
         "--drain-grace-s",
-        type=_non_negative_float,
+        type=non_negative_float,
         default=25.0,
         help="on SIGTERM, wall seconds to finish queued and running requests",
     )
     own.add_argument(
         "--drain-linger-s",
-        type=_non_negative_float,
+        type=non_negative_float,
         default=0.0,
         help="after draining, wall seconds to keep serving /metrics before exiting",
     )
@@ -226,42 +161,42 @@ def _emulator_parser(engine: str) -> _Parser:
         "time_per_output_token_seconds, gpu_prefix_cache_*, no engine label), both (0.10–0.11)",
     )
     own.add_argument(
-        "--max-waiting", type=_positive_int, default=10_000, help="queue cap; beyond it requests are rejected"
+        "--max-waiting", type=positive_int, default=10_000, help="queue cap; beyond it requests are rejected"
     )
     own.add_argument("--summary-file", type=Path, help="write the exit summary (JSON) here too")
     load = parser.add_argument_group("built-in load (changeable by POST /load or --load-file)")
     load.add_argument("--request-rate", type=_rate, default=0.0, help="Poisson arrivals per simulated second")
     load.add_argument("--concurrency", type=int, default=None, help="closed loop: keep N requests in flight")
-    load.add_argument("--prompt-tokens", type=_positive_int, default=512)
-    load.add_argument("--output-tokens", type=_positive_int, default=128)
+    load.add_argument("--prompt-tokens", type=positive_int, default=512)
+    load.add_argument("--output-tokens", type=positive_int, default=128)
     load.add_argument("--prompt-distribution", choices=DISTRIBUTIONS, default="fixed")
     load.add_argument("--output-distribution", choices=DISTRIBUTIONS, default="fixed")
     load.add_argument(
-        "--prompt-spread", type=_non_negative_float, default=0.5, help="uniform ±fraction or lognormal sigma"
+        "--prompt-spread", type=non_negative_float, default=0.5, help="uniform ±fraction or lognormal sigma"
     )
-    load.add_argument("--output-spread", type=_non_negative_float, default=0.5)
+    load.add_argument("--output-spread", type=non_negative_float, default=0.5)
     load.add_argument(
-        "--prefix-sharing", type=_fraction_open, default=0.0, help="fraction of each prompt shared by all"
+        "--prefix-sharing", type=fraction, default=0.0, help="fraction of each prompt shared by all"
     )
     load.add_argument("--load-file", type=Path, help="JSON load, re-read whenever it changes")
     served = parser.add_argument_group("serving")
     served.add_argument("--host", default="127.0.0.1")
-    served.add_argument("--port", type=_port, default=8000)
+    served.add_argument("--port", type=port, default=8000)
     served.add_argument("--model", default=None, help="catalog model name or alias (or the first positional)")
     if engine == "vllm":
         flags = parser.add_argument_group("vLLM flags")
-        flags.add_argument("--max-num-seqs", type=_positive_int)
-        flags.add_argument("--max-num-batched-tokens", type=_positive_int)
-        flags.add_argument("--gpu-memory-utilization", type=_unit_fraction, default=0.9)
-        flags.add_argument("--block-size", type=_positive_int, default=16)
+        flags.add_argument("--max-num-seqs", type=positive_int)
+        flags.add_argument("--max-num-batched-tokens", type=positive_int)
+        flags.add_argument("--gpu-memory-utilization", type=unit_fraction, default=0.9)
+        flags.add_argument("--block-size", type=positive_int, default=16)
         flags.add_argument("--served-model-name", nargs="+", default=None)
-        flags.add_argument("--tensor-parallel-size", type=_positive_int, default=1)
-        flags.add_argument("--pipeline-parallel-size", type=_positive_int, default=1)
+        flags.add_argument("--tensor-parallel-size", type=positive_int, default=1)
+        flags.add_argument("--pipeline-parallel-size", type=positive_int, default=1)
         flags.add_argument("--kv-cache-dtype", default="auto")
         flags.add_argument("--dtype", default="auto")
         flags.add_argument("--quantization", default=None)
-        flags.add_argument("--max-model-len", type=_token_count, default=None)
-        flags.add_argument("--num-gpu-blocks-override", type=_positive_int, default=None)
+        flags.add_argument("--max-model-len", type=token_count, default=None)
+        flags.add_argument("--num-gpu-blocks-override", type=positive_int, default=None)
         flags.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
         flags.add_argument(
             "--disable-cascade-attn",
@@ -270,11 +205,11 @@ def _emulator_parser(engine: str) -> _Parser:
         )
     else:
         flags = parser.add_argument_group("trtllm-serve flags (dash or underscore spelling)")
-        flags.add_argument("--max-batch-size", type=_positive_int, default=2048)
-        flags.add_argument("--max-num-tokens", type=_positive_int, default=8192)
-        flags.add_argument("--max-seq-len", type=_positive_int, default=None)
-        flags.add_argument("--tp-size", type=_positive_int, default=1)
-        flags.add_argument("--kv-cache-free-gpu-memory-fraction", type=_unit_fraction, default=0.9)
+        flags.add_argument("--max-batch-size", type=positive_int, default=2048)
+        flags.add_argument("--max-num-tokens", type=positive_int, default=8192)
+        flags.add_argument("--max-seq-len", type=positive_int, default=None)
+        flags.add_argument("--tp-size", type=positive_int, default=1)
+        flags.add_argument("--kv-cache-free-gpu-memory-fraction", type=unit_fraction, default=0.9)
         flags.add_argument("--extra-llm-api-options", "--config", dest="extra_llm_api_options", type=Path)
         flags.add_argument("--served-model-name", nargs="+", default=None)
         flags.add_argument("--backend", default="pytorch")
@@ -381,6 +316,21 @@ _QUANTIZED_WEIGHTS = {"fp8": "fp8", "modelopt": "fp8", "fbgemm_fp8": "fp8", "awq
                       "gptq": "int4", "gptq_marlin": "int4", "bitsandbytes": "int4", "int8": "int8"}  # fmt: skip
 
 
+def load_from_args(args: argparse.Namespace, request_rate: float | None) -> LoadSpec:
+    """The built-in load from the load options `emulate` and `simulate` share; LoadError names the field."""
+    return LoadSpec(
+        request_rate=request_rate or 0.0,
+        prompt_tokens=args.prompt_tokens,
+        output_tokens=args.output_tokens,
+        prompt_distribution=args.prompt_distribution,
+        output_distribution=args.output_distribution,
+        prompt_spread=args.prompt_spread,
+        output_spread=args.output_spread,
+        prefix_sharing=args.prefix_sharing,
+        concurrency=args.concurrency,
+    )
+
+
 def parse_emulator_args(argv: Sequence[str], environ: dict[str, str] | None = None) -> EmulatorSettings:
     """Parse and resolve; EngineArgsError names the option. `--help` raises SystemExit(0) after
     printing the help."""
@@ -421,17 +371,7 @@ def parse_emulator_args(argv: Sequence[str], environ: dict[str, str] | None = No
     if args.concurrency is not None and args.concurrency < 0:
         raise EngineArgsError("--concurrency: must be zero or positive")
     try:
-        load = LoadSpec(
-            request_rate=args.request_rate,
-            prompt_tokens=args.prompt_tokens,
-            output_tokens=args.output_tokens,
-            prompt_distribution=args.prompt_distribution,
-            output_distribution=args.output_distribution,
-            prompt_spread=args.prompt_spread,
-            output_spread=args.output_spread,
-            prefix_sharing=args.prefix_sharing,
-            concurrency=args.concurrency,
-        )
+        load = load_from_args(args, args.request_rate)
     except LoadError as error:
         raise EngineArgsError(f"load: {error}") from None
 

@@ -1,0 +1,94 @@
+"""argparse option types shared by every command: each rejects bad input with a message that
+says what a good value looks like (argparse prefixes the option's name)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+
+from batchknee.core.units import parse_bandwidth
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+
+
+def positive_float(text: str) -> float:
+    value = _number(text)
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive finite number")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = _number(text)
+    if not (value >= 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"{text!r} must be zero or a positive finite number")
+    return value
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+    return value
+
+
+def fraction(text: str) -> float:
+    """A number in [0, 1)."""
+    value = non_negative_float(text)
+    if not value < 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 0 and below 1")
+    return value
+
+
+def unit_fraction(text: str) -> float:
+    """A number in (0, 1]: a share of memory or of peak bandwidth."""
+    value = positive_float(text)
+    if value > 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be in (0, 1]")
+    return value
+
+
+def port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not within 0..65535")
+    return value
+
+
+def token_count(text: str) -> int:
+    """`8192`, `8k`, `32K`, `1m` (vLLM accepts the human-readable forms for --max-model-len)."""
+    match = re.match(r"^\s*(\d+(?:\.\d+)?)\s*([kKmM]?)\s*$", text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a token count")
+    scale = {"": 1, "k": 1000, "K": 1024, "m": 1_000_000, "M": 1024 * 1024}[match.group(2)]
+    value = int(float(match.group(1)) * scale)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+    return value
+
+
+def int_list(text: str) -> list[int]:
+    """`512,2048,8192` → [512, 2048, 8192], each positive."""
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError("expected a comma-separated list of positive whole numbers")
+    return [positive_int(item) for item in items]
+
+
+def bandwidth(text: str) -> float:
+    try:
+        return parse_bandwidth(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
