@@ -6,7 +6,8 @@ VENV ?= .venv
 BIN := $(CURDIR)/$(VENV)/bin
 export PATH := $(BIN):$(PATH)
 
-.PHONY: help venv lint test test-unit test-component test-integration tools system-deps dev-cluster demo clean crds
+.PHONY: help venv wheelhouse lint test test-unit test-component test-package test-integration tools system-deps \
+	dev-cluster demo clean crds chart-docs
 
 help:
 	@echo "make demo   - the closed loop on an embedded local cluster"
@@ -22,6 +23,16 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $@
 
+# The dependencies' wheels, fetched at install time so that tests/package can install the operator's
+# wheel into a fresh venv offline, the way the Dockerfile's runtime stage does (--no-index --find-links).
+WHEELHOUSE := $(VENV)/wheelhouse
+wheelhouse: $(WHEELHOUSE)/.done
+$(WHEELHOUSE)/.done: pyproject.toml $(VENV)/.installed
+	rm -rf $(WHEELHOUSE)
+	$(BIN)/python -m pip wheel -q --wheel-dir $(WHEELHOUSE) --no-build-isolation .
+	rm -f $(WHEELHOUSE)/batchknee-*.whl
+	touch $@
+
 lint: venv
 	ruff check operator tests
 	ruff format --check operator tests
@@ -32,6 +43,13 @@ crds: venv
 	mkdir -p crds
 	batchknee crd > crds/batchknee.io_llmservings.yaml
 	batchknee crd --peering > crds/kopf.dev_peerings.yaml
+	mkdir -p charts/batchknee/templates/crds
+	batchknee crd --chart > charts/batchknee/templates/crds/batchknee.io_llmservings.yaml
+	batchknee crd --chart --peering > charts/batchknee/templates/crds/kopf.dev_peerings.yaml
+
+# The README's chart values reference, from the `# --` comments in charts/batchknee/values.yaml.
+chart-docs: venv
+	$(BIN)/python tests/support/chart_values_doc.py --write README.md
 
 test-unit: venv
 	pytest -q tests/unit
@@ -56,10 +74,15 @@ system-deps:
 	  DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q --no-install-recommends prometheus; \
 	fi
 
+# The Dockerfile's steps without Docker (wheel → fresh venv → the console script) and the Helm chart
+# (helm lint, helm template with several value sets, the dashboard, the CRD copy).
+test-package: venv tools wheelhouse
+	pytest -q tests/package
+
 test-integration: venv tools system-deps
 	pytest -q -m integration --timeout=300 tests/integration
 
-test: lint test-unit test-component test-integration
+test: lint test-unit test-component test-package test-integration
 
 dev-cluster: venv tools system-deps
 	batchknee dev-cluster up --with-prometheus
