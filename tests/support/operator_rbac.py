@@ -7,8 +7,9 @@ the operator with that ServiceAccount's token and compares the apiserver's audit
 
 Where each call comes from:
 - batchknee.adapters.kubernetes.KubernetesAdapter: get LLMServing; patch llmservings/status
-  (server-side apply); get Deployment; patch Deployment/Service/ConfigMap (server-side apply, which
-  creates a missing object: `patch` is the only verb it needs); create Event; create the peering object.
+  (server-side apply); get Deployment; patch Deployment/Service/ConfigMap (server-side apply: a PATCH
+  request, but when the object does not exist yet the apiserver creates it and checks `create` too —
+  seen as a 403 "cannot create resource" with `patch` alone); create Event; create the peering object.
 - kopf (handlers.py registers: on.create/update/resume + a daemon on LLMServings, on.event on
   Deployments labelled batchknee.io/llmserving): list+watch of both; patch of LLMServings (its
   annotation bookkeeping and the daemon's finalizer); with peering: list+watch of the peering objects
@@ -53,8 +54,11 @@ def _calls(cluster_wide: bool, peering: bool, peering_name: str) -> list[Call]:
         Call(p("apps", "deployments", "list"), "kopf: on.event of engine Deployments"),
         Call(p("apps", "deployments", "watch"), "kopf: on.event of engine Deployments"),
         Call(p("apps", "deployments", "patch"), "KubernetesAdapter.apply (server-side apply)"),
+        Call(p("apps", "deployments", "create"), "KubernetesAdapter.apply (server-side apply creating it)"),
         Call(p("", "services", "patch"), "KubernetesAdapter.apply (server-side apply)"),
+        Call(p("", "services", "create"), "KubernetesAdapter.apply (server-side apply creating it)"),
         Call(p("", "configmaps", "patch"), "KubernetesAdapter.apply (TensorRT-LLM options file)"),
+        Call(p("", "configmaps", "create"), "KubernetesAdapter.apply (server-side apply creating it)"),
         Call(p("", "events", "create"), "KubernetesAdapter.emit_event"),
     ]
     if cluster_wide:

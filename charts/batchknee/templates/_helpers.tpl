@@ -103,14 +103,14 @@ Each rule is a call the operator makes; the README lists which code makes it.
   resources: ["llmservings/status"]
   verbs: ["patch"]
 # The engine Deployment: read (get), watched for rollout progress (list, watch), written by server-side
-# apply (patch, which also creates it).
+# apply: a PATCH, for which the apiserver also requires create when the object does not exist yet.
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["get", "list", "watch", "patch"]
-# The engine Service and TensorRT-LLM's options ConfigMap: server-side apply only.
+  verbs: ["get", "list", "watch", "create", "patch"]
+# The engine Service and TensorRT-LLM's options ConfigMap: server-side apply only (create, patch).
 - apiGroups: [""]
   resources: ["services", "configmaps"]
-  verbs: ["patch"]
+  verbs: ["create", "patch"]
 # Deployed / Retuned / Recommended / InvalidSpec events.
 - apiGroups: [""]
   resources: ["events"]
