@@ -15,6 +15,9 @@ help:
 	@echo "make tools  - build the local control plane (kube-apiserver, etcd, kubectl, ...) and helm into bin/"
 	@echo "make system-deps - install Prometheus (Debian package) when it is missing"
 	@echo "make dev-cluster - a local cluster in the foreground; Ctrl-C stops it"
+	@echo "make crds   - regenerate crds/ and the chart's CRD templates from the API models"
+	@echo "make chart-docs - regenerate the README's chart values reference from values.yaml"
+	@echo "make test-package - the wheel installed the Dockerfile's way, helm lint/template of the chart"
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml

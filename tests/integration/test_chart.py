@@ -243,6 +243,45 @@ def uninstall(cluster: DevCluster, tmp_path: Path) -> Iterator[list[str]]:
         helm(cluster, tmp_path, "uninstall", RELEASE, "--namespace", namespace, "--wait", check=False)
 
 
+def monitoring_crds(cluster: DevCluster) -> None:
+    """Stand-ins for the Prometheus Operator's ServiceMonitor and PodMonitor CRDs (schema-less: the
+    chart's monitors are checked field by field in tests/package); enough for helm to install them."""
+    for kind in ("ServiceMonitor", "PodMonitor"):
+        plural = f"{kind.lower()}s"
+        crd = {
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "CustomResourceDefinition",
+            "metadata": {"name": f"{plural}.monitoring.coreos.com"},
+            "spec": {
+                "group": "monitoring.coreos.com",
+                "names": {
+                    "kind": kind,
+                    "plural": plural,
+                    "singular": kind.lower(),
+                    "listKind": f"{kind}List",
+                },
+                "scope": "Namespaced",
+                "versions": [
+                    {
+                        "name": "v1",
+                        "served": True,
+                        "storage": True,
+                        "schema": {
+                            "openAPIV3Schema": {
+                                "type": "object",
+                                "x-kubernetes-preserve-unknown-fields": True,
+                            }
+                        },
+                    }
+                ],
+            },
+        }
+        cluster.kubectl("apply", "--server-side", "-f", "-", input=json.dumps(crd))
+        cluster.kubectl(
+            "wait", "--for=condition=Established", f"crd/{plural}.monitoring.coreos.com", "--timeout=60s"
+        )
+
+
 def get(url: str) -> tuple[int, str]:
     with urllib.request.urlopen(url, timeout=5) as response:  # loopback only
         return response.status, response.read().decode()
