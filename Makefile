@@ -6,7 +6,8 @@ VENV ?= .venv
 BIN := $(CURDIR)/$(VENV)/bin
 export PATH := $(BIN):$(PATH)
 
-.PHONY: help venv lint test test-unit test-component test-integration test-e2e tools system-deps dev-cluster demo demo-fast clean crds
+.PHONY: help venv wheelhouse lint test test-unit test-component test-package test-integration test-e2e tools \
+	system-deps dev-cluster demo demo-fast clean crds chart-docs
 
 help:
 	@echo "make demo   - the closed loop on an embedded local cluster"
@@ -15,12 +16,25 @@ help:
 	@echo "make tools  - build the local control plane (kube-apiserver, etcd, kubectl, ...) and helm into bin/"
 	@echo "make system-deps - install Prometheus (Debian package) when it is missing"
 	@echo "make dev-cluster - a local cluster in the foreground; Ctrl-C stops it"
+	@echo "make crds   - regenerate crds/ and the chart's CRD templates from the API models"
+	@echo "make chart-docs - regenerate the README's chart values reference from values.yaml"
+	@echo "make test-package - the wheel installed the Dockerfile's way, helm lint/template of the chart"
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $@
+
+# The dependencies' wheels, fetched at install time so that tests/package can install the operator's
+# wheel into a fresh venv offline, the way the Dockerfile's runtime stage does (--no-index --find-links).
+WHEELHOUSE := $(VENV)/wheelhouse
+wheelhouse: $(WHEELHOUSE)/.done
+$(WHEELHOUSE)/.done: pyproject.toml $(VENV)/.installed
+	rm -rf $(WHEELHOUSE)
+	$(BIN)/python -m pip wheel -q --wheel-dir $(WHEELHOUSE) --no-build-isolation .
+	rm -f $(WHEELHOUSE)/batchknee-*.whl
 	touch $@
 
 lint: venv
@@ -33,6 +47,13 @@ crds: venv
 	mkdir -p crds
 	batchknee crd > crds/batchknee.io_llmservings.yaml
 	batchknee crd --peering > crds/kopf.dev_peerings.yaml
+	mkdir -p charts/batchknee/templates/crds
+	batchknee crd --chart > charts/batchknee/templates/crds/batchknee.io_llmservings.yaml
+	batchknee crd --chart --peering > charts/batchknee/templates/crds/kopf.dev_peerings.yaml
+
+# The README's chart values reference, from the `# --` comments in charts/batchknee/values.yaml.
+chart-docs: venv
+	$(BIN)/python tests/support/chart_values_doc.py --write README.md
 
 test-unit: venv
 	pytest -q tests/unit
@@ -57,6 +78,11 @@ system-deps:
 	  DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q --no-install-recommends prometheus; \
 	fi
 
+# The Dockerfile's steps without Docker (wheel → fresh venv → the console script) and the Helm chart
+# (helm lint, helm template with several value sets, the dashboard, the CRD copy).
+test-package: venv tools wheelhouse
+	pytest -q tests/package
+
 test-integration: venv tools system-deps
 	pytest -q -m integration --timeout=300 tests/integration
 
@@ -64,7 +90,7 @@ test-integration: venv tools system-deps
 test-e2e: venv tools system-deps
 	pytest -q -m e2e --timeout=900 -p no:cacheprovider tests/e2e
 
-test: lint test-unit test-component test-integration test-e2e
+test: lint test-unit test-component test-package test-integration test-e2e
 
 dev-cluster: venv tools system-deps
 	batchknee dev-cluster up --with-prometheus

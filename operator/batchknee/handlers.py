@@ -169,6 +169,9 @@ def kopf_settings(settings: OperatorSettings) -> kopf.OperatorSettings:
     kopf_conf.peering.mandatory = settings.peering == "mandatory"
     kopf_conf.peering.stealth = True
     kopf_conf.execution.max_workers = 8
+    # Watching given namespaces, kopf needs no cluster-scoped reads: without this it would list and
+    # watch every Namespace and CRD, which a namespaced install (Roles only) must not need.
+    kopf_conf.scanning.disabled = bool(settings.namespaces)
     return kopf_conf
 
 

@@ -25,6 +25,24 @@ class OperatorMetrics:
         self.b_knee = Gauge(
             "batchknee_b_knee", "Knee batch at the observed context", labels, registry=self.registry
         )
+        self.context = Gauge(
+            "batchknee_observed_context_tokens",
+            "Average context per running sequence the operator observed (tokens)",
+            labels,
+            registry=self.registry,
+        )
+        self.tpot_p99 = Gauge(
+            "batchknee_observed_tpot_p99_seconds",
+            "Time per output token p99 the operator observed over the window",
+            labels,
+            registry=self.registry,
+        )
+        self.tpot_target = Gauge(
+            "batchknee_tpot_p99_target_seconds",
+            "The LLMServing's TPOT p99 target (spec.tuning.tpotP99TargetMilliseconds), when set",
+            labels,
+            registry=self.registry,
+        )
         self.retunes = Counter(
             "batchknee_retunes", "Rollouts of a new batch limit", labels, registry=self.registry
         )
@@ -53,13 +71,30 @@ class OperatorMetrics:
                 self.recommended.labels(*key).set(status.recommended_max_num_seqs)
             if status.b_knee is not None:
                 self.b_knee.labels(*key).set(status.b_knee)
+            observed = status.observed
+            if observed is not None and observed.avg_context_length is not None:
+                self.context.labels(*key).set(observed.avg_context_length)
+            if observed is not None and observed.tpot_p99_milliseconds is not None:
+                self.tpot_p99.labels(*key).set(observed.tpot_p99_milliseconds / 1000)
             if status.hold_reason:
                 self.holds.labels(status.hold_reason).inc()
+        if outcome.tpot_target_ms is not None:
+            self.tpot_target.labels(*key).set(outcome.tpot_target_ms / 1000)
+        else:
+            with contextlib.suppress(KeyError):
+                self.tpot_target.remove(*key)
         if outcome.decision is not None and outcome.decision.rolls and outcome.error is None:
             self.retunes.labels(*key).inc()
 
     def forget(self, namespace: str, name: str) -> None:
-        for gauge in (self.applied, self.recommended, self.b_knee):
+        for gauge in (
+            self.applied,
+            self.recommended,
+            self.b_knee,
+            self.context,
+            self.tpot_p99,
+            self.tpot_target,
+        ):
             with contextlib.suppress(KeyError):
                 gauge.remove(namespace, name)
 

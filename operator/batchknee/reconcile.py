@@ -74,6 +74,7 @@ class Outcome:
     status_written: bool = False
     error: str | None = None
     events: tuple[str, ...] = ()
+    tpot_target_ms: int | None = None  # spec.tuning.tpotP99TargetMilliseconds (for the dashboard)
 
 
 def reconcile(namespace: str, name: str, ports: Ports, now: datetime) -> Outcome:
@@ -347,6 +348,7 @@ class _Reconcile:
             status_written=written,
             error=apply_error,
             events=tuple(self.events),
+            tpot_target_ms=obj.spec.tuning.tpot_p99_target_milliseconds,
         )
 
     def settled_since(self, state: DeploymentState | None) -> datetime | None:

@@ -9,7 +9,17 @@ from typing import Any
 import pytest
 import yaml
 
-from batchknee.api.crd import CRD_FILE, PEERING_CRD_FILE, crd_manifest, crd_yaml, peering_crd_yaml
+from batchknee.api.crd import (
+    CHART_CRD_FILE,
+    CHART_PEERING_CRD_FILE,
+    CRD_FILE,
+    PEERING_CRD_FILE,
+    chart_crd_template,
+    chart_peering_crd_template,
+    crd_manifest,
+    crd_yaml,
+    peering_crd_yaml,
+)
 from batchknee.api.models import (
     KvCacheDtype,
     LLMServing,
@@ -38,6 +48,17 @@ def test_committed_crd_matches_the_models() -> None:
     committed = (ROOT / CRD_FILE).read_text()
     assert committed == crd_yaml(), "crds/ drifted from batchknee.api.models: run `make crds`"
     assert (ROOT / PEERING_CRD_FILE).read_text() == peering_crd_yaml(), "run `make crds`"
+
+
+def test_the_charts_crd_templates_match_the_models() -> None:
+    """The chart's copies come from the same models (`make crds`); tests/package renders them with helm
+    and compares the result with crds/."""
+    assert (ROOT / CHART_CRD_FILE).read_text() == chart_crd_template(), "run `make crds`"
+    assert (ROOT / CHART_PEERING_CRD_FILE).read_text() == chart_peering_crd_template(), "run `make crds`"
+    plain = "\n".join(line for line in chart_crd_template().splitlines() if "{{" not in line)
+    [document] = list(yaml.safe_load_all(plain))
+    assert document["spec"] == crd_manifest()["spec"]
+    assert document["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
 
 
 def test_crd_command_prints_the_committed_file(capsys: pytest.CaptureFixture[str]) -> None:

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from prometheus_client import generate_latest
 
 from batchknee.adapters.observing import RoutedObserver
-from batchknee.api.models import LLMServingStatus
+from batchknee.api.models import LLMServingStatus, ObservedMetrics
 from batchknee.core.observation import Observation, ObservationTarget
 from batchknee.core.policy import Decision
 from batchknee.operator_metrics import OperatorMetrics
@@ -29,6 +29,16 @@ def test_handlers_register_with_kopf() -> None:
     settings = handlers.kopf_settings(handlers.OperatorSettings())
     assert settings.posting.enabled is False
     assert settings.peering.name == "batchknee"
+    assert settings.scanning.disabled is False  # cluster-wide: kopf follows CRDs as they come and go
+
+
+def test_watching_namespaces_needs_no_cluster_scoped_reads() -> None:
+    """With namespaces given, kopf must not list/watch Namespaces or CRDs (a namespaced install has
+    Roles only; the chart grants nothing cluster-scoped then)."""
+    import batchknee.handlers as handlers
+
+    settings = handlers.kopf_settings(handlers.OperatorSettings(namespaces=["ml", "chat"]))
+    assert settings.scanning.disabled is True
 
 
 class Recording:
@@ -67,7 +77,7 @@ def test_operator_metrics() -> None:
     metrics = OperatorMetrics()
     status = LLMServingStatus(max_num_seqs=16, recommended_max_num_seqs=16, b_knee=15.0, hold_reason=None)
     decision = Decision(action="roll", value=16, max_tokens=0, reason="r")
-    metrics.record(Outcome("ml", "chat", decision=decision, status=status), 0.02)
+    metrics.record(Outcome("ml", "chat", decision=decision, status=status, tpot_target_ms=40), 0.02)
     held = status.model_copy(update={"hold_reason": "cooldown"})
     metrics.record(Outcome("ml", "chat", decision=None, status=held), 0.01)
     text = generate_latest(metrics.registry).decode()
@@ -75,5 +85,13 @@ def test_operator_metrics() -> None:
     assert 'batchknee_retunes_total{name="chat",namespace="ml"} 1.0' in text
     assert 'batchknee_holds_total{reason="cooldown"} 1.0' in text
     assert "batchknee_reconcile_duration_seconds_count 2.0" in text
+    assert 'batchknee_tpot_p99_target_seconds{name="chat",namespace="ml"}' not in text  # target dropped
+    observed = ObservedMetrics(avg_context_length=8192, tpot_p99_milliseconds=25.0)
+    seen = status.model_copy(update={"observed": observed})
+    metrics.record(Outcome("ml", "chat", status=seen, tpot_target_ms=40), 0.01)
+    text = generate_latest(metrics.registry).decode()
+    assert 'batchknee_observed_context_tokens{name="chat",namespace="ml"} 8192.0' in text
+    assert 'batchknee_observed_tpot_p99_seconds{name="chat",namespace="ml"} 0.025' in text
+    assert 'batchknee_tpot_p99_target_seconds{name="chat",namespace="ml"} 0.04' in text
     metrics.record(Outcome("ml", "chat", found=False), 0.01)
     assert 'batchknee_max_num_seqs{name="chat"' not in generate_latest(metrics.registry).decode()

@@ -18,11 +18,19 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="print kopf's peering CRDs instead (KopfPeering, ClusterKopfPeering) for running several replicas",
     )
+    parser.add_argument(
+        "--chart",
+        action="store_true",
+        help="print it as the Helm chart's template (charts/batchknee/templates/crds/; gated by crds.enabled)",
+    )
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from batchknee.api.crd import crd_yaml, peering_crd_yaml
+    from batchknee.api.crd import chart_crd_template, chart_peering_crd_template, crd_yaml, peering_crd_yaml
 
-    print(peering_crd_yaml() if args.peering else crd_yaml(), end="")
+    if args.chart:
+        print(chart_peering_crd_template() if args.peering else chart_crd_template(), end="")
+    else:
+        print(peering_crd_yaml() if args.peering else crd_yaml(), end="")
     return 0

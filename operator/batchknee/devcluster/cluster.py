@@ -78,6 +78,9 @@ class DevCluster:
         runs `prefix + command[1:] + args + ["--host", podIP]` for such containers.
     workdir: where certificates, etcd data, logs and pod folders go; a temporary folder (removed on
         stop unless $BATCHKNEE_KEEP_DEVCLUSTER=1 or keep_workdir) when not given.
+    audit: write the apiserver's audit log (JSON lines, `audit_log_path`) of every request made by a
+        service account outside kube-system, at Metadata level: which calls an operator running
+        with a service account's token really makes (the controllers' own accounts are left out).
     """
 
     def __init__(
@@ -92,6 +95,7 @@ class DevCluster:
         keep_workdir: bool | None = None,
         start_timeout_s: float = 120.0,
         verbosity: int = 1,
+        audit: bool = False,
     ) -> None:
         self.runtimes = {k: list(v) for k, v in (runtimes or {}).items()}
         self._given_workdir = Path(workdir) if workdir is not None else None
@@ -104,6 +108,7 @@ class DevCluster:
         )
         self.start_timeout_s = start_timeout_s
         self.verbosity = verbosity
+        self.audit = audit
         self.tools_bin = tools.tools_bin()  # fail early, with the `make tools` hint
         self.workdir = Path()
         self.server = ""
@@ -129,6 +134,29 @@ class DevCluster:
     @property
     def logs_dir(self) -> Path:
         return self.workdir / "logs"
+
+    @property
+    def audit_log_path(self) -> Path:
+        """The apiserver's audit log (with `audit=True`): one JSON event per line."""
+        return self.logs_dir / "audit.log"
+
+    def audit_events(self, username: str | None = None) -> list[dict[str, Any]]:
+        """The audit log's events (stage ResponseComplete), those of `username` when given."""
+        try:
+            lines = self.audit_log_path.read_text().splitlines()
+        except FileNotFoundError:
+            return []
+        events = []
+        for line in lines:
+            try:
+                event = json.loads(line)
+            except ValueError:  # a line still being written
+                continue
+            if event.get("stage") != "ResponseComplete":
+                continue
+            if username is None or event.get("user", {}).get("username") == username:
+                events.append(event)
+        return events
 
     @property
     def pods_dir(self) -> Path:
@@ -308,6 +336,32 @@ class DevCluster:
             "--allow-privileged=true",
             "--profiling=false",
             f"--v={self.verbosity}",
+            *self._audit_argv(),
+        ]
+
+    def _audit_argv(self) -> list[str]:
+        if not self.audit:
+            return []
+        policy = self.workdir / "audit-policy.yaml"
+        policy.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "audit.k8s.io/v1",
+                    "kind": "Policy",
+                    "omitStages": ["RequestReceived"],
+                    "rules": [
+                        {"level": "None", "userGroups": ["system:serviceaccounts:kube-system"]},
+                        {"level": "Metadata", "userGroups": ["system:serviceaccounts"]},
+                        {"level": "None"},
+                    ],
+                }
+            )
+        )
+        return [
+            f"--audit-policy-file={policy}",
+            f"--audit-log-path={self.audit_log_path}",
+            "--audit-log-format=json",
+            "--audit-log-mode=blocking",
         ]
 
     def _kcm_argv(self, ports: Mapping[str, int], pki: ClusterPKI, kubeconfig: Path) -> list[str]:

@@ -4,7 +4,8 @@
         cluster, cluster_runtimes, namespace, prometheus, pytest_terminal_summary,
     )
 
-and overrides `cluster_runtimes` to plug its engines into the test kubelet, e.g.
+and overrides `cluster_runtimes` to plug its engines into the test kubelet (and `cluster_options` for
+other DevCluster arguments, e.g. {"audit": True}), e.g.
 
     @pytest.fixture(scope="session")
     def cluster_runtimes() -> dict[str, list[str]]:
@@ -18,6 +19,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -35,9 +37,15 @@ def cluster_runtimes() -> dict[str, list[str]]:
 
 
 @pytest.fixture(scope="session")
-def cluster(cluster_runtimes: dict[str, list[str]]) -> Iterator[DevCluster]:
+def cluster_options() -> dict[str, Any]:
+    """Extra DevCluster keyword arguments (e.g. {"audit": True}). Override in a conftest."""
+    return {}
+
+
+@pytest.fixture(scope="session")
+def cluster(cluster_runtimes: dict[str, list[str]], cluster_options: dict[str, Any]) -> Iterator[DevCluster]:
     """A real local control plane (etcd, kube-apiserver, controller-manager, scheduler, test kubelet)."""
-    with DevCluster(runtimes=cluster_runtimes) as dev:
+    with DevCluster(runtimes=cluster_runtimes, **cluster_options) as dev:
         TIMINGS["local cluster start (s)"] = dev.start_seconds or 0.0
         yield dev
 

@@ -1,0 +1,528 @@
+"""The Helm chart: helm lint, and helm template with default and non-default values, checked object
+by object — hardened pods, RBAC exactly as wide as the operator's calls, peering, monitors, the
+dashboard, the CRD copy, and values that are all documented and all in the schema."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from chart_values_doc import keys as value_keys
+from conftest import CHART, NAMESPACE, RELEASE, ROOT, Helm, Render, kinds, one
+from operator_rbac import granted, required, wildcards
+from prometheus_client import generate_latest
+
+from batchknee.adapters.prometheus import TRTLLM_METRICS, VLLM_METRICS
+from batchknee.api.crd import crd_manifest, peering_crds
+from batchknee.api.models import LLMServingStatus, ObservedMetrics
+from batchknee.api.resolve import parse_llmserving
+from batchknee.core.policy import Decision
+from batchknee.operator_metrics import OperatorMetrics
+from batchknee.reconcile import Outcome
+from batchknee.render import METRICS_PATH, Desired, RenderDefaults, render
+from batchknee.settings import OperatorSettings
+
+FULLNAME = f"{RELEASE}-batchknee"
+PEERING = {"replicaCount": 2}
+NAMESPACED = {"operator": {"watchNamespaces": ["ml", "chat"]}}
+MONITORS = {"metrics": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}}}
+EVERYTHING = {
+    "replicaCount": 3,
+    "image": {"repository": "registry.example/ml/batchknee", "digest": "sha256:" + "a" * 64},
+    "operator": {"prometheusUrl": "http://prometheus.obs:9090", "verbose": True},
+    "metrics": {
+        "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
+        "podMonitor": {"enabled": True, "namespace": "monitoring", "interval": "5s"},
+    },
+    "grafanaDashboard": {"namespace": "monitoring", "annotations": {"grafana_folder": "LLM"}},
+    "nodeSelector": {"kubernetes.io/os": "linux"},
+    "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ops", "effect": "NoSchedule"}],
+    "podAnnotations": {"example.com/team": "ml"},
+    "imagePullSecrets": [{"name": "regcred"}],
+}
+
+
+def deployment(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    return one(objects, "Deployment")
+
+
+def container(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    [c] = deployment(objects)["spec"]["template"]["spec"]["containers"]
+    return c  # type: ignore[no-any-return]
+
+
+def env(objects: list[dict[str, Any]]) -> dict[str, str]:
+    return {e["name"]: e.get("value", "") for e in container(objects)["env"]}
+
+
+def roles(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return kinds(objects, "Role") + kinds(objects, "ClusterRole")
+
+
+# --- lint ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "values",
+    [None, PEERING, NAMESPACED, MONITORS, EVERYTHING, {**NAMESPACED, **PEERING, **MONITORS}],
+    ids=["default", "peering", "namespaced", "monitors", "everything", "namespaced-peering-monitors"],
+)
+def test_helm_lint(helm: Helm, values: dict[str, Any] | None) -> None:
+    done = helm("lint", values)
+    assert "1 chart(s) linted, 0 chart(s) failed" in done.stdout, done.stdout
+
+
+def test_chart_versions_follow_the_package() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    import batchknee
+
+    assert chart["appVersion"] == project["version"] == batchknee.__version__
+    assert chart["apiVersion"] == "v2" and chart["type"] == "application"
+
+
+# --- the operator Deployment -----------------------------------------------------------------------
+
+
+def test_default_objects(render: Render) -> None:
+    objects = render()
+    assert sorted((o["kind"], o["metadata"]["name"]) for o in objects) == sorted(
+        [
+            ("ServiceAccount", FULLNAME),
+            ("ClusterRole", FULLNAME),
+            ("ClusterRoleBinding", FULLNAME),
+            ("Deployment", FULLNAME),
+            ("Service", f"{FULLNAME}-metrics"),
+            ("ConfigMap", f"{FULLNAME}-dashboard"),
+            ("CustomResourceDefinition", "llmservings.batchknee.io"),
+        ]
+    )
+    for obj in objects:
+        labels = obj["metadata"]["labels"]
+        assert labels["app.kubernetes.io/name"] == "batchknee", obj["kind"]
+        assert labels["app.kubernetes.io/instance"] == RELEASE
+        assert labels["app.kubernetes.io/managed-by"] == "Helm"
+        assert labels["helm.sh/chart"] == "batchknee-0.1.0"
+        if obj["kind"] not in ("ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"):
+            assert obj["metadata"]["namespace"] == NAMESPACE, obj["kind"]
+
+
+def test_the_operator_pod_is_hardened(render: Render) -> None:
+    objects = render()
+    pod = deployment(objects)["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 65532  # the Dockerfile's USER
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    c = container(objects)
+    sc = c["securityContext"]
+    assert sc["runAsNonRoot"] is True
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["privileged"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert c["resources"]["requests"]["cpu"] and c["resources"]["requests"]["memory"]
+    assert c["resources"]["limits"]["memory"]
+    # the only writable path: an emptyDir on /tmp (HOME, TMPDIR and MPLCONFIGDIR in the image)
+    assert c["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
+    assert pod["volumes"] == [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}]
+    assert pod["serviceAccountName"] == FULLNAME and pod["automountServiceAccountToken"] is True
+    sa = one(objects, "ServiceAccount")
+    assert sa["automountServiceAccountToken"] is False  # mounted by the operator pod only
+
+
+def test_the_operator_container(render: Render) -> None:
+    objects = render()
+    c = container(objects)
+    assert c["image"] == "ghcr.io/batchknee/batchknee:0.1.0"  # tag defaults to the appVersion
+    assert c["args"] == ["operator"]  # the image's ENTRYPOINT is `batchknee`
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports == {"metrics": 8081, "health": 8080}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    variables = env(objects)
+    assert variables["BATCHKNEE_METRICS_ADDRESS"] == variables["BATCHKNEE_HEALTH_ADDRESS"] == "0.0.0.0"
+    assert variables["BATCHKNEE_METRICS_PORT"] == "8081" and variables["BATCHKNEE_HEALTH_PORT"] == "8080"
+    assert variables["BATCHKNEE_PEERING"] == "standalone" and variables["BATCHKNEE_NAMESPACES"] == ""
+    assert deployment(objects)["spec"]["strategy"] == {"type": "Recreate"}  # never two standalone ones
+    service = one(objects, "Service")
+    assert service["spec"]["ports"] == [
+        {"name": "metrics", "port": 8081, "targetPort": "metrics", "protocol": "TCP"}
+    ]
+    assert service["spec"]["selector"] == deployment(objects)["spec"]["selector"]["matchLabels"]
+
+
+@pytest.mark.parametrize(
+    "values", [None, EVERYTHING, NAMESPACED], ids=["default", "everything", "namespaced"]
+)
+def test_every_environment_variable_is_an_operator_setting(render: Render, values: dict[str, Any]) -> None:
+    """The chart's BATCHKNEE_* variables are fields of OperatorSettings and parse there."""
+    variables = env(render(values))
+    fields = set(OperatorSettings.model_fields)
+    for name in variables:
+        assert name.startswith("BATCHKNEE_") and name.removeprefix("BATCHKNEE_").lower() in fields, name
+    import os
+
+    saved = dict(os.environ)
+    try:
+        os.environ.update(variables)
+        settings = OperatorSettings()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    assert settings.metrics_address == "0.0.0.0" and settings.health_port == 8080
+    assert settings.namespaces == ((values or {}).get("operator", {}).get("watchNamespaces") or [])
+
+
+def test_non_default_values(render: Render) -> None:
+    objects = render(EVERYTHING)
+    c = container(objects)
+    assert c["image"] == "registry.example/ml/batchknee@sha256:" + "a" * 64
+    pod = deployment(objects)["spec"]["template"]
+    assert pod["metadata"]["annotations"] == {"example.com/team": "ml"}
+    assert pod["spec"]["nodeSelector"] == {"kubernetes.io/os": "linux"}
+    assert pod["spec"]["tolerations"][0]["key"] == "dedicated"
+    assert pod["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
+    variables = env(objects)
+    assert variables["BATCHKNEE_PROMETHEUS_URL"] == "http://prometheus.obs:9090"
+    assert variables["BATCHKNEE_VERBOSE"] == "true"
+    assert one(objects, "ServiceMonitor")["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert {m["metadata"]["namespace"] for m in kinds(objects, "PodMonitor")} == {"monitoring"}
+    dashboard = one(objects, "ConfigMap")
+    assert dashboard["metadata"]["namespace"] == "monitoring"
+    assert dashboard["metadata"]["annotations"] == {"grafana_folder": "LLM"}
+
+
+# --- peering ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("replicas", [2, 3])
+def test_several_replicas_peer(render: Render, replicas: int) -> None:
+    objects = render({"replicaCount": replicas})
+    assert deployment(objects)["spec"]["replicas"] == replicas
+    assert env(objects)["BATCHKNEE_PEERING"] == "mandatory"
+    assert env(objects)["BATCHKNEE_PEERING_NAME"] == "batchknee"
+    assert deployment(objects)["spec"]["strategy"]["type"] == "RollingUpdate"
+    crds = {o["metadata"]["name"] for o in kinds(objects, "CustomResourceDefinition")}
+    assert crds == {"llmservings.batchknee.io", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"}
+    rules = one(objects, "ClusterRole")["rules"]
+    assert granted(rules) == required(cluster_wide=True, peering=True)
+
+
+def test_peering_crds_can_be_left_to_another_kopf_operator(render: Render) -> None:
+    objects = render({"replicaCount": 2, "crds": {"peering": False}})
+    assert [o["metadata"]["name"] for o in kinds(objects, "CustomResourceDefinition")] == [
+        "llmservings.batchknee.io"
+    ]
+
+
+def test_one_replica_can_peer_on_request(render: Render) -> None:
+    objects = render({"operator": {"peering": {"mode": "mandatory", "name": "ml-ops"}}})
+    assert env(objects)["BATCHKNEE_PEERING"] == "mandatory"
+    assert granted(one(objects, "ClusterRole")["rules"]) == required(
+        cluster_wide=True, peering=True, peering_name="ml-ops"
+    )
+
+
+def test_several_standalone_replicas_are_refused(helm: Helm) -> None:
+    done = helm("template", {"replicaCount": 2, "operator": {"peering": {"mode": "standalone"}}}, check=False)
+    assert done.returncode != 0 and "needs kopf peering" in done.stderr
+
+
+# --- RBAC ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "values",
+    [None, PEERING, NAMESPACED, {**NAMESPACED, **PEERING}, EVERYTHING],
+    ids=["default", "peering", "namespaced", "namespaced-peering", "everything"],
+)
+def test_rbac_grants_exactly_the_operators_calls(render: Render, values: dict[str, Any] | None) -> None:
+    objects = render(values)
+    values = values or {}
+    namespaces = values.get("operator", {}).get("watchNamespaces") or []
+    peering = values.get("replicaCount", 1) > 1
+    found = roles(objects)
+    assert found
+    for role in found:
+        assert wildcards(role["rules"]) == [], role["metadata"]
+        assert granted(role["rules"]) == required(cluster_wide=not namespaces, peering=peering), role[
+            "metadata"
+        ]
+    if namespaces:
+        assert not kinds(objects, "ClusterRole") and not kinds(objects, "ClusterRoleBinding")
+        assert sorted(r["metadata"]["namespace"] for r in kinds(objects, "Role")) == sorted(namespaces)
+        bindings = kinds(objects, "RoleBinding")
+        assert sorted(b["metadata"]["namespace"] for b in bindings) == sorted(namespaces)
+        for binding in bindings:
+            assert binding["roleRef"] == {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": FULLNAME,
+            }
+            assert binding["subjects"] == [
+                {"kind": "ServiceAccount", "name": FULLNAME, "namespace": NAMESPACE}
+            ]
+        assert env(objects)["BATCHKNEE_NAMESPACES"] == ",".join(namespaces)
+    else:
+        binding = one(objects, "ClusterRoleBinding")
+        assert binding["roleRef"]["kind"] == "ClusterRole" and binding["roleRef"]["name"] == FULLNAME
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": FULLNAME, "namespace": NAMESPACE}]
+
+
+def test_no_rbac_and_an_existing_service_account(render: Render, helm: Helm) -> None:
+    objects = render({"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "ops"}})
+    assert not roles(objects) and not kinds(objects, "ServiceAccount")
+    assert deployment(objects)["spec"]["template"]["spec"]["serviceAccountName"] == "ops"
+    done = helm("template", {"serviceAccount": {"create": False}}, check=False)
+    assert done.returncode != 0 and "serviceAccount.name is required" in done.stderr
+
+
+# --- monitors and dashboard ------------------------------------------------------------------------
+
+
+def test_monitors_only_when_enabled(render: Render) -> None:
+    assert not kinds(render(), "ServiceMonitor") and not kinds(render(), "PodMonitor")
+    objects = render(MONITORS)
+    monitor = one(objects, "ServiceMonitor")
+    [endpoint] = monitor["spec"]["endpoints"]
+    assert endpoint["port"] == "metrics" and endpoint["path"] == "/metrics"
+    assert endpoint["honorLabels"] is True  # the series' own `namespace` (the LLMServing's) stays
+    service = one(objects, "Service")
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+
+
+def engine_pod_labels(engine: str) -> tuple[dict[str, str], dict[str, Any]]:
+    """The pod labels and container the operator really renders for an engine."""
+    obj = parse_llmserving(
+        {
+            "metadata": {"name": "chat", "namespace": "ml", "uid": "u-1"},
+            "spec": {
+                "engine": engine,
+                "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+                "gpu": {"type": "h100"},
+            },
+        }
+    )
+    [dep] = [o for o in render(obj, Desired(64, 131072), RenderDefaults()) if o["kind"] == "Deployment"]
+    template = dep["spec"]["template"]
+    return template["metadata"]["labels"], template["spec"]["containers"][0]
+
+
+def matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    for expression in selector.get("matchExpressions", []):
+        key, op, values = expression["key"], expression["operator"], expression.get("values", [])
+        if op == "Exists" and key not in labels:
+            return False
+        if op == "In" and labels.get(key) not in values:
+            return False
+    return all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
+
+
+@pytest.mark.parametrize("values", [MONITORS, {**MONITORS, **NAMESPACED}], ids=["cluster", "namespaced"])
+def test_pod_monitors_select_the_engine_pods_with_the_labels_the_operator_queries(
+    render: Render, values: dict[str, Any]
+) -> None:
+    monitors = kinds(render(values), "PodMonitor")
+    assert len(monitors) == 2
+    for engine in ("VLLM", "TensorRTLLM"):
+        labels, engine_container = engine_pod_labels(engine)
+        [monitor] = [m for m in monitors if matches(m["spec"]["selector"], labels)]
+        [endpoint] = monitor["spec"]["podMetricsEndpoints"]
+        assert endpoint["port"] in {p["name"] for p in engine_container["ports"]}
+        assert endpoint["path"] == METRICS_PATH[engine]  # type: ignore[index]
+        targets = {r["targetLabel"]: r["sourceLabels"] for r in endpoint["relabelings"]}
+        # the Prometheus adapter selects and groups by `namespace` and `pod` (POD_SUFFIX regex on pod)
+        assert targets["namespace"] == ["__meta_kubernetes_namespace"]
+        assert targets["pod"] == ["__meta_kubernetes_pod_name"]
+        assert targets["llmserving"] == ["__meta_kubernetes_pod_label_batchknee_io_llmserving"]
+        namespaces = values.get("operator", {}).get("watchNamespaces")
+        expected = {"matchNames": namespaces} if namespaces else {"any": True}
+        assert monitor["spec"]["namespaceSelector"] == expected
+    not_an_engine = {"app.kubernetes.io/name": "batchknee", "app.kubernetes.io/instance": "rel"}
+    assert not any(matches(m["spec"]["selector"], not_an_engine) for m in monitors)
+
+
+def test_the_prometheus_adapter_queries_namespace_and_pod() -> None:
+    """What the PodMonitor relabelings promise, read from the adapter's own matcher."""
+    from batchknee.adapters.prometheus import _scopes
+    from batchknee.core.observation import ObservationTarget
+
+    target = ObservationTarget(namespace="ml", name="chat", engine="VLLM", window_s=300)  # type: ignore[call-arg]
+    [scope] = _scopes([target])
+    assert 'namespace=~"ml"' in scope.matcher and "pod=~" in scope.matcher
+
+
+def dashboard(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    cm = one(objects, "ConfigMap")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    return json.loads(cm["data"]["batchknee.json"])  # type: ignore[no-any-return]
+
+
+def operator_metric_names() -> set[str]:
+    metrics = OperatorMetrics()
+    observed = ObservedMetrics(avg_context_length=2048, tpot_p99_milliseconds=20.0)
+    status = LLMServingStatus(
+        max_num_seqs=64, recommended_max_num_seqs=64, b_knee=60.0, hold_reason="cooldown", observed=observed
+    )
+    decision = Decision(action="roll", value=64, max_tokens=0, reason="r")
+    metrics.record(Outcome("ml", "chat", decision=decision, status=status, tpot_target_ms=30), 0.01)
+    text = generate_latest(metrics.registry).decode()
+    return {
+        line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")
+    }
+
+
+def test_the_grafana_dashboard(render: Render) -> None:
+    board = dashboard(render())
+    assert board["uid"] == "batchknee-operator"
+    titles = " | ".join(p["title"] for p in board["panels"])
+    for topic in (
+        "B_knee",
+        "applied vs recommended",
+        "TPOT p99 vs target",
+        "context",
+        "Rollouts",
+        "Holds by reason",
+    ):
+        assert topic in titles, topic
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    assert (
+        variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    )
+    assert {"namespace", "llmserving"} <= variables.keys()
+    ours = operator_metric_names()
+    engine = {
+        name for family in (VLLM_METRICS, TRTLLM_METRICS) for names in vars(family).values() for name in names
+    }
+    seen: set[str] = set()
+    for panel in board["panels"]:
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+        for target in panel["targets"]:
+            expr = target["expr"]
+            for name in re.findall(r"\bbatchknee_[a-z_0-9]+", expr):
+                assert name in ours, f"{panel['title']}: {name} is not an operator metric"
+                seen.add(name)
+            for regex in re.findall(r'__name__=~"([^"]+)"', expr):
+                for alternative in regex.split("|"):
+                    base = re.sub(r"_bucket$", "", alternative)
+                    assert base in engine, (
+                        f"{panel['title']}: {alternative} is not an engine metric the adapter reads"
+                    )
+    assert {
+        "batchknee_b_knee",
+        "batchknee_max_num_seqs",
+        "batchknee_recommended_max_num_seqs",
+        "batchknee_observed_tpot_p99_seconds",
+        "batchknee_tpot_p99_target_seconds",
+        "batchknee_observed_context_tokens",
+        "batchknee_retunes_total",
+        "batchknee_holds_total",
+    } <= seen
+
+
+def test_the_dashboard_can_be_left_out(render: Render) -> None:
+    assert not kinds(render({"grafanaDashboard": {"enabled": False}}), "ConfigMap")
+
+
+# --- CRDs ------------------------------------------------------------------------------------------
+
+
+def test_the_charts_crds_are_the_generated_ones(render: Render) -> None:
+    """Rendered by helm, the chart's CRDs equal crds/ (the same models), and are kept on uninstall."""
+    committed = {
+        d["metadata"]["name"]: d
+        for path in (ROOT / "crds").glob("*.yaml")
+        for d in yaml.safe_load_all(path.read_text())
+        if d
+    }
+    assert committed["llmservings.batchknee.io"] == crd_manifest()
+    for values in (None, PEERING):
+        for crd in kinds(render(values), "CustomResourceDefinition"):
+            name = crd["metadata"]["name"]
+            assert crd["spec"] == committed[name]["spec"], name
+            assert crd["apiVersion"] == committed[name]["apiVersion"]
+            assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    assert {c["metadata"]["name"] for c in peering_crds()} <= committed.keys()
+
+
+def test_crds_can_be_left_out_or_deleted_on_uninstall(render: Render) -> None:
+    assert not kinds(render({"crds": {"enabled": False}, **PEERING}), "CustomResourceDefinition")
+    crd = one(render({"crds": {"keep": False}}), "CustomResourceDefinition")
+    assert "annotations" not in crd["metadata"]
+
+
+# --- values ----------------------------------------------------------------------------------------
+
+
+def test_every_value_is_documented() -> None:
+    undocumented = [k.path for k in value_keys() if not k.doc]
+    assert undocumented == [], "add a `# -- ` comment above each of these keys in values.yaml"
+    listed = {k.path for k in value_keys()}
+
+    def walk(node: Any, prefix: str = "") -> list[str]:
+        out = []
+        if isinstance(node, dict):
+            for key, value in node.items():
+                path = f"{prefix}{key}"
+                out.append(path)
+                out += walk(value, f"{path}.")
+        return out
+
+    assert set(walk(yaml.safe_load((CHART / "values.yaml").read_text()))) == listed
+
+
+def test_the_readme_values_reference_is_current() -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tests" / "support" / "chart_values_doc.py"),
+            "--check",
+            str(ROOT / "README.md"),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_schema_knows_every_value_and_rejects_unknown_ones(helm: Helm) -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+
+    def check(node: dict[str, Any], part: dict[str, Any], path: str) -> None:
+        if part.get("additionalProperties") is False:
+            assert set(node) <= set(part["properties"]), f"{path}: {set(node) - set(part['properties'])}"
+            assert set(part["properties"]) - set(node) <= {"global", "claims", "localhostProfile"}, path
+        for key, value in node.items():
+            sub = part.get("properties", {}).get(key)
+            if isinstance(value, dict) and sub and "properties" in sub:
+                check(value, sub, f"{path}.{key}")
+
+    check(values, schema, "")
+    for bad, message in (
+        ({"replicas": 2}, "additional properties 'replicas' not allowed"),
+        ({"replicaCount": 0}, "replicaCount"),
+        ({"operator": {"peering": {"mode": "auto"}}}, "mode"),
+        ({"operator": {"watchNamespaces": ["Not_A_Namespace"]}}, "watchNamespaces"),
+        ({"metrics": {"podMonitor": {"interval": "ten seconds"}}}, "interval"),
+        ({"image": {"digest": "latest"}}, "digest"),
+    ):
+        done = helm("template", bad, check=False)
+        assert done.returncode != 0 and message in done.stderr, (bad, done.stderr)
+
+
+def test_nothing_in_the_chart_is_stale() -> None:
+    """The generated CRD templates carry their generator's header (edits belong in the models)."""
+    for path in (CHART / "templates" / "crds").glob("*.yaml"):
+        assert path.read_text().startswith("{{- /* Generated by `batchknee crd --chart`"), path
+    assert not list(Path(CHART).rglob("*.tgz"))
