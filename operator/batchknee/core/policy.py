@@ -295,15 +295,7 @@ def _target(
             calibrated_cap = fit.apply(roofline).max_batch_for_tpot(
                 rules.tpot_p99_target_ms / 1e3, context_tokens
             )
-    rec = recommend(
-        roofline,
-        context_tokens,
-        knee_factor=rules.knee_factor,
-        kv_pool_bytes=kv_pool_bytes,
-        minimum=rules.min_max_num_seqs,
-        maximum=rules.max_max_num_seqs,
-        granularity=rules.granularity,
-    )
+    rec = _knee(rules, roofline, kv_pool_bytes, context_tokens)
     guard = _guard(rules, observation, applied, calibrated_cap, calibration_text)
     value, limited_by, text = rec.max_num_seqs, str(rec.limited_by), rec.explain()
     if guard is not None:
@@ -314,6 +306,26 @@ def _target(
             if capped == rules.min_max_num_seqs and guard.cap < capped:
                 text += f" (minimum bound {rules.min_max_num_seqs})"
     return _Target(value, rec, guard, limited_by, text, fit)
+
+
+def _knee(
+    rules: TuningRules, roofline: DecodeRoofline, kv_pool_bytes: float, context_tokens: float
+) -> Recommendation:
+    """The planner's recommendation under the spec's factor, bounds and granularity."""
+    return recommend(
+        roofline,
+        context_tokens,
+        knee_factor=rules.knee_factor,
+        kv_pool_bytes=kv_pool_bytes,
+        minimum=rules.min_max_num_seqs,
+        maximum=rules.max_max_num_seqs,
+        granularity=rules.granularity,
+    )
+
+
+def _moves_past(rules: TuningRules, value: int, reference: int) -> bool:
+    """Whether `value` lies outside the dead band around `reference`."""
+    return abs(value - reference) / reference * 100 > rules.dead_band_percent
 
 
 def _max_tokens(value: int, context_tokens: float) -> int:
@@ -433,28 +445,15 @@ def decide(
             "dead-band",
             f"{wanted} is within the {rules.dead_band_percent}% dead band ({change_percent:.0f}%)",
         )
-    recent = observation.recent_avg_context_tokens.value if observation is not None else None
-    if not safety and recent is not None and recent > 0:
-        lately = recommend(
-            roofline,
-            recent,
-            knee_factor=rules.knee_factor,
-            kv_pool_bytes=kv_pool_bytes,
-            minimum=rules.min_max_num_seqs,
-            maximum=rules.max_max_num_seqs,
-            granularity=rules.granularity,
-        ).max_num_seqs
-        whole = target.recommendation.max_num_seqs
-        if abs(lately - whole) / whole * 100 > rules.dead_band_percent:
+    recent_ctx = observation.recent_avg_context_tokens.value if observation is not None else None
+    if not safety and recent_ctx is not None and recent_ctx > 0:
+        lately = _knee(rules, roofline, kv_pool_bytes, recent_ctx).max_num_seqs
+        if _moves_past(rules, lately, target.recommendation.max_num_seqs):
             return hold(
                 "unsteady",
-                f"traffic is shifting: the window's last third says avg ctx {recent:.0f} tok → {lately}",
+                f"traffic is shifting: the window's last third says avg ctx {recent_ctx:.0f} tok → {lately}",
             )
-    if (
-        not safety
-        and previous_recommended is not None
-        and abs(wanted - previous_recommended) / previous_recommended * 100 > rules.dead_band_percent
-    ):
+    if not safety and previous_recommended is not None and _moves_past(rules, wanted, previous_recommended):
         return hold("unsteady", f"the recommendation is still moving ({previous_recommended} → {wanted})")
     last = applied.last_retune
     if last is not None and now < last.time + timedelta(seconds=rules.cooldown_s):
