@@ -9,19 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from batchknee.cli import main
+from cli_runner import run
 
 SEED = ["plan", "--model", "llama-3-8b", "--gpu", "a100-80gb", "--params", "8.0e9", "--bandwidth", "2.0TB/s"]
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    try:
-        status = main(list(argv))
-    except SystemExit as exit_:
-        status = int(exit_.code or 0)
-    out, err = capsys.readouterr()
-    return status, out, err
 
 
 def test_json_contract_reproduces_the_seed(capsys: pytest.CaptureFixture[str]) -> None:

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
+from cli_runner import run
 
-from batchknee.cli import main
 from batchknee.core import DecodeRoofline, find_gpu, find_model
 from batchknee.emulator import EngineConfig, LoadSpec, vllm_num_gpu_blocks
 from batchknee.emulator.sweep import sweep
@@ -26,15 +26,6 @@ SEED = [
 ROOFLINE = DecodeRoofline(
     find_model("llama-3-8b"), find_gpu("a100-80gb"), params=8.0e9, bandwidth_bytes_per_s=2.0e12
 )
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    try:
-        status = main(list(argv))
-    except SystemExit as exit_:
-        status = int(exit_.code or 0)
-    out, err = capsys.readouterr()
-    return status, out, err
 
 
 def test_the_sweep_bends_at_the_knee() -> None:

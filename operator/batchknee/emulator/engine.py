@@ -520,12 +520,6 @@ class Engine:
                     continue
                 scheduled.append((request, chunk))
                 budget -= chunk
-                tokens += chunk
-                start = request.computed
-                context += start + chunk
-                if window is not None:
-                    windowed += min(start + chunk, window)
-                pairs += DecodeRoofline.prefill_attended_pairs(start, chunk)
                 if budget <= 0:
                     break
 
@@ -539,8 +533,10 @@ class Engine:
             waiting.popleft()
             scheduled.append((request, chunk))
             budget -= chunk
-            tokens += chunk
+
+        for request, chunk in scheduled:  # the prefill chunks' share of this step's work
             start = request.computed
+            tokens += chunk
             context += start + chunk
             if window is not None:
                 windowed += min(start + chunk, window)
