@@ -19,6 +19,11 @@ class ApplyError(Exception):
     """The apiserver refused an object (validation, conflict, permissions): the message says why."""
 
 
+class ApplyConflict(ApplyError):
+    """The object changed since it was read (its resourceVersion precondition failed), or appeared
+    since it was found missing: nothing was written, and the next reconcile decides again."""
+
+
 class KubernetesPort(Protocol):
     def get_llmserving(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The LLMServing as stored (metadata, spec, status), or None when it is gone."""
@@ -28,8 +33,19 @@ class KubernetesPort(Protocol):
         """The engine Deployment as stored, or None when it does not exist."""
         ...
 
+    def get_object(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """A Deployment, Service or ConfigMap as stored, or None when it does not exist."""
+        ...
+
+    def list_pods(self, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
+        """The pods matching every label (the engine pods of one LLMServing)."""
+        ...
+
     def apply(self, obj: dict[str, Any]) -> None:
-        """Server-side apply `obj` (field manager "batchknee", forced). Raises ApplyError."""
+        """Server-side apply `obj` (field manager "batchknee"). With `metadata.resourceVersion` set
+        (an object the caller read and found to be its own) the apply is forced and conditional on
+        that version; without it (a create) it is never forced, so it cannot take over an object
+        that appeared meanwhile. Raises ApplyConflict when a precondition fails, else ApplyError."""
         ...
 
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:

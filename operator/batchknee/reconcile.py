@@ -49,8 +49,17 @@ from batchknee.core.policy import (
     decide,
     record,
 )
-from batchknee.ports import ApplyError, EventType, KubernetesPort, Observer
-from batchknee.render import DeploymentState, Desired, RenderDefaults, deployment_state, render
+from batchknee.ports import ApplyConflict, ApplyError, EventType, KubernetesPort, Observer
+from batchknee.render import (
+    DeploymentState,
+    Desired,
+    RenderDefaults,
+    controlled_by,
+    crash_looping,
+    deployment_state,
+    render,
+    selector_labels,
+)
 
 log = logging.getLogger(__name__)
 
@@ -75,13 +84,22 @@ class Outcome:
     error: str | None = None
     events: tuple[str, ...] = ()
     tpot_target_ms: int | None = None  # spec.tuning.tpotP99TargetMilliseconds (for the dashboard)
+    conflict: bool = False  # a write met a changed object: nothing applied, decide again
 
 
 def reconcile(namespace: str, name: str, ports: Ports, now: datetime) -> Outcome:
-    raw = ports.kube.get_llmserving(namespace, name)
-    if raw is None:
-        return Outcome(namespace, name, found=False)
-    return _Reconcile(raw, ports, now).run()
+    """Converge one LLMServing. When its Deployment changed between the read and the write (another
+    operator, a restart that read an older state, a user's edit), the write is refused by its
+    resourceVersion precondition and the whole decision is made again once from a fresh read."""
+    outcome = Outcome(namespace, name, found=False)
+    for _attempt in range(2):
+        raw = ports.kube.get_llmserving(namespace, name)
+        if raw is None:
+            return Outcome(namespace, name, found=False)
+        outcome = _Reconcile(raw, ports, now).run()
+        if not outcome.conflict:
+            break
+    return outcome
 
 
 # --- status pieces ---------------------------------------------------------------------------------
@@ -223,7 +241,8 @@ class _Reconcile:
             log.warning("%s/%s: could not record event %s: %s", self.namespace, self.name, reason, error)
 
     def write(self, status: LLMServingStatus) -> bool:
-        new = status.dump()
+        # validated again: model_copy(update=...) skips validation, and every text must be bounded
+        new = LLMServingStatus.model_validate(status.dump()).dump()
         if new == (self.raw.get("status") or {}):
             return False
         self.ports.kube.patch_status(self.namespace, self.name, new)
@@ -261,7 +280,10 @@ class _Reconcile:
         except SpecError as error:
             return self.invalid(error)
 
-        state = deployment_state(self.ports.kube.get_deployment(self.namespace, self.name))
+        uid = self.raw.get("metadata", {}).get("uid")
+        found = self.ports.kube.get_deployment(self.namespace, self.name)
+        # someone else's Deployment of this name is never read as ours (and claim() refuses it)
+        state = deployment_state(found if found is not None and controlled_by(found, uid) else None)
         settled_since = self.settled_since(state)
         observation = self.observe(obj, state)
         fingerprint = calibration_fingerprint(obj.spec)
@@ -288,12 +310,24 @@ class _Reconcile:
 
         rollouts = record(applied, decision, self.now)
         desired = Desired(decision.value, decision.max_tokens, rollouts)
+        objects = render(obj, desired, self.ports.defaults)
+        foreign = self.claim(objects, found, uid)
+        if foreign:
+            return self.name_conflict(foreign)
         apply_error: str | None = None
+        conflict = False
         try:
-            for item in render(obj, desired, self.ports.defaults):
+            for item in objects:
                 self.ports.kube.apply(item)
+        except ApplyConflict as error:
+            conflict, apply_error = True, str(error)
         except ApplyError as error:
             apply_error = str(error)
+        if conflict:
+            # Transient, not Degraded: the Deployment moved after it was read. Nothing more is
+            # written from this (stale) decision; reconcile() decides again from a fresh read.
+            log.info("%s/%s: %s; deciding again", self.namespace, self.name, apply_error)
+            return Outcome(self.namespace, self.name, decision=decision, error=apply_error, conflict=True)
         rolled = decision.rolls and apply_error is None
         if not rolled:
             rollouts = applied.rollouts
@@ -328,7 +362,12 @@ class _Reconcile:
             ):
                 calibration = add_calibration_point(calibration, point)
 
-        self.set_conditions(obj, state, observation, decision, rolled, apply_error)
+        crashing = (
+            crash_looping(self.ports.kube.list_pods(self.namespace, selector_labels(self.name)))
+            if state is not None and state.replicas > 0
+            else []
+        )
+        self.set_conditions(obj, state, observation, decision, rolled, apply_error, crashing)
         status = self.status(
             obj, state, observation, decision, rolled, rollouts, settled_since, calibration, fingerprint
         )
@@ -350,6 +389,49 @@ class _Reconcile:
             events=tuple(self.events),
             tpot_target_ms=obj.spec.tuning.tpot_p99_target_milliseconds,
         )
+
+    def claim(
+        self, objects: Sequence[dict[str, Any]], deployment: dict[str, Any] | None, uid: str | None
+    ) -> list[str]:
+        """Make each rendered object safe to apply: one that exists must be controlled by this
+        LLMServing, and is then applied conditionally on the resourceVersion read here (so a
+        rollout decided on a stale Deployment cannot land). Returns the objects that exist and
+        belong to someone else; if there are any, nothing may be applied."""
+        foreign = []
+        for item in objects:
+            kind, name = item["kind"], item["metadata"]["name"]
+            existing = (
+                deployment if kind == "Deployment" else self.ports.kube.get_object(kind, self.namespace, name)
+            )
+            if existing is None:
+                continue
+            if not controlled_by(existing, uid):
+                foreign.append(f"{kind} {self.namespace}/{name}")
+                continue
+            item["metadata"]["resourceVersion"] = existing.get("metadata", {}).get("resourceVersion")
+        return foreign
+
+    def name_conflict(self, foreign: Sequence[str]) -> Outcome:
+        """Objects of the names this LLMServing needs exist and are not its own: touch nothing."""
+        message = (
+            f"{', '.join(foreign)} already exists and is not controlled by this LLMServing; nothing was "
+            "applied — rename the LLMServing, or delete or rename that object"
+        )
+        self.conditions.set("Degraded", "True", "NameConflict", message)
+        self.conditions.keep_old()
+        status = self.old.model_copy(
+            update={
+                "observed_generation": self.generation,
+                "conditions": self.conditions.result(),
+                "reason": f"name conflict — {message}",
+                "action": "hold",
+                "hold_reason": "name-conflict",
+            }
+        )
+        if self.conditions.turned("Degraded", "True", or_message=True):
+            self.event("Warning", "NameConflict", message)
+        written = self.write(status)
+        return Outcome(self.namespace, self.name, status=status, status_written=written, error=message)
 
     def settled_since(self, state: DeploymentState | None) -> datetime | None:
         """When the current pods were first seen all updated and available: after any rollout (a
@@ -390,6 +472,7 @@ class _Reconcile:
         decision: Decision,
         rolled: bool,
         apply_error: str | None,
+        crashing: Sequence[str] = (),
     ) -> None:
         c = self.conditions
         # Ready: the engines are rolled out and available.
@@ -430,6 +513,15 @@ class _Reconcile:
         # Degraded: something needs a human.
         if apply_error is not None:
             c.set("Degraded", "True", "ApplyFailed", apply_error)
+        elif crashing:
+            c.set(
+                "Degraded",
+                "True",
+                "EngineCrashLooping",
+                f"engine containers restarting: {', '.join(crashing[:5])}"
+                f"{f' and {len(crashing) - 5} more' if len(crashing) > 5 else ''} — "
+                "check the pod logs and the engine args",
+            )
         elif state is not None and state.stalled:
             c.set("Degraded", "True", "RolloutStalled", state.message)
         else:

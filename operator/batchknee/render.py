@@ -98,6 +98,30 @@ def owner_reference(obj: LLMServing) -> dict[str, Any]:
     }
 
 
+def controlled_by(existing: Mapping[str, Any], uid: str | None) -> bool:
+    """Is `existing` (an object as stored) controlled by the LLMServing with this uid? Only such an
+    object may be applied over: anything else of the same name belongs to someone else."""
+    refs = existing.get("metadata", {}).get("ownerReferences") or []
+    return uid is not None and any(r.get("controller") and r.get("uid") == uid for r in refs)
+
+
+def crash_looping(pods: Sequence[Mapping[str, Any]]) -> list[str]:
+    """`pod/container (exit N: message)` for each engine container the kubelet reports waiting in
+    CrashLoopBackOff (or failing to start): the engine cannot run what it was given."""
+    found = []
+    for pod in pods:
+        if pod.get("metadata", {}).get("deletionTimestamp"):
+            continue
+        for status in (pod.get("status") or {}).get("containerStatuses") or []:
+            waiting = (status.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") not in ("CrashLoopBackOff", "RunContainerError"):
+                continue
+            last = (status.get("lastState") or {}).get("terminated") or {}
+            detail = f"exit {last['exitCode']}" if "exitCode" in last else str(waiting["reason"])
+            found.append(f"{pod['metadata']['name']}/{status.get('name')} ({detail})")
+    return found
+
+
 def _metadata(obj: LLMServing, name: str, annotations: Mapping[str, str] | None = None) -> dict[str, Any]:
     meta: dict[str, Any] = {
         "name": name,

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from batchknee.core.observation import Observation, ObservationTarget, Reading
-from batchknee.ports import ApplyError, EventType
+from batchknee.ports import ApplyConflict, ApplyError, EventType
 
 START = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 
@@ -40,6 +40,7 @@ class MemoryKube:
     fail_apply: set[str] = field(default_factory=set)
     fail_status: bool = False
     _uids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    _versions: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     # --- the port ---
     def get_llmserving(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -50,13 +51,34 @@ class MemoryKube:
         found = self.objects.get(("Deployment", namespace, name))
         return copy.deepcopy(found) if found else None
 
+    def get_object(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        found = self.objects.get((kind, namespace, name))
+        return copy.deepcopy(found) if found else None
+
+    def list_pods(self, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
+        return [
+            copy.deepcopy(obj)
+            for (kind, ns, _), obj in self.objects.items()
+            if kind == "Pod"
+            and ns == namespace
+            and labels.items() <= (obj["metadata"].get("labels") or {}).items()
+        ]
+
     def apply(self, obj: dict[str, Any]) -> None:
+        """As the apiserver's server-side apply: conditional on metadata.resourceVersion when given
+        (409 when the object moved on), and an unforced create of an object that exists meanwhile
+        is a conflict too."""
         kind, meta = obj["kind"], obj["metadata"]
         if kind in self.fail_apply:
             raise ApplyError(f"{kind} {meta['name']}: admission webhook denied the request")
         key = (kind, meta["namespace"], meta["name"])
         new = copy.deepcopy(obj)
         old = self.objects.get(key)
+        expected = meta.get("resourceVersion")
+        if old is not None and expected != old["metadata"].get("resourceVersion"):
+            raise ApplyConflict(f"{kind} {meta['name']}: the object has been modified")
+        if old is None and expected:
+            raise ApplyError(f"{kind} {meta['name']}: not found")
         body = {k: v for k, v in new.items() if k not in ("metadata", "status")}
         if old is None:
             new["metadata"]["generation"] = 1
@@ -68,6 +90,9 @@ class MemoryKube:
             new["metadata"]["uid"] = old["metadata"]["uid"]
             if "status" in old:
                 new["status"] = old["status"]
+        new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"] if old else None
+        if new != old:  # a no-op apply leaves the resourceVersion alone, as the apiserver does
+            new["metadata"]["resourceVersion"] = str(next(self._versions))
         self.objects[key] = new
         self.applies += 1
 
@@ -123,6 +148,7 @@ class MemoryKube:
             "readyReplicas": replicas,
             "availableReplicas": replicas,
         }
+        dep["metadata"]["resourceVersion"] = str(next(self._versions))
 
     def status(self, namespace: str, name: str) -> dict[str, Any]:
         return self.objects[("LLMServing", namespace, name)].get("status", {})

@@ -7,7 +7,8 @@ the operator with that ServiceAccount's token and compares the apiserver's audit
 
 Where each call comes from:
 - batchknee.adapters.kubernetes.KubernetesAdapter: get LLMServing; patch llmservings/status
-  (server-side apply); get Deployment; patch Deployment/Service/ConfigMap (server-side apply: a PATCH
+  (server-side apply); get Deployment/Service/ConfigMap (never apply over an object another owner
+  controls); list the engine pods (crash loops); patch Deployment/Service/ConfigMap (server-side apply: a PATCH
   request, but when the object does not exist yet the apiserver creates it and checks `create` too —
   seen as a 403 "cannot create resource" with `patch` alone); create Event; create the peering object.
 - kopf (handlers.py registers: on.create/update/resume + a daemon on LLMServings, on.event on
@@ -55,6 +56,9 @@ def _calls(cluster_wide: bool, peering: bool, peering_name: str) -> list[Call]:
         Call(p("apps", "deployments", "watch"), "kopf: on.event of engine Deployments"),
         Call(p("apps", "deployments", "patch"), "KubernetesAdapter.apply (server-side apply)"),
         Call(p("apps", "deployments", "create"), "KubernetesAdapter.apply (server-side apply creating it)"),
+        Call(p("", "services", "get"), "KubernetesAdapter.get_object (is it this LLMServing's?)"),
+        Call(p("", "configmaps", "get"), "KubernetesAdapter.get_object (is it this LLMServing's?)"),
+        Call(p("", "pods", "list"), "KubernetesAdapter.list_pods (engine crash loops)"),
         Call(p("", "services", "patch"), "KubernetesAdapter.apply (server-side apply)"),
         Call(p("", "services", "create"), "KubernetesAdapter.apply (server-side apply creating it)"),
         Call(p("", "configmaps", "patch"), "KubernetesAdapter.apply (TensorRT-LLM options file)"),

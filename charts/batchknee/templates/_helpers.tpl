@@ -107,10 +107,15 @@ Each rule is a call the operator makes; the README lists which code makes it.
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["get", "list", "watch", "create", "patch"]
-# The engine Service and TensorRT-LLM's options ConfigMap: server-side apply only (create, patch).
+# The engine Service and TensorRT-LLM's options ConfigMap: read first (an object of that name that
+# this LLMServing does not control is never applied over), then server-side apply (create, patch).
 - apiGroups: [""]
   resources: ["services", "configmaps"]
-  verbs: ["create", "patch"]
+  verbs: ["get", "create", "patch"]
+# The engine pods: listed to report an engine that crash-loops after a change.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list"]
 # Deployed / Retuned / Recommended / InvalidSpec events.
 - apiGroups: [""]
   resources: ["events"]

@@ -1,8 +1,9 @@
 """The Kubernetes side of reconcile (`batchknee.ports.KubernetesPort`) with the official client.
 
 Reads come back as plain dicts (the apiserver's JSON), so the pure code parses what the cluster
-really stores. Writes are server-side apply with field manager "batchknee" (forced: the operator
-owns what it renders), the status through the status subresource, Events as core/v1 Events.
+really stores. Writes are server-side apply with field manager "batchknee": forced only over an object
+the operator read and found to be its own, conditional on the resourceVersion it read; a create is
+never forced. The status goes through the status subresource, Events as core/v1 Events.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from typing import Any, cast
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from batchknee.api.models import GROUP, PLURAL, VERSION, format_timestamp
-from batchknee.ports import ApplyError, EventType
+from batchknee.api.models import GROUP, PLURAL, VERSION, bounded, format_timestamp
+from batchknee.ports import ApplyConflict, ApplyError, EventType
 from batchknee.render import FIELD_MANAGER
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,29 @@ class KubernetesAdapter:
         found: dict[str, Any] = json.loads(response.data)
         return found
 
+    def get_object(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        read = {
+            "Deployment": self.apps.read_namespaced_deployment,
+            "Service": self.core.read_namespaced_service,
+            "ConfigMap": self.core.read_namespaced_config_map,
+        }[kind]
+        try:
+            response: Any = read(name, namespace, _preload_content=False, _request_timeout=self.timeout_s)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        found: dict[str, Any] = json.loads(response.data)
+        return found
+
+    def list_pods(self, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
+        selector = ",".join(f"{key}={value}" for key, value in sorted(labels.items()))
+        response: Any = self.core.list_namespaced_pod(
+            namespace, label_selector=selector, _preload_content=False, _request_timeout=self.timeout_s
+        )
+        items: list[dict[str, Any]] = json.loads(response.data).get("items") or []
+        return items
+
     # --- writes ---
     def apply(self, obj: dict[str, Any]) -> None:
         kind, meta = obj["kind"], obj["metadata"]
@@ -83,19 +107,23 @@ class KubernetesAdapter:
             "Service": self.core.patch_namespaced_service,
             "ConfigMap": self.core.patch_namespaced_config_map,
         }[kind]
+        ours = bool(meta.get("resourceVersion"))
         try:
             method(
                 name,
                 namespace,
                 cast(Any, obj),
                 field_manager=FIELD_MANAGER,
-                force=True,
+                force=ours,
                 _content_type=APPLY,
                 _preload_content=False,
                 _request_timeout=self.timeout_s,
             )
         except ApiException as error:
-            raise ApplyError(f"{kind} {namespace}/{name}: {_explain(error)}") from None
+            # 409: the resourceVersion precondition failed, or (unforced) another manager owns a field
+            # of an object that appeared since it was found missing.
+            failure = ApplyConflict if error.status == 409 else ApplyError
+            raise failure(f"{kind} {namespace}/{name}: {_explain(error)}") from None
 
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         body = {
@@ -135,7 +163,7 @@ class KubernetesAdapter:
             },
             "type": event_type,
             "reason": reason,
-            "message": message[:1024],
+            "message": bounded(1024)(message),
             "firstTimestamp": stamp,
             "lastTimestamp": stamp,
             "count": 1,

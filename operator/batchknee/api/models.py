@@ -10,6 +10,7 @@ clear message naming the field.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
@@ -473,6 +474,25 @@ class LLMServingSpec(_Model):
     )
 
 
+def bounded(limit: int) -> Callable[[Any], Any]:
+    """A status text that always fits its schema limit: control characters become spaces and an
+    over-long text is cut with an ellipsis, so a status write can never fail on what an upstream
+    (an apiserver message, a Prometheus error) put into it."""
+
+    def bound(value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        text = "".join(ch if ch.isprintable() else " " for ch in value)
+        return text if len(text) <= limit else text[: limit - 1] + "…"
+
+    return bound
+
+
+MessageText = Annotated[str, BeforeValidator(bounded(32768)), Field(max_length=32768)]
+ReasonText = Annotated[str, BeforeValidator(bounded(2048)), Field(max_length=2048)]
+KeywordText = Annotated[str, BeforeValidator(bounded(64)), Field(max_length=64)]
+
+
 # --- status ----------------------------------------------------------------------------------------
 
 ConditionStatus = Literal["True", "False", "Unknown"]
@@ -494,7 +514,7 @@ class Condition(_Model):
         max_length=1024,
         description="CamelCase reason for the condition's last transition.",
     )
-    message: str = Field("", max_length=32768, description="Human-readable details.")
+    message: MessageText = Field("", description="Human-readable details.")
 
 
 class ObservedMetrics(_Model):
@@ -521,7 +541,7 @@ class HistoryEntry(_Model):
         None, alias="from", description="The previous max-num-seqs (absent at creation)."
     )
     to: int = Field(description="The new max-num-seqs.")
-    reason: str = Field(max_length=2048, description="Why, in one line from the math.")
+    reason: ReasonText = Field(description="Why, in one line from the math.")
 
 
 class CalibrationSample(_Model):
@@ -570,18 +590,13 @@ class LLMServingStatus(_Model):
     max_tokens: int | None = Field(
         None, ge=0, description="TensorRT-LLM: KV token cap (kv_cache_config.max_tokens) that goes with it."
     )
-    limited_by: str | None = Field(
+    limited_by: KeywordText | None = Field(
         None,
-        max_length=64,
         description="What set the recommendation: knee, tpot-target, kv-capacity, minimum, maximum.",
     )
-    action: str | None = Field(None, max_length=64, description="The last decision: roll, hold or recommend.")
-    hold_reason: str | None = Field(
-        None, max_length=64, description="Why the last decision held, as a keyword."
-    )
-    reason: str | None = Field(
-        None, max_length=2048, description="The last decision in one line from the math."
-    )
+    action: KeywordText | None = Field(None, description="The last decision: roll, hold or recommend.")
+    hold_reason: KeywordText | None = Field(None, description="Why the last decision held, as a keyword.")
+    reason: ReasonText | None = Field(None, description="The last decision in one line from the math.")
     last_rollout_time: Timestamp | None = Field(None, description="When the batch limit last changed.")
     rollout_complete_time: Timestamp | None = Field(
         None,

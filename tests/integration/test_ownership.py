@@ -1,0 +1,150 @@
+"""The operator never takes over what is not its own, on the real apiserver: a Service or Deployment
+named like an LLMServing stays untouched (and survives the LLMServing's deletion), a write decided on
+a stale Deployment is refused by its resourceVersion precondition, and an engine that crash-loops
+after a change is reported Degraded."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from test_operator import Harness, crds, wait_for, world
+
+from batchknee.adapters.kubernetes import KubernetesAdapter
+from batchknee.devcluster import DevCluster
+from batchknee.ports import ApplyConflict
+
+__all__ = ["crds", "world"]
+
+
+def foreign_service(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "labels": {"team": "payments"}},
+        "spec": {"selector": {"app": "payments"}, "ports": [{"name": "https", "port": 443}]},
+    }
+
+
+def strip_volatile(obj: dict[str, Any] | None) -> dict[str, Any] | None:
+    if obj is None:
+        return None
+    meta = {k: v for k, v in obj["metadata"].items() if k not in ("managedFields",)}
+    return {**obj, "metadata": meta}
+
+
+def test_a_service_named_like_the_llmserving_is_never_hijacked(world: Harness) -> None:
+    """The reported attack: an LLMServing named like an existing Service force-applied over it,
+    re-pointed its selector at the attacker's pods, and deleting the LLMServing deleted it."""
+    world.kubectl("apply", "-f", "-", input=json.dumps(foreign_service("payments")))
+    before = strip_volatile(world.get("service", "payments"))
+    world.start_operator()
+    assert world.apply("payments", image="attacker.example/evil:latest").returncode == 0
+
+    degraded = wait_for(
+        lambda: (c := world.condition("payments", "Degraded")).get("reason") == "NameConflict" and c,
+        60,
+        "Degraded=NameConflict",
+        world.log,
+    )
+    assert "Service" in degraded["message"] and "payments" in degraded["message"]
+    assert world.events("NameConflict"), "a Warning event names the conflict"
+    assert world.get("deployment", "payments") is None  # nothing applied: no attacker pods either
+    after = world.get("service", "payments")
+    assert strip_volatile(after) == before
+    assert not after["metadata"].get("ownerReferences")  # type: ignore[index]
+    managers = {f["manager"] for f in after["metadata"]["managedFields"]}  # type: ignore[index]
+    assert "batchknee" not in managers
+
+    world.kubectl("delete", "llms", "payments", "--wait=true")
+    assert strip_volatile(world.get("service", "payments")) == before
+
+
+def test_a_foreign_deployment_is_not_rolled(world: Harness) -> None:
+    foreign = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "ledger"},
+        "spec": {
+            "replicas": 0,
+            "selector": {"matchLabels": {"app": "ledger"}},
+            "template": {
+                "metadata": {"labels": {"app": "ledger"}},
+                "spec": {"containers": [{"name": "app", "image": "registry.example/ledger:1"}]},
+            },
+        },
+    }
+    world.kubectl("apply", "-f", "-", input=json.dumps(foreign))
+    before = world.get("deployment", "ledger")
+    world.start_operator()
+    assert world.apply("ledger").returncode == 0
+    wait_for(
+        lambda: world.condition("ledger", "Degraded").get("reason") == "NameConflict",
+        60,
+        "Degraded=NameConflict",
+        world.log,
+    )
+    after = world.get("deployment", "ledger")
+    assert after["metadata"]["generation"] == before["metadata"]["generation"]  # type: ignore[index]
+    assert after["spec"]["template"] == before["spec"]["template"]  # type: ignore[index]
+    assert world.get("service", "ledger") is None
+
+
+def test_a_write_decided_on_a_stale_read_is_refused(world: Harness, cluster: DevCluster) -> None:
+    """What makes two operators (or a restarted one) unable to both roll: the apply carries the
+    resourceVersion the decision was made on, and the apiserver refuses it once the object moved."""
+    world.start_operator()
+    assert world.apply("stale").returncode == 0
+    wait_for(lambda: world.max_num_seqs("stale") == 64, 60, "the Deployment", world.log)
+    world.stop_operator()
+    kube = KubernetesAdapter(cluster.api_client())
+    read = kube.get_deployment(world.ns, "stale")
+    assert read is not None
+    # someone else writes meanwhile (a user's scale, another operator's rollout)
+    world.kubectl("annotate", "deployment", "stale", "example.com/touched=yes")
+
+    mine = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": "stale",
+            "namespace": world.ns,
+            "resourceVersion": read["metadata"]["resourceVersion"],
+        },
+        "spec": {
+            "selector": read["spec"]["selector"],
+            "template": {
+                "metadata": read["spec"]["template"]["metadata"],
+                "spec": {"containers": [{"name": "engine", "args": ["--max-num-seqs", "16"]}]},
+            },
+        },
+    }
+    with pytest.raises(ApplyConflict):
+        kube.apply(mine)
+    assert world.max_num_seqs("stale") == 64
+
+    # and a create is never forced: an object that appeared meanwhile is not taken over
+    world.kubectl("apply", "-f", "-", input=json.dumps(foreign_service("raced")))
+    raced = {**foreign_service("raced"), "metadata": {"name": "raced", "namespace": world.ns}}
+    raced["spec"] = {
+        "selector": {"batchknee.io/llmserving": "raced"},
+        "ports": [{"name": "https", "port": 443}],
+    }
+    with pytest.raises(ApplyConflict):
+        kube.apply(raced)
+    assert world.get("service", "raced")["spec"]["selector"] == {"app": "payments"}  # type: ignore[index]
+
+
+def test_an_engine_that_crash_loops_is_degraded(world: Harness) -> None:
+    world.start_operator()
+    missing = world.tmp / "no-such-state.json"  # the test engine exits 1 without its state file
+    assert world.apply("crashy", args=["--state", str(missing)]).returncode == 0
+    degraded = wait_for(
+        lambda: (c := world.condition("crashy", "Degraded")).get("reason") == "EngineCrashLooping" and c,
+        120,
+        "Degraded=EngineCrashLooping",
+        world.log,
+    )
+    assert "crashy-" in degraded["message"] and "exit 1" in degraded["message"]
+    assert world.events("EngineCrashLooping")
