@@ -29,12 +29,16 @@ class KubernetesPort(Protocol):
         """The LLMServing as stored (metadata, spec, status), or None when it is gone."""
         ...
 
+    def list_llmservings(self, namespace: str) -> list[dict[str, Any]]:
+        """Every LLMServing of the namespace (two must not adopt the same workload)."""
+        ...
+
     def get_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The engine Deployment as stored, or None when it does not exist."""
         ...
 
     def get_object(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
-        """A Deployment, Service or ConfigMap as stored, or None when it does not exist."""
+        """A Deployment, StatefulSet, Service or ConfigMap as stored, or None when it does not exist."""
         ...
 
     def list_pods(self, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:

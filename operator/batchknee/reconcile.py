@@ -8,17 +8,20 @@ moment, converges to the same objects and never rolls twice.
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
 from pydantic import ValidationError
 
+from batchknee.adopt import Target, adopt, env_patch, wiring_argument
 from batchknee.api.models import (
     API_VERSION,
     KIND,
+    TARGET_ENV_VAR,
     CalibrationSample,
     CalibrationStatus,
     Condition,
@@ -28,6 +31,7 @@ from batchknee.api.models import (
     LLMServing,
     LLMServingStatus,
     ObservedMetrics,
+    TargetRef,
 )
 from batchknee.api.resolve import (
     SpecError,
@@ -44,6 +48,7 @@ from batchknee.core.policy import (
     Applied,
     CalibrationPoint,
     Decision,
+    Rollout,
     add_calibration_point,
     calibration_point,
     decide,
@@ -122,7 +127,7 @@ def _key(raw: dict[str, Any]) -> tuple[str, str]:
 class _Conditions:
     """Conditions keyed by type, keeping lastTransitionTime when the status does not change."""
 
-    ORDER = ("Ready", "MetricsAvailable", "Progressing", "Degraded")
+    ORDER = ("Ready", "MetricsAvailable", "Progressing", "Degraded", "Wired")
 
     def __init__(self, old: Sequence[Condition], generation: int | None, now: datetime) -> None:
         self.old: dict[str, Condition] = {c.type: c for c in old}
@@ -281,11 +286,21 @@ class _Reconcile:
             return self.invalid(error)
 
         uid = self.raw.get("metadata", {}).get("uid")
-        found = self.ports.kube.get_deployment(self.namespace, self.name)
-        # someone else's Deployment of this name is never read as ours (and claim() refuses it)
-        state = deployment_state(found if found is not None and controlled_by(found, uid) else None)
-        settled_since = self.settled_since(state)
-        observation = self.observe(obj, state)
+        found: dict[str, Any] | None = None
+        target: Target | None = None
+        if obj.spec.target_ref is None:
+            found = self.ports.kube.get_deployment(self.namespace, self.name)
+            # someone else's Deployment of this name is never read as ours (and claim() refuses it)
+            state = deployment_state(found if found is not None and controlled_by(found, uid) else None)
+            history = state.rollouts if state else ()
+        else:
+            target = self.adopted(obj.spec.target_ref, obj.spec.engine)
+            state = target.state if target.problem is None else None
+            history = self.recorded_rollouts()  # nothing but the one env value is kept on the workload
+            if target.problem is not None or not target.wired:
+                rules = replace(rules, mode="Recommend")  # report only, write nothing
+        settled_since = self.settled_since(state, history)
+        observation = self.observe(obj, state, target)
         fingerprint = calibration_fingerprint(obj.spec)
         calibration = self.calibration_points(fingerprint)
         applied = Applied(
@@ -293,7 +308,7 @@ class _Reconcile:
             max_tokens=state.max_tokens if state else None,
             rolling=state.rolling if state else False,
             settled_since=settled_since,
-            rollouts=state.rollouts if state else (),
+            rollouts=history,
         )
         user_flag = "--max-num-seqs" if obj.spec.engine == Engine.VLLM else "--max_batch_size"
         decision = decide(
@@ -309,11 +324,16 @@ class _Reconcile:
         )
 
         rollouts = record(applied, decision, self.now)
-        desired = Desired(decision.value, decision.max_tokens, rollouts)
-        objects = render(obj, desired, self.ports.defaults)
-        foreign = self.claim(objects, found, uid)
-        if foreign:
-            return self.name_conflict(foreign)
+        if target is None:
+            objects = render(obj, Desired(decision.value, decision.max_tokens, rollouts), self.ports.defaults)
+            foreign = self.claim(objects, found, uid)
+            if foreign:
+                return self.name_conflict(foreign)
+        else:  # an adopted workload: the one env value, only when it changes and the args use it
+            writable = target.problem is None and target.wired
+            objects = (
+                [env_patch(target, self.namespace, decision.value)] if decision.rolls and writable else []
+            )
         apply_error: str | None = None
         conflict = False
         try:
@@ -328,7 +348,7 @@ class _Reconcile:
             # written from this (stale) decision; reconcile() decides again from a fresh read.
             log.info("%s/%s: %s; deciding again", self.namespace, self.name, apply_error)
             return Outcome(self.namespace, self.name, decision=decision, error=apply_error, conflict=True)
-        rolled = decision.rolls and apply_error is None
+        rolled = decision.rolls and apply_error is None and bool(objects)
         if not rolled:
             rollouts = applied.rollouts
 
@@ -362,15 +382,16 @@ class _Reconcile:
             ):
                 calibration = add_calibration_point(calibration, point)
 
-        crashing = (
-            crash_looping(self.ports.kube.list_pods(self.namespace, selector_labels(self.name)))
-            if state is not None and state.replicas > 0
-            else []
-        )
+        crashing = crash_looping(self.pods) if state is not None and state.replicas > 0 else []
         self.set_conditions(obj, state, observation, decision, rolled, apply_error, crashing)
+        if target is not None:
+            self.set_wired(obj.spec.engine, target)
         status = self.status(
             obj, state, observation, decision, rolled, rollouts, settled_since, calibration, fingerprint
         )
+        status = status.model_copy(update=self.scale_status(state, target))
+        if target is not None and rules.mode == "Recommend":
+            status = status.model_copy(update={"action": "recommend"})
         if apply_error is not None:
             status = status.model_copy(
                 update={
@@ -389,6 +410,75 @@ class _Reconcile:
             events=tuple(self.events),
             tpot_target_ms=obj.spec.tuning.tpot_p99_target_milliseconds,
         )
+
+    # -- adopted workloads (spec.targetRef) -----------------------------------------------------------
+
+    def adopted(self, ref: TargetRef, engine: Engine) -> Target:
+        target = adopt(
+            ref, engine, self.ports.kube.get_object(ref.kind, self.namespace, ref.name), self.namespace
+        )
+        self.pod_labels = target.pod_labels
+        if target.problem is None:
+            rival = self.rival(ref)
+            if rival is not None:
+                target = replace(
+                    target,
+                    problem=(
+                        "AlreadyTargeted",
+                        f"{ref.kind} {self.namespace}/{ref.name} is already tuned by LLMServing {rival}; "
+                        "one workload takes one LLMServing — delete one of them",
+                    ),
+                )
+        return target
+
+    def rival(self, ref: TargetRef) -> str | None:
+        """The LLMServing that tunes the same workload and came first (older, then by name)."""
+        me = (self.raw.get("metadata", {}).get("creationTimestamp") or "", self.name)
+        for other in self.ports.kube.list_llmservings(self.namespace):
+            meta, spec = other.get("metadata", {}), other.get("spec") or {}
+            theirs = spec.get("targetRef") or {}
+            if meta.get("name") == self.name or meta.get("deletionTimestamp"):
+                continue
+            same = (theirs.get("kind"), theirs.get("name")) == (ref.kind, ref.name)
+            if same and (meta.get("creationTimestamp") or "", meta.get("name", "")) < me:
+                return str(meta.get("name"))
+        return None
+
+    def recorded_rollouts(self) -> tuple[Rollout, ...]:
+        return tuple(Rollout(h.time, h.from_, h.to, h.reason) for h in self.old.history)
+
+    def set_wired(self, engine: Engine, target: Target) -> None:
+        c = self.conditions
+        if target.problem is not None:
+            reason, message = target.problem
+            c.set("Wired", "False", reason, f"{message}; nothing is written, recommendations only")
+        elif not target.wired:
+            c.set(
+                "Wired",
+                "False",
+                "ArgsDoNotReferenceVariable",
+                f"container {target.container} of {target.kind} {target.name} does not reference "
+                f"$({TARGET_ENV_VAR}): add the argument {wiring_argument(engine)} to it; until then the "
+                "operator writes nothing and reports recommendations only",
+            )
+        else:
+            c.set(
+                "Wired",
+                "True",
+                "ArgsReferenceVariable",
+                f"container {target.container} of {target.kind} {target.name} takes its batch limit from "
+                f"$({TARGET_ENV_VAR})",
+            )
+        if c.turned("Wired", "False", or_message=True):
+            self.event("Warning", c.new["Wired"].reason, c.new["Wired"].message)
+
+    def scale_status(self, state: DeploymentState | None, target: Target | None) -> dict[str, Any]:
+        """The scale subresource's status: the engine pods and their selector."""
+        labels = (target.pod_labels if target is not None else selector_labels(self.name)) or {}
+        return {
+            "replicas": state.replicas if state is not None else 0,
+            "selector": ",".join(f"{k}={v}" for k, v in sorted(labels.items())) or None,
+        }
 
     def claim(
         self, objects: Sequence[dict[str, Any]], deployment: dict[str, Any] | None, uid: str | None
@@ -433,24 +523,41 @@ class _Reconcile:
         written = self.write(status)
         return Outcome(self.namespace, self.name, status=status, status_written=written, error=message)
 
-    def settled_since(self, state: DeploymentState | None) -> datetime | None:
+    def settled_since(self, state: DeploymentState | None, rollouts: Sequence[Rollout]) -> datetime | None:
         """When the current pods were first seen all updated and available: after any rollout (a
         retune's or a spec change's), and conservatively now when nothing recorded it."""
         if state is None or state.rolling:
             return None
-        last = state.rollouts[-1].time if state.rollouts else None
+        last = rollouts[-1].time if rollouts else None
         previous = self.old.rollout_complete_time
         if previous is not None and (last is None or previous >= last):
             return previous
         return self.now
 
-    def observe(self, obj: LLMServing, state: DeploymentState | None) -> Observation | None:
+    @functools.cached_property
+    def pods(self) -> list[dict[str, Any]]:
+        """The engine pods: the adopted workload's own selector, else the managed Deployment's."""
+        return self.ports.kube.list_pods(self.namespace, dict(self.pod_labels or selector_labels(self.name)))
+
+    pod_labels: Mapping[str, str] | None = None
+
+    def observe(
+        self, obj: LLMServing, state: DeploymentState | None, target: Target | None
+    ) -> Observation | None:
         if state is None:
             return None
         if state.replicas == 0:
             return Observation.unavailable(self.now, "scaled to zero replicas")
+        where = observation_target(obj)
+        if target is not None:
+            names = tuple(
+                p["metadata"]["name"] for p in self.pods if not p["metadata"].get("deletionTimestamp")
+            )
+            if not names:
+                return Observation.unavailable(self.now, f"{target.kind} {target.name} has no pods")
+            where = replace(where, pods=names)
         try:
-            return self.ports.observer.observation(observation_target(obj), self.now)
+            return self.ports.observer.observation(where, self.now)
         except Exception as error:  # the observer must not break reconcile: this is "unavailable"
             log.warning("%s/%s: observation failed: %s", self.namespace, self.name, error)
             return Observation.unavailable(self.now, f"observation failed: {error}")

@@ -213,7 +213,7 @@ def service(obj: LLMServing) -> dict[str, Any]:
 
 
 def _resources(obj: LLMServing) -> dict[str, Any]:
-    resources: dict[str, Any] = copy.deepcopy(obj.spec.template.resources or {})
+    resources: dict[str, Any] = copy.deepcopy(obj.spec.pod_template.resources or {})
     count = str(obj.spec.gpu.count)
     limits = dict(resources.get("limits") or {})
     limits[GPU_RESOURCE] = count
@@ -225,7 +225,7 @@ def _resources(obj: LLMServing) -> dict[str, Any]:
 
 def deployment(obj: LLMServing, desired: Desired, defaults: RenderDefaults) -> dict[str, Any]:
     spec, name = obj.spec, obj.metadata.name
-    template = spec.template
+    template = spec.pod_template
     served = spec.model.served_model_name or spec.model.name
 
     pod_annotations: dict[str, str] = {
@@ -303,18 +303,19 @@ def deployment(obj: LLMServing, desired: Desired, defaults: RenderDefaults) -> d
     if desired.rollouts:
         annotations[LAST_ROLLOUT_ANNOTATION] = format_timestamp(desired.rollouts[-1].time)
 
+    replicas = {} if spec.replicas is None else {"replicas": spec.replicas}  # omitted: whoever scales it
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": _metadata(obj, name, annotations),
         "spec": {
-            "replicas": spec.replicas,
+            **replicas,
             "selector": {"matchLabels": selector_labels(name)},
             "strategy": {
                 "type": "RollingUpdate",
                 "rollingUpdate": {
-                    "maxSurge": spec.rollout.max_surge,
-                    "maxUnavailable": spec.rollout.max_unavailable,
+                    "maxSurge": spec.rolling_update.max_surge,
+                    "maxUnavailable": spec.rolling_update.max_unavailable,
                 },
             },
             "template": {
@@ -363,11 +364,19 @@ def _container(deployment: Mapping[str, Any]) -> Mapping[str, Any]:
     return next((c for c in containers if c.get("name") == CONTAINER), containers[0])
 
 
-def _int(value: Any) -> int | None:
+def as_int(value: Any) -> int | None:
     try:
         return int(value) if value is not None else None
     except (TypeError, ValueError):
         return None
+
+
+def stalled(status: Mapping[str, Any]) -> bool:
+    """The Deployment controller gave up waiting for new pods (its progress deadline passed)."""
+    return any(
+        c.get("type") == "Progressing" and c.get("reason") == "ProgressDeadlineExceeded"
+        for c in status.get("conditions") or []
+    )
 
 
 def deployment_state(deployment: Mapping[str, Any] | None) -> DeploymentState | None:
@@ -383,20 +392,20 @@ def deployment_state(deployment: Mapping[str, Any] | None) -> DeploymentState | 
     command = [str(part) for part in (container.get("command") or [])]
     args = [str(part) for part in (container.get("args") or [])]
     if command[:1] == ["trtllm-serve"]:
-        max_num_seqs = _int(template_annotations.get(MAX_NUM_SEQS_ANNOTATION))
-        max_tokens = _int(template_annotations.get(MAX_TOKENS_ANNOTATION))
+        max_num_seqs = as_int(template_annotations.get(MAX_NUM_SEQS_ANNOTATION))
+        max_tokens = as_int(template_annotations.get(MAX_TOKENS_ANNOTATION))
     else:
         max_num_seqs = int_flag([*command, *args], "--max-num-seqs")
         max_tokens = None
 
-    replicas = _int(spec.get("replicas"))
+    replicas = as_int(spec.get("replicas"))
     replicas = 1 if replicas is None else replicas
-    generation = _int(meta.get("generation")) or 0
-    observed = _int(status.get("observedGeneration")) or 0
-    updated = _int(status.get("updatedReplicas")) or 0
-    total = _int(status.get("replicas")) or 0
-    ready = _int(status.get("readyReplicas")) or 0
-    available = _int(status.get("availableReplicas")) or 0
+    generation = as_int(meta.get("generation")) or 0
+    observed = as_int(status.get("observedGeneration")) or 0
+    updated = as_int(status.get("updatedReplicas")) or 0
+    total = as_int(status.get("replicas")) or 0
+    ready = as_int(status.get("readyReplicas")) or 0
+    available = as_int(status.get("availableReplicas")) or 0
 
     if observed < generation:
         rolling, message = True, "waiting for the Deployment controller to observe the new spec"
@@ -408,11 +417,8 @@ def deployment_state(deployment: Mapping[str, Any] | None) -> DeploymentState | 
         rolling, message = True, f"{available} of {updated} updated pods available"
     else:
         rolling, message = False, f"{available} of {replicas} pods available"
-    stalled = any(
-        c.get("type") == "Progressing" and c.get("reason") == "ProgressDeadlineExceeded"
-        for c in status.get("conditions") or []
-    )
-    if stalled:
+    is_stalled = stalled(status)
+    if is_stalled:
         message = "rollout stalled: progress deadline exceeded"
     return DeploymentState(
         max_num_seqs=max_num_seqs,
@@ -423,6 +429,6 @@ def deployment_state(deployment: Mapping[str, Any] | None) -> DeploymentState | 
         ready_replicas=ready,
         available_replicas=available,
         rolling=rolling,
-        stalled=stalled,
+        stalled=is_stalled,
         message=message,
     )

@@ -47,6 +47,13 @@ class MemoryKube:
         found = self.objects.get(("LLMServing", namespace, name))
         return copy.deepcopy(found) if found else None
 
+    def list_llmservings(self, namespace: str) -> list[dict[str, Any]]:
+        return [
+            copy.deepcopy(obj)
+            for (kind, ns, _), obj in self.objects.items()
+            if kind == "LLMServing" and ns == namespace
+        ]
+
     def get_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
         found = self.objects.get(("Deployment", namespace, name))
         return copy.deepcopy(found) if found else None
@@ -79,6 +86,10 @@ class MemoryKube:
             raise ApplyConflict(f"{kind} {meta['name']}: the object has been modified")
         if old is None and expected:
             raise ApplyError(f"{kind} {meta['name']}: not found")
+        if old is not None and not meta.get("ownerReferences"):
+            # a partial apply (the adopted workload's one env entry): merged into the object the way
+            # server-side apply merges keyed lists, everything else kept
+            new = _apply_merge(copy.deepcopy(old), new)
         body = {k: v for k, v in new.items() if k not in ("metadata", "status")}
         if old is None:
             new["metadata"]["generation"] = 1
@@ -155,6 +166,23 @@ class MemoryKube:
 
     def condition(self, namespace: str, name: str, kind: str) -> dict[str, Any]:
         return next(c for c in self.status(namespace, name)["conditions"] if c["type"] == kind)
+
+
+def _apply_merge(into: dict[str, Any], applied: dict[str, Any]) -> dict[str, Any]:
+    """Server-side apply's merge for what the tests apply: maps merge, lists of objects with a
+    `name` merge by name (containers, env), anything else is replaced."""
+    for key, value in applied.items():
+        current = into.get(key)
+        if isinstance(value, dict) and isinstance(current, dict):
+            into[key] = _apply_merge(current, value)
+        elif isinstance(value, list) and isinstance(current, list) and all("name" in v for v in value):
+            merged = {item["name"]: item for item in current}
+            for item in value:
+                merged[item["name"]] = _apply_merge(dict(merged.get(item["name"], {})), item)
+            into[key] = list(merged.values())
+        else:
+            into[key] = value
+    return into
 
 
 def _merge(into: dict[str, Any], change: dict[str, Any]) -> None:

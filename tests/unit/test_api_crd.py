@@ -102,7 +102,14 @@ def test_names_the_issue_fixes() -> None:
         assert name in status
     assert {"avgContextLength", "tpotP99Milliseconds", "sampledAt"} <= status["observed"]["properties"].keys()
     version = crd_manifest()["spec"]["versions"][0]
-    assert version["subresources"] == {"status": {}}
+    assert version["subresources"] == {
+        "status": {},
+        "scale": {
+            "specReplicasPath": ".spec.replicas",
+            "statusReplicasPath": ".status.replicas",
+            "labelSelectorPath": ".status.selector",
+        },
+    }
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
     assert columns[:9] == [
         "Engine",
@@ -141,7 +148,8 @@ def test_dtype_enums_follow_the_core() -> None:
 def test_defaults_fill_in() -> None:
     obj = parse_llmserving(manifest())
     assert obj.spec.tuning.knee_factor_percent == 100
-    assert obj.spec.rollout.max_surge == 0 and obj.spec.rollout.max_unavailable == 1
+    assert obj.spec.rolling_update.max_surge == 0 and obj.spec.rolling_update.max_unavailable == 1
+    assert obj.spec.replicas is None  # the Deployment's replicas are left to whoever scales it
     assert tuning_rules(obj.spec).mode == "Auto"
     assert resolve_roofline(obj.spec).b_knee(2048) == pytest.approx(59.8, abs=0.05)
 

@@ -63,6 +63,12 @@ class KubernetesAdapter:
                 return None
             raise
 
+    def list_llmservings(self, namespace: str) -> list[dict[str, Any]]:
+        found = self.custom.list_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, _request_timeout=self.timeout_s
+        )
+        return list(cast(dict[str, Any], found).get("items") or [])
+
     def get_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
             response: Any = self.apps.read_namespaced_deployment(
@@ -78,6 +84,7 @@ class KubernetesAdapter:
     def get_object(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         read = {
             "Deployment": self.apps.read_namespaced_deployment,
+            "StatefulSet": self.apps.read_namespaced_stateful_set,
             "Service": self.core.read_namespaced_service,
             "ConfigMap": self.core.read_namespaced_config_map,
         }[kind]
@@ -104,6 +111,7 @@ class KubernetesAdapter:
         name, namespace = meta["name"], meta["namespace"]
         method = {
             "Deployment": self.apps.patch_namespaced_deployment,
+            "StatefulSet": self.apps.patch_namespaced_stateful_set,
             "Service": self.core.patch_namespaced_service,
             "ConfigMap": self.core.patch_namespaced_config_map,
         }[kind]

@@ -139,10 +139,14 @@ def _scopes(targets: Iterable[ObservationTarget]) -> list[_Scope]:
     grouped: dict[tuple[Engine, int], dict[Key, ObservationTarget]] = defaultdict(dict)
     scopes: list[_Scope] = []
     for target in targets:
-        if target.selector:
+        if target.selector or target.pods is not None:
             matchers = [f'namespace="{_promql_string(target.namespace)}"'] + [
-                f'{label}="{_promql_string(value)}"' for label, value in sorted(target.selector.items())
+                f'{label}="{_promql_string(value)}"'
+                for label, value in sorted((target.selector or {}).items())
             ]
+            if target.pods is not None:
+                pods = "|".join(re.escape(pod) for pod in sorted(target.pods)) or "$^"
+                matchers.append(f'pod=~"{_promql_string(pods)}"')
             scopes.append(
                 _Scope(target.engine, target.window_s, ",".join(matchers), {target.key: target}, None)
             )

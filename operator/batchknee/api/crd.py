@@ -22,8 +22,6 @@ from batchknee.api.models import (
     LLMServingSpec,
     LLMServingStatus,
     PrometheusSpec,
-    RolloutSpec,
-    TemplateSpec,
     TuningSpec,
 )
 
@@ -198,11 +196,10 @@ def _check_structural(node: dict[str, Any], path: str) -> None:
 def crd_manifest() -> dict[str, Any]:
     spec = structural_schema(LLMServingSpec)
     status = structural_schema(LLMServingStatus)
+    # (template and rollout stay unset when not given: with targetRef their presence is refused)
     for name, model in (
-        ("template", TemplateSpec),
         ("tuning", TuningSpec),
         ("prometheus", PrometheusSpec),
-        ("rollout", RolloutSpec),
     ):
         # the whole defaulted object: the apiserver validates a default (CEL rules included) as given
         spec["properties"][name]["default"] = model().dump()
@@ -244,7 +241,15 @@ def crd_manifest() -> dict[str, Any]:
                     "name": VERSION,
                     "served": True,
                     "storage": True,
-                    "subresources": {"status": {}},
+                    "subresources": {
+                        "status": {},
+                        # kubectl scale, HPA and KEDA scale the engine through the LLMServing
+                        "scale": {
+                            "specReplicasPath": ".spec.replicas",
+                            "statusReplicasPath": ".status.replicas",
+                            "labelSelectorPath": ".status.selector",
+                        },
+                    },
                     "additionalPrinterColumns": PRINTER_COLUMNS,
                     "schema": {"openAPIV3Schema": schema},
                 }

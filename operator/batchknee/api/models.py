@@ -36,7 +36,9 @@ KIND = "LLMServing"
 PLURAL = "llmservings"
 SINGULAR = "llmserving"
 SHORT_NAMES = ("llms",)
-CONDITION_TYPES = ("Ready", "MetricsAvailable", "Progressing", "Degraded")
+CONDITION_TYPES = ("Ready", "MetricsAvailable", "Progressing", "Degraded", "Wired")
+# The env var an adopted workload's args reference: `--max-num-seqs=$(BATCHKNEE_MAX_NUM_SEQS)`.
+TARGET_ENV_VAR = "BATCHKNEE_MAX_NUM_SEQS"
 
 
 def normalise_catalog_name(name: str) -> str:
@@ -442,13 +444,75 @@ class TemplateSpec(_Model):
     )
 
 
+class TargetRef(_Model):
+    """An engine workload the user already runs (their Helm chart, GitOps): the operator writes one
+    env var into it and nothing else."""
+
+    api_version: Literal["apps/v1"] = Field("apps/v1", description="apps/v1.")
+    kind: Literal["Deployment", "StatefulSet"] = Field(description="Deployment or StatefulSet.")
+    name: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description="The workload's name, in the LLMServing's namespace.",
+    )
+    container: str | None = Field(
+        None,
+        min_length=1,
+        max_length=63,
+        description="The engine container; default: the container whose command or args start the engine, "
+        "else the only container.",
+    )
+
+
+_MANAGED_ONLY = ("image", "replicas", "template", "extraLlmApiOptions", "rollout")
+
+
+def _adopted_rules() -> list[dict[str, str]]:
+    """With targetRef the workload is the user's: the fields that shape a managed one are refused."""
+    rules = [
+        {
+            "rule": f"!has(self.targetRef) || !has(self.{field})",
+            "message": f"spec.{field} shapes a Deployment the operator runs itself; with spec.targetRef the "
+            f"workload is yours: remove spec.{field} and set it in your workload",
+            "fieldPath": f".{field}",
+            "reason": "FieldValueForbidden",
+        }
+        for field in _MANAGED_ONLY
+    ]
+    rules.append(
+        {
+            "rule": "!has(self.targetRef) || self.args.size() == 0",
+            "message": f"spec.args are rendered into a managed Deployment; with spec.targetRef put them in your "
+            f"workload and reference the batch limit there as --max-num-seqs=$({TARGET_ENV_VAR})",
+            "fieldPath": ".args",
+            "reason": "FieldValueForbidden",
+        }
+    )
+    return rules
+
+
 class LLMServingSpec(_Model):
     """An LLM engine the operator runs as a Deployment and keeps at the memory-bandwidth knee."""
+
+    model_config = ConfigDict(json_schema_extra=_validations(*_adopted_rules()))
 
     engine: Engine = Field(description="The engine: VLLM or TensorRTLLM.")
     model: ModelSpec = Field(description="The model the engine serves.")
     gpu: GpuSpec = Field(description="The GPUs of one replica.")
-    replicas: int = Field(1, ge=0, le=1000, description="Engine replicas (pods).")
+    replicas: int | None = Field(
+        None,
+        ge=0,
+        le=1000,
+        description="Engine replicas (pods); also the LLMServing's scale subresource (kubectl scale, HPA, "
+        "KEDA). Omitted: the operator leaves the Deployment's replicas to whoever scales it.",
+    )
+    target_ref: TargetRef | None = Field(
+        None,
+        description="Adopt a workload you already run instead of creating one: the operator only sets the "
+        f"env var {TARGET_ENV_VAR} in its engine container, which your args reference, e.g. "
+        f"--max-num-seqs=$({TARGET_ENV_VAR}).",
+    )
     image: str | None = Field(
         None,
         min_length=1,
@@ -466,12 +530,36 @@ class LLMServingSpec(_Model):
         description="TensorRT-LLM only: extra keys of the LLM API options file; the operator owns "
         "max_batch_size and kv_cache_config.max_tokens.",
     )
-    template: TemplateSpec = Field(default_factory=TemplateSpec, description="Pod template overrides.")
+    template: TemplateSpec | None = Field(None, description="Pod template overrides.")
     tuning: TuningSpec = Field(default_factory=TuningSpec, description="How the batch limit is tuned.")
     prometheus: PrometheusSpec = Field(default_factory=PrometheusSpec, description="Where metrics are read.")
-    rollout: RolloutSpec = Field(
-        default_factory=RolloutSpec, description="Rolling update of the engine pods."
-    )
+    rollout: RolloutSpec | None = Field(None, description="Rolling update of the engine pods.")
+
+    @model_validator(mode="after")
+    def _adopted(self) -> LLMServingSpec:
+        if self.target_ref is not None:
+            given = {
+                "image": self.image,
+                "replicas": self.replicas,
+                "template": self.template,
+                "extraLlmApiOptions": self.extra_llm_api_options,
+                "rollout": self.rollout,
+                "args": self.args or None,
+            }
+            for field, value in given.items():
+                if value is not None:
+                    raise ValueError(
+                        f"spec.{field} is not allowed with spec.targetRef (the workload is yours)"
+                    )
+        return self
+
+    @property
+    def pod_template(self) -> TemplateSpec:
+        return self.template or TemplateSpec()
+
+    @property
+    def rolling_update(self) -> RolloutSpec:
+        return self.rollout or RolloutSpec()
 
 
 def bounded(limit: int) -> Callable[[Any], Any]:
@@ -501,8 +589,9 @@ ConditionStatus = Literal["True", "False", "Unknown"]
 class Condition(_Model):
     """One aspect of the object's state, Kubernetes style."""
 
-    type: Literal["Ready", "MetricsAvailable", "Progressing", "Degraded"] = Field(
-        description="Ready, MetricsAvailable, Progressing or Degraded."
+    type: Literal["Ready", "MetricsAvailable", "Progressing", "Degraded", "Wired"] = Field(
+        description="Ready, MetricsAvailable, Progressing, Degraded, or Wired (targetRef: the workload's args "
+        "reference the batch limit)."
     )
     status: ConditionStatus = Field(description="True, False or Unknown.")
     observed_generation: int | None = Field(
@@ -608,6 +697,10 @@ class LLMServingStatus(_Model):
         description=f"The last {HISTORY_KEPT} batch-limit changes.",
     )
     calibration: CalibrationStatus | None = Field(None, description="TPOT guard calibration.")
+    replicas: int | None = Field(None, ge=0, description="Engine pods (the scale subresource's status).")
+    selector: str | None = Field(
+        None, max_length=4096, description="Label selector of the engine pods (the scale subresource's)."
+    )
 
     def condition(self, kind: str) -> Condition | None:
         return next((c for c in self.conditions if c.type == kind), None)

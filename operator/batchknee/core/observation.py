@@ -77,7 +77,8 @@ class ObservationTarget:
 
     By default the pods are found by name: the engine Deployment is named after the LLMServing, so
     its pods are `<name>-<replicaset hash>-<pod hash>` in `namespace` — labels every PodMonitor and
-    scrape config attach. `selector` (exact label matches) overrides that for unusual labelling.
+    scrape config attach. `selector` (exact label matches) overrides that for unusual labelling, and
+    `pods` (exact pod names) for an adopted workload.
     """
 
     namespace: str
@@ -85,6 +86,9 @@ class ObservationTarget:
     engine: Engine
     window_s: int
     selector: Mapping[str, str] | None = field(default=None, hash=False)
+    # An adopted workload's pods, found by the workload's own label selector (StatefulSet pods are
+    # `<name>-0`, and long names are truncated, so name patterns cannot find them).
+    pods: tuple[str, ...] | None = None
 
     @property
     def key(self) -> tuple[str, str]:

@@ -1,0 +1,193 @@
+"""Adopted workloads (`spec.targetRef`): a Deployment or StatefulSet the user already runs (pure).
+
+The operator writes exactly one value into it — the env var `BATCHKNEE_MAX_NUM_SEQS` of the engine
+container, by server-side apply owning only that list entry (`env` is a list keyed by `name`, so
+Helm, Argo CD or `kubectl apply` keep every other field). The user's args reference it as
+`--max-num-seqs=$(BATCHKNEE_MAX_NUM_SEQS)`; Kubernetes expands `$(VAR)` in args, and the env change
+rolls the pods the way the workload's own strategy says. Nothing else is read from or written to the
+workload: the rollout record lives in the LLMServing's status.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from batchknee.api.models import TARGET_ENV_VAR, Engine, TargetRef
+from batchknee.render import DeploymentState, as_int, stalled
+
+# The flag each engine's batch limit is set with, as the user wires it in their args.
+KNOB_FLAG = {Engine.VLLM: "--max-num-seqs", Engine.TensorRTLLM: "--max_batch_size"}
+# What in a container's command or args says it starts the engine.
+ENGINE_MARKERS = {
+    Engine.VLLM: ("vllm", "vllm.entrypoints.openai.api_server"),
+    Engine.TensorRTLLM: ("trtllm-serve",),
+}
+REFERENCE = f"$({TARGET_ENV_VAR})"
+
+
+def wiring_argument(engine: Engine) -> str:
+    """The exact argument a user adds to their engine container."""
+    return f"{KNOB_FLAG[engine]}={REFERENCE}"
+
+
+@dataclass(frozen=True)
+class Target:
+    """The adopted workload as the operator sees it; `problem` (a CamelCase reason and a message)
+    when it cannot be tuned, and then nothing is written."""
+
+    kind: str
+    name: str
+    container: str | None
+    wired: bool
+    state: DeploymentState | None
+    pod_labels: Mapping[str, str] | None  # the workload's own selector (matchLabels)
+    resource_version: str | None
+    problem: tuple[str, str] | None = None
+
+
+def _words(container: Mapping[str, Any]) -> list[str]:
+    return [str(w) for w in (*(container.get("command") or []), *(container.get("args") or []))]
+
+
+def _starts_engine(container: Mapping[str, Any], engine: Engine) -> bool:
+    words = _words(container)
+    for word in words[:4]:  # `vllm serve M`, `python3 -m vllm.entrypoints...`, `trtllm-serve M`
+        base = word.rsplit("/", 1)[-1]
+        if base in ENGINE_MARKERS[engine]:
+            return True
+    return False
+
+
+def engine_container(
+    containers: Sequence[Mapping[str, Any]], engine: Engine, wanted: str | None
+) -> tuple[Mapping[str, Any] | None, tuple[str, str] | None]:
+    names = [str(c.get("name")) for c in containers]
+    if wanted is not None:
+        found = next((c for c in containers if c.get("name") == wanted), None)
+        if found is None:
+            return None, (
+                "ContainerNotFound",
+                f"spec.targetRef.container {wanted!r} is not a container of the workload "
+                f"(it has {', '.join(names) or 'none'})",
+            )
+        return found, None
+    starting = [c for c in containers if _starts_engine(c, engine)]
+    if len(starting) == 1:
+        return starting[0], None
+    if len(containers) == 1:
+        return containers[0], None
+    return None, (
+        "ContainerAmbiguous",
+        f"the workload has containers {', '.join(names)} and "
+        f"{'several' if starting else 'none'} of them start{'s' if not starting else ''} {engine.value}: "
+        "name the engine container in spec.targetRef.container",
+    )
+
+
+def env_value(container: Mapping[str, Any]) -> int | None:
+    for entry in container.get("env") or []:
+        if entry.get("name") == TARGET_ENV_VAR:
+            return as_int(entry.get("value"))
+    return None
+
+
+def workload_state(workload: Mapping[str, Any], container: Mapping[str, Any]) -> DeploymentState:
+    """How far the workload's rollout is (Deployment or StatefulSet) and the value it runs."""
+    meta, spec = workload.get("metadata", {}), workload.get("spec", {})
+    status = workload.get("status") or {}
+    replicas = as_int(spec.get("replicas"))
+    replicas = 1 if replicas is None else replicas
+    generation = as_int(meta.get("generation")) or 0
+    observed = as_int(status.get("observedGeneration")) or 0
+    updated = as_int(status.get("updatedReplicas")) or 0
+    ready = as_int(status.get("readyReplicas")) or 0
+    available = as_int(status.get("availableReplicas"))
+    available = ready if available is None else available
+    total = as_int(status.get("replicas")) or 0
+    revision = status.get("updateRevision")
+    if workload.get("kind") == "StatefulSet" and revision and status.get("currentRevision") == revision:
+        updated = max(updated, total)  # a StatefulSet is updated once its current revision is the update one
+    if observed < generation:
+        rolling, message = True, "waiting for the controller to observe the new spec"
+    elif updated < replicas:
+        rolling, message = True, f"{updated} of {replicas} pods updated"
+    elif total > updated:
+        rolling, message = True, f"{total - updated} old pods terminating"
+    elif available < updated:
+        rolling, message = True, f"{available} of {updated} updated pods available"
+    else:
+        rolling, message = False, f"{available} of {replicas} pods available"
+    is_stalled = stalled(status)
+    return DeploymentState(
+        max_num_seqs=env_value(container),
+        max_tokens=None,
+        rollouts=(),
+        replicas=replicas,
+        updated_replicas=updated,
+        ready_replicas=ready,
+        available_replicas=available,
+        rolling=rolling,
+        stalled=is_stalled,
+        message="rollout stalled: progress deadline exceeded" if is_stalled else message,
+    )
+
+
+def adopt(ref: TargetRef, engine: Engine, workload: Mapping[str, Any] | None, namespace: str) -> Target:
+    """What the operator may do with the workload `ref` names."""
+    if workload is None:
+        return Target(
+            ref.kind,
+            ref.name,
+            None,
+            False,
+            None,
+            None,
+            None,
+            ("TargetNotFound", f"{ref.kind} {namespace}/{ref.name} (spec.targetRef) does not exist"),
+        )
+    spec = workload.get("spec", {})
+    selector = spec.get("selector") or {}
+    labels = selector.get("matchLabels") or None
+    containers = (spec.get("template", {}).get("spec", {}) or {}).get("containers") or []
+    version = workload.get("metadata", {}).get("resourceVersion")
+    container, problem = engine_container(containers, engine, ref.container)
+    if container is None:
+        return Target(ref.kind, ref.name, None, False, None, labels, version, problem)
+    if selector.get("matchExpressions") or not labels:
+        problem = (
+            "SelectorUnsupported",
+            f"{ref.kind} {namespace}/{ref.name} selects its pods with matchExpressions; the operator "
+            "finds the engine pods by matchLabels only",
+        )
+    wired = REFERENCE in " ".join(_words(container))
+    return Target(
+        ref.kind,
+        ref.name,
+        str(container.get("name")),
+        wired,
+        workload_state(workload, container),
+        labels,
+        version,
+        problem,
+    )
+
+
+def env_patch(target: Target, namespace: str, value: int) -> dict[str, Any]:
+    """The server-side apply body that sets the one env entry and nothing else; conditional on the
+    resourceVersion the decision was made on."""
+    return {
+        "apiVersion": "apps/v1",
+        "kind": target.kind,
+        "metadata": {"name": target.name, "namespace": namespace, "resourceVersion": target.resource_version},
+        "spec": {
+            "template": {
+                "spec": {
+                    "containers": [
+                        {"name": target.container, "env": [{"name": TARGET_ENV_VAR, "value": str(value)}]}
+                    ]
+                }
+            }
+        },
+    }

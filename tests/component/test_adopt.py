@@ -1,0 +1,200 @@
+"""spec.targetRef: reconcile tunes a workload the user already runs by writing one env entry, and
+nothing else; problems become a Wired=False condition and no write."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from conftest import World
+from fakes import observation
+
+from batchknee.api.models import TARGET_ENV_VAR
+
+
+def user_workload(
+    name: str = "vllm", kind: str = "Deployment", args: list[str] | None = None, sidecar: bool = False
+) -> dict[str, Any]:
+    containers = [
+        {
+            "name": "vllm",
+            "image": "vllm/vllm-openai:v0.11.0",
+            "command": ["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct"],
+            "args": args
+            if args is not None
+            else ["--max-num-seqs=$(BATCHKNEE_MAX_NUM_SEQS)", "--port", "8000"],
+            "env": [{"name": "HF_HOME", "value": "/models"}],
+        }
+    ]
+    if sidecar:
+        containers.append({"name": "proxy", "image": "envoyproxy/envoy:v1.31"})
+    return {
+        "apiVersion": "apps/v1",
+        "kind": kind,
+        "metadata": {"name": name, "namespace": "default", "labels": {"app": name}},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}}, "spec": {"containers": containers}},
+        },
+    }
+
+
+def adopting(
+    name: str = "tuner", target: str = "vllm", kind: str = "Deployment", **ref: Any
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "batchknee.io/v1alpha1",
+        "kind": "LLMServing",
+        "metadata": {"name": name},
+        "spec": {
+            "engine": "VLLM",
+            "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+            "gpu": {"type": "a100-80gb", "count": 1},
+            "targetRef": {"apiVersion": "apps/v1", "kind": kind, "name": target, **ref},
+            "tuning": {"evaluationIntervalSeconds": 30, "windowSeconds": 120, "cooldownSeconds": 0},
+        },
+    }
+
+
+def pod(name: str, app: str = "vllm") -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "default", "labels": {"app": app}}, "status": {}}
+
+
+def env(world: World, name: str = "vllm", kind: str = "Deployment") -> dict[str, str]:
+    container = world.kube.get(kind, "default", name)["spec"]["template"]["spec"]["containers"][0]  # type: ignore[index]
+    return {e["name"]: e.get("value") for e in container.get("env", [])}
+
+
+def finish(world: World, name: str = "vllm", kind: str = "Deployment") -> None:
+    workload = world.kube.objects[(kind, "default", name)]
+    workload["status"] = {
+        "observedGeneration": workload["metadata"].get("generation", 1),
+        "replicas": 2,
+        "updatedReplicas": 2,
+        "readyReplicas": 2,
+        "availableReplicas": 2,
+    }
+    workload["metadata"]["resourceVersion"] = f"{workload['metadata'].get('resourceVersion')}-done"
+
+
+def without_env(workload: dict[str, Any]) -> dict[str, Any]:
+    copied = copy.deepcopy(workload)
+    for container in copied["spec"]["template"]["spec"]["containers"]:
+        container["env"] = [e for e in container.get("env", []) if e["name"] != TARGET_ENV_VAR]
+    copied["metadata"] = {
+        k: v for k, v in copied["metadata"].items() if k not in ("resourceVersion", "generation")
+    }
+    copied.pop("status", None)
+    return copied
+
+
+def test_a_wired_workload_gets_one_env_value_and_nothing_else(world: World) -> None:
+    world.kube.apply(user_workload())
+    before = world.kube.get("Deployment", "default", "vllm")
+    world.kube.create(adopting())
+    world.reconcile("tuner")
+
+    after = world.kube.get("Deployment", "default", "vllm")
+    assert env(world) == {"HF_HOME": "/models", TARGET_ENV_VAR: "64"}  # llama-3-8b at ctx 2048
+    assert without_env(after) == without_env(before)  # type: ignore[arg-type]
+    assert world.kube.get("Service", "default", "tuner") is None  # nothing created
+    status = world.kube.status("default", "tuner")
+    assert status["maxNumSeqs"] == 64 and [h["to"] for h in status["history"]] == [64]
+    assert status["selector"] == "app=vllm" and status["replicas"] == 2
+    wired = world.kube.condition("default", "tuner", "Wired")
+    assert wired["status"] == "True" and wired["reason"] == "ArgsReferenceVariable"
+
+    # traffic moves to 8k tokens: the env value follows, still nothing else
+    finish(world)
+    world.kube.objects[("Pod", "default", "vllm-0")] = pod("vllm-0")
+    world.reconcile("tuner")
+    world.clock.advance(121)
+    for _ in range(2):
+        world.observer.set("default", "tuner", observation(world.clock.now, ctx=8192))
+        world.reconcile("tuner")
+        world.clock.advance(30)
+    assert env(world)[TARGET_ENV_VAR] == "16"
+    assert [h["to"] for h in world.kube.status("default", "tuner")["history"]] == [64, 16]
+    assert without_env(world.kube.get("Deployment", "default", "vllm")) == without_env(before)  # type: ignore[arg-type]
+
+
+def test_args_without_the_variable_get_the_exact_argument_and_no_write(world: World) -> None:
+    world.kube.apply(user_workload(args=["--max-num-seqs", "256"]))
+    before = world.kube.get("Deployment", "default", "vllm")
+    world.kube.create(adopting())
+    world.reconcile("tuner")
+
+    assert world.kube.get("Deployment", "default", "vllm") == before
+    wired = world.kube.condition("default", "tuner", "Wired")
+    assert wired["status"] == "False" and wired["reason"] == "ArgsDoNotReferenceVariable"
+    assert "--max-num-seqs=$(BATCHKNEE_MAX_NUM_SEQS)" in wired["message"]
+    status = world.kube.status("default", "tuner")
+    assert status["recommendedMaxNumSeqs"] == 64 and status["action"] == "recommend"
+    assert "ArgsDoNotReferenceVariable" in [e["reason"] for e in world.kube.events]
+
+
+@pytest.mark.parametrize(
+    ("workload", "ref", "reason", "words"),
+    [
+        (None, {}, "TargetNotFound", "Deployment default/vllm (spec.targetRef) does not exist"),
+        (user_workload(sidecar=True), {"container": "engine"}, "ContainerNotFound", "vllm, proxy"),
+        (
+            user_workload(sidecar=True, args=["--port", "8000"])
+            | {
+                "spec": {
+                    "replicas": 1,
+                    "selector": {"matchLabels": {"app": "vllm"}},
+                    "template": {"spec": {"containers": [{"name": "a"}, {"name": "b"}]}},
+                }
+            },
+            {},
+            "ContainerAmbiguous",
+            "spec.targetRef.container",
+        ),
+    ],
+)
+def test_a_target_that_cannot_be_tuned_is_named_and_never_written(
+    world: World, workload: dict[str, Any] | None, ref: dict[str, Any], reason: str, words: str
+) -> None:
+    if workload is not None:
+        world.kube.apply(workload)
+    before = copy.deepcopy(world.kube.objects)
+    world.kube.create(adopting(**ref))
+    world.reconcile("tuner")
+    wired = world.kube.condition("default", "tuner", "Wired")
+    assert wired["status"] == "False" and wired["reason"] == reason and words in wired["message"]
+    after = {k: v for k, v in world.kube.objects.items() if k[0] != "LLMServing"}
+    assert after == {k: v for k, v in before.items() if k[0] != "LLMServing"}
+
+
+def test_the_engine_container_is_found_among_sidecars(world: World) -> None:
+    world.kube.apply(user_workload(sidecar=True))
+    world.kube.create(adopting())
+    world.reconcile("tuner")
+    containers = world.kube.get("Deployment", "default", "vllm")["spec"]["template"]["spec"]["containers"]  # type: ignore[index]
+    assert {e["name"] for e in containers[0]["env"]} == {"HF_HOME", TARGET_ENV_VAR}
+    assert "env" not in containers[1]
+
+
+def test_a_second_llmserving_on_the_same_workload_writes_nothing(world: World) -> None:
+    world.kube.apply(user_workload())
+    first = world.kube.create(adopting("first"))
+    first["metadata"]["creationTimestamp"] = "2026-03-01T11:00:00Z"
+    world.kube.create(adopting("second"))
+    world.reconcile("first")
+    value_before = env(world)[TARGET_ENV_VAR]
+    world.reconcile("second")
+    wired = world.kube.condition("default", "second", "Wired")
+    assert wired["reason"] == "AlreadyTargeted" and "LLMServing first" in wired["message"]
+    assert env(world)[TARGET_ENV_VAR] == value_before
+    assert world.kube.condition("default", "first", "Wired")["status"] == "True"
+
+
+def test_a_statefulset_is_adopted_the_same_way(world: World) -> None:
+    world.kube.apply(user_workload("sglang-like", kind="StatefulSet"))
+    world.kube.create(adopting(target="sglang-like", kind="StatefulSet"))
+    world.reconcile("tuner")
+    assert env(world, "sglang-like", "StatefulSet")[TARGET_ENV_VAR] == "64"
+    assert world.kube.status("default", "tuner")["selector"] == "app=sglang-like"
