@@ -43,6 +43,20 @@ class OperatorMetrics:
             labels,
             registry=self.registry,
         )
+        self.capacity = Gauge(
+            "batchknee_capacity_sequences",
+            "Sequences the ready engine pods can run now: ready pods × applied max-num-seqs (a replica "
+            "autoscaler's supply; it falls when the knee lowers each pod's batch limit)",
+            labels,
+            registry=self.registry,
+        )
+        self.demand = Gauge(
+            "batchknee_demand_sequences",
+            "Sequences the engines are asked to run: running + waiting, all pods (a replica autoscaler's "
+            "demand)",
+            labels,
+            registry=self.registry,
+        )
         self.retunes = Counter(
             "batchknee_retunes", "Rollouts of a new batch limit", labels, registry=self.registry
         )
@@ -78,6 +92,10 @@ class OperatorMetrics:
                 self.tpot_p99.labels(*key).set(observed.tpot_p99_milliseconds / 1000)
             if status.hold_reason:
                 self.holds.labels(status.hold_reason).inc()
+            if outcome.ready_replicas is not None and status.max_num_seqs is not None:
+                self.capacity.labels(*key).set(outcome.ready_replicas * status.max_num_seqs)
+            if observed is not None and observed.running is not None and observed.waiting is not None:
+                self.demand.labels(*key).set(observed.running + observed.waiting)
         if outcome.tpot_target_ms is not None:
             self.tpot_target.labels(*key).set(outcome.tpot_target_ms / 1000)
         else:
@@ -94,6 +112,8 @@ class OperatorMetrics:
             self.context,
             self.tpot_p99,
             self.tpot_target,
+            self.capacity,
+            self.demand,
         ):
             with contextlib.suppress(KeyError):
                 gauge.remove(namespace, name)

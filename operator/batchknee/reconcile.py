@@ -90,6 +90,7 @@ class Outcome:
     events: tuple[str, ...] = ()
     tpot_target_ms: int | None = None  # spec.tuning.tpotP99TargetMilliseconds (for the dashboard)
     conflict: bool = False  # a write met a changed object: nothing applied, decide again
+    ready_replicas: int | None = None  # engine pods ready now (capacity for replica autoscalers)
 
 
 def reconcile(namespace: str, name: str, ports: Ports, now: datetime) -> Outcome:
@@ -409,6 +410,7 @@ class _Reconcile:
             error=apply_error,
             events=tuple(self.events),
             tpot_target_ms=obj.spec.tuning.tpot_p99_target_milliseconds,
+            ready_replicas=state.ready_replicas if state is not None else None,
         )
 
     # -- adopted workloads (spec.targetRef) -----------------------------------------------------------

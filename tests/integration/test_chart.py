@@ -349,6 +349,48 @@ def test_the_chart_installs_and_its_service_account_runs_the_operator_through_a_
         harness.set_state(state_for(8192))
         wait_for(lambda: harness.max_num_seqs("chat") == 16, 180, "the retune to 16", harness.log)
         wait_for(lambda: harness.get("configmap", "trt-engine"), 60, "the TensorRT-LLM options", harness.log)
+        # an adopted StatefulSet (spec.targetRef): read, and its one env entry applied
+        adopted = {
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "metadata": {"name": "own"},
+            "spec": {
+                "replicas": 0,
+                "serviceName": "own",
+                "selector": {"matchLabels": {"app": "own"}},
+                "template": {
+                    "metadata": {"labels": {"app": "own"}},
+                    "spec": {
+                        "containers": [
+                            {
+                                "name": "vllm",
+                                "image": "vllm/vllm-openai:v0.11.0",
+                                "args": ["--max-num-seqs=$(BATCHKNEE_MAX_NUM_SEQS)"],
+                            }
+                        ]
+                    },
+                },
+            },
+        }
+        harness.kubectl("apply", "-f", "-", input=json.dumps(adopted))
+        tuner = {
+            "apiVersion": "batchknee.io/v1alpha1",
+            "kind": "LLMServing",
+            "metadata": {"name": "own-tuner"},
+            "spec": {
+                "engine": "VLLM",
+                "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+                "gpu": {"type": "a100-80gb"},
+                "targetRef": {"kind": "StatefulSet", "name": "own"},
+            },
+        }
+        harness.kubectl("apply", "-f", "-", input=json.dumps(tuner))
+        wait_for(
+            lambda: "BATCHKNEE_MAX_NUM_SEQS" in json.dumps(harness.get("statefulset", "own")),
+            60,
+            "the adopted StatefulSet's env",
+            harness.log,
+        )
         assert harness.events("Retuned")
 
         assert get(f"http://127.0.0.1:{health_port}/healthz")[0] == 200

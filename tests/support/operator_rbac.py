@@ -56,6 +56,8 @@ def _calls(cluster_wide: bool, peering: bool, peering_name: str) -> list[Call]:
         Call(p("apps", "deployments", "watch"), "kopf: on.event of engine Deployments"),
         Call(p("apps", "deployments", "patch"), "KubernetesAdapter.apply (server-side apply)"),
         Call(p("apps", "deployments", "create"), "KubernetesAdapter.apply (server-side apply creating it)"),
+        Call(p("apps", "statefulsets", "get"), "KubernetesAdapter.get_object (an adopted StatefulSet)"),
+        Call(p("apps", "statefulsets", "patch"), "KubernetesAdapter.apply (its one env entry)"),
         Call(p("", "services", "get"), "KubernetesAdapter.get_object (is it this LLMServing's?)"),
         Call(p("", "configmaps", "get"), "KubernetesAdapter.get_object (is it this LLMServing's?)"),
         Call(p("", "pods", "list"), "KubernetesAdapter.list_pods (engine crash loops)"),

@@ -93,5 +93,11 @@ def test_operator_metrics() -> None:
     assert 'batchknee_observed_context_tokens{name="chat",namespace="ml"} 8192.0' in text
     assert 'batchknee_observed_tpot_p99_seconds{name="chat",namespace="ml"} 0.025' in text
     assert 'batchknee_tpot_p99_target_seconds{name="chat",namespace="ml"} 0.04' in text
+    # capacity for a replica autoscaler: 3 ready pods × 16, against 40 running + 20 waiting
+    busy = seen.model_copy(update={"observed": ObservedMetrics(running=40.0, waiting=20.0)})
+    metrics.record(Outcome("ml", "chat", status=busy, ready_replicas=3), 0.01)
+    text = generate_latest(metrics.registry).decode()
+    assert 'batchknee_capacity_sequences{name="chat",namespace="ml"} 48.0' in text
+    assert 'batchknee_demand_sequences{name="chat",namespace="ml"} 60.0' in text
     metrics.record(Outcome("ml", "chat", found=False), 0.01)
     assert 'batchknee_max_num_seqs{name="chat"' not in generate_latest(metrics.registry).decode()

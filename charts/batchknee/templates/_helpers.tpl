@@ -107,6 +107,10 @@ Each rule is a call the operator makes; the README lists which code makes it.
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["get", "list", "watch", "create", "patch"]
+# An adopted StatefulSet (spec.targetRef): read, and its one env entry set by server-side apply.
+- apiGroups: ["apps"]
+  resources: ["statefulsets"]
+  verbs: ["get", "patch"]
 # The engine Service and TensorRT-LLM's options ConfigMap: read first (an object of that name that
 # this LLMServing does not control is never applied over), then server-side apply (create, patch).
 - apiGroups: [""]

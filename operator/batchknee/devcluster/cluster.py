@@ -49,6 +49,8 @@ DEFAULT_CONTROLLERS = (
     "namespace-controller",
     "root-ca-certificate-publisher-controller",
     "clusterrole-aggregation-controller",
+    "statefulset-controller",  # adopted StatefulSets (spec.targetRef)
+    "horizontal-pod-autoscaler-controller",  # an HPA scaling an LLMServing through its scale subresource
 )
 SERVICE_CIDR = "10.96.0.0/24"  # allocation only (the `kubernetes` Service); nothing routes there
 KEEP_ENV = "BATCHKNEE_KEEP_DEVCLUSTER"
