@@ -21,6 +21,7 @@ from batchknee.adopt import Target, adopt, env_patch, wiring_argument
 from batchknee.api.models import (
     API_VERSION,
     KIND,
+    QUARANTINE_KEPT,
     TARGET_ENV_VAR,
     CalibrationSample,
     CalibrationStatus,
@@ -31,7 +32,9 @@ from batchknee.api.models import (
     LLMServing,
     LLMServingStatus,
     ObservedMetrics,
+    QuarantineEntry,
     TargetRef,
+    format_timestamp,
 )
 from batchknee.api.resolve import (
     SpecError,
@@ -48,7 +51,9 @@ from batchknee.core.policy import (
     Applied,
     CalibrationPoint,
     Decision,
+    Hold,
     Rollout,
+    TuningRules,
     add_calibration_point,
     calibration_point,
     decide,
@@ -67,6 +72,8 @@ from batchknee.render import (
 )
 
 log = logging.getLogger(__name__)
+ROLLBACK = "rollback"
+QUARANTINE_S = 3600  # a failed value is not retried at that context for an hour (or the cooldown)
 
 
 @dataclass
@@ -324,6 +331,7 @@ class _Reconcile:
             previous_recommended=self.old.recommended_max_num_seqs,
         )
 
+        decision, quarantine = self.rollout_safety(obj, state, applied, decision, rules)
         rollouts = record(applied, decision, self.now)
         if target is None:
             objects = render(obj, Desired(decision.value, decision.max_tokens, rollouts), self.ports.defaults)
@@ -353,7 +361,9 @@ class _Reconcile:
         if not rolled:
             rollouts = applied.rollouts
 
-        if rolled:
+        if rolled and decision.reason.startswith(ROLLBACK):
+            self.event("Warning", "RolledBack", decision.reason)
+        elif rolled:
             before = applied.max_num_seqs
             reason = "Deployed" if before is None else ("Pinned" if rules.mode == "Pinned" else "Retuned")
             self.event("Normal", reason, retune_message(decision, before, observation))
@@ -390,7 +400,7 @@ class _Reconcile:
         status = self.status(
             obj, state, observation, decision, rolled, rollouts, settled_since, calibration, fingerprint
         )
-        status = status.model_copy(update=self.scale_status(state, target))
+        status = status.model_copy(update={**self.scale_status(state, target), "quarantine": quarantine})
         if target is not None and rules.mode == "Recommend":
             status = status.model_copy(update={"action": "recommend"})
         if apply_error is not None:
@@ -412,6 +422,83 @@ class _Reconcile:
             tpot_target_ms=obj.spec.tuning.tpot_p99_target_milliseconds,
             ready_replicas=state.ready_replicas if state is not None else None,
         )
+
+    # -- rollout safety -------------------------------------------------------------------------------
+
+    def rollout_safety(
+        self,
+        obj: LLMServing,
+        state: DeploymentState | None,
+        applied: Applied,
+        decision: Decision,
+        rules: TuningRules,
+    ) -> tuple[Decision, list[QuarantineEntry]]:
+        """What the math decided, made safe to roll: a rollout whose pods never became Ready is rolled
+        back and its value quarantined; a quarantined value is not tried again at that context; a
+        single replica without a surge pod is not restarted unless the user accepts the gap."""
+        quarantine = [q for q in self.old.quarantine if q.until > self.now]
+        last = applied.rollouts[-1] if applied.rollouts else None
+        if (
+            state is not None
+            and state.stalled
+            and last is not None
+            and last.from_value is not None
+            and state.max_num_seqs == last.to_value
+            and rules.mode != "Recommend"
+        ):
+            bad, good = last.to_value, last.from_value
+            context = round(decision.context_tokens or 0)
+            why = f"pods with max-num-seqs {bad} were not Ready by the progress deadline ({state.message})"
+            quarantine.append(
+                QuarantineEntry(
+                    max_num_seqs=bad,
+                    context_tokens=context,
+                    until=self.now + timedelta(seconds=max(QUARANTINE_S, rules.cooldown_s)),
+                    reason=why,
+                )
+            )
+            rollback = replace(
+                decision, action="roll", value=good, hold=None, reason=f"{ROLLBACK} {bad}→{good}: {why}"
+            )
+            return rollback, quarantine[-QUARANTINE_KEPT:]
+        if not decision.rolls or applied.max_num_seqs is None:
+            return decision, quarantine
+
+        def hold(kind: Hold, why: str) -> Decision:
+            return replace(
+                decision,
+                action="hold",
+                value=applied.max_num_seqs or decision.value,
+                max_tokens=applied.max_tokens or decision.max_tokens,
+                hold=kind,
+                reason=f"holding {applied.max_num_seqs}: {why}",
+            )
+
+        seen = decision.context_tokens
+        for entry in quarantine:
+            near = seen is not None and abs(seen - entry.context_tokens) <= max(
+                1.0, entry.context_tokens * rules.dead_band_percent / 100
+            )
+            if decision.value >= entry.max_num_seqs and near:
+                return hold(
+                    "quarantined",
+                    f"{decision.value} would reach the quarantined {entry.max_num_seqs} (failed at avg ctx "
+                    f"{entry.context_tokens} tok, until {format_timestamp(entry.until)})",
+                ), quarantine
+        rollout = obj.spec.rolling_update
+        if (
+            obj.spec.target_ref is None
+            and state is not None
+            and state.replicas == 1
+            and not rollout.surges
+            and not rollout.allow_serving_gap
+        ):
+            return hold(
+                "single-replica",
+                f"retuning to {decision.value} would restart the only replica and serve nothing meanwhile; "
+                "allow it with spec.rollout.maxSurge: 1 (a spare GPU) or spec.rollout.allowServingGap: true",
+            ), quarantine
+        return decision, quarantine
 
     # -- adopted workloads (spec.targetRef) -----------------------------------------------------------
 

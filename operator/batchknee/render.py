@@ -311,6 +311,7 @@ def deployment(obj: LLMServing, desired: Desired, defaults: RenderDefaults) -> d
         "spec": {
             **replicas,
             "selector": {"matchLabels": selector_labels(name)},
+            "progressDeadlineSeconds": spec.rolling_update.progress_deadline_seconds,
             "strategy": {
                 "type": "RollingUpdate",
                 "rollingUpdate": {
@@ -329,11 +330,22 @@ def deployment(obj: LLMServing, desired: Desired, defaults: RenderDefaults) -> d
     }
 
 
+def disruption_budget(obj: LLMServing) -> dict[str, Any]:
+    """At most one engine pod evicted at a time (node drains, cluster upgrades): each one takes its
+    GPUs' share of the serving capacity away for a warm restart."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _metadata(obj, obj.metadata.name),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(obj.metadata.name)}},
+    }
+
+
 def render(obj: LLMServing, desired: Desired, defaults: RenderDefaults | None = None) -> list[dict[str, Any]]:
     """Every object the LLMServing owns, in apply order (the options file before the pods that read it)."""
     defaults = defaults or RenderDefaults()
     objects = [config_map(obj, desired)] if obj.spec.engine == Engine.TensorRTLLM else []
-    return [*objects, service(obj), deployment(obj, desired, defaults)]
+    return [*objects, service(obj), disruption_budget(obj), deployment(obj, desired, defaults)]
 
 
 # --- reading a Deployment back ---------------------------------------------------------------------

@@ -33,6 +33,8 @@ def llmserving(name: str = "chat", **spec: Any) -> dict[str, Any]:
         "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
         "gpu": {"type": "a100-80gb", "count": 1},
         "tuning": {"evaluationIntervalSeconds": 30, "windowSeconds": 120, "cooldownSeconds": 600},
+        # one replica: the tests retune it, accepting the serving gap (test_rollout_safety holds it)
+        "rollout": {"allowServingGap": True},
     }
     for key, value in spec.items():
         if isinstance(value, dict) and isinstance(body.get(key), dict):

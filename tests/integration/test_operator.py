@@ -136,6 +136,7 @@ class Harness:
             "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
             "gpu": {"type": "a100-80gb", "count": 1},
             "args": ["--state", str(self.state)],
+            "rollout": {"allowServingGap": True},  # one replica, retuned (no spare GPU to surge onto)
             "tuning": {
                 "evaluationIntervalSeconds": 5,
                 "windowSeconds": 30,

@@ -6,10 +6,11 @@ after a change is reported Degraded."""
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
-from test_operator import Harness, crds, wait_for, world
+from test_operator import Harness, crds, state_for, wait_for, world
 
 from batchknee.adapters.kubernetes import KubernetesAdapter
 from batchknee.devcluster import DevCluster
@@ -148,3 +149,24 @@ def test_an_engine_that_crash_loops_is_degraded(world: Harness) -> None:
     )
     assert "crashy-" in degraded["message"] and "exit 1" in degraded["message"]
     assert world.events("EngineCrashLooping")
+
+
+def test_a_value_that_does_not_fit_is_rolled_back_and_quarantined(world: Harness) -> None:
+    """The engine cannot start with the new batch limit: the Deployment controller reports
+    ProgressDeadlineExceeded, the operator rolls back to the last good value and quarantines it."""
+    world.start_operator()
+    assert (
+        world.apply("tight", rollout={"allowServingGap": True, "progressDeadlineSeconds": 10}).returncode == 0
+    )
+    wait_for(lambda: world.condition("tight", "Ready").get("status") == "True", 90, "Ready", world.log)
+    wait_for(lambda: world.status("tight").get("observed", {}).get("avgContextLength"), 90, "an observation")
+    world.set_state({**state_for(512), "fitsMaxNumSeqs": 100})  # the knee at 512 tokens, 240, will not fit
+    wait_for(lambda: world.max_num_seqs("tight") == 240, 120, "the retune to 240", world.log)
+    wait_for(lambda: world.max_num_seqs("tight") == 64, 180, "the rollback to 64", world.log)
+    quarantine = wait_for(lambda: world.status("tight").get("quarantine"), 60, "the quarantine")
+    assert quarantine[0]["maxNumSeqs"] == 240
+    assert world.events("RolledBack")
+    wait_for(lambda: world.condition("tight", "Ready").get("status") == "True", 120, "Ready again", world.log)
+    time.sleep(15)  # three more evaluations at the same traffic: 240 is not tried again
+    assert world.max_num_seqs("tight") == 64
+    assert world.status("tight")["holdReason"] == "quarantined"

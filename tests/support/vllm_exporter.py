@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -65,6 +66,9 @@ DEFAULT_STATE: dict[str, Any] = {
     "preemptionsPerSecond": 0.0,
     "legacyNames": False,
     "forceTextFormat": False,
+    # the largest --max-num-seqs that "fits": above it the engine exits at start-up, as a real one
+    # does when the batch does not fit its memory (null: everything fits)
+    "fitsMaxNumSeqs": None,
 }
 
 
@@ -112,6 +116,12 @@ def main() -> None:
     args, engine_args = parser.parse_known_args()
 
     state = {**DEFAULT_STATE, **json.loads(args.state.read_text())}
+    fits = state["fitsMaxNumSeqs"]
+    wanted = (
+        engine_args[engine_args.index("--max-num-seqs") + 1] if "--max-num-seqs" in engine_args[:-1] else None
+    )
+    if fits is not None and wanted is not None and int(wanted) > int(fits):
+        sys.exit(f"ValueError: max_num_seqs {wanted} does not fit in GPU memory (at most {fits})")
     cache = {
         "block_size": str(state["blockSize"]),
         "num_gpu_blocks": str(state["numGpuBlocks"]),

@@ -55,6 +55,8 @@ def test_vllm_deployment() -> None:
     assert c["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "15"]
     spec = dep["spec"]
     assert spec["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    assert spec["progressDeadlineSeconds"] == 600
+    assert "replicas" not in spec  # not in the spec: left to whoever scales the Deployment
     assert spec["selector"]["matchLabels"] == {"batchknee.io/llmserving": "chat"}
     pod = spec["template"]
     assert pod["metadata"]["labels"]["batchknee.io/llmserving"] == "chat"
@@ -108,7 +110,11 @@ def test_tensorrt_llm_objects() -> None:
         engine="TensorRTLLM",
         extraLlmApiOptions={"kv_cache_config": {"enable_block_reuse": True}, "backend": "pytorch"},
     )
-    config_map, service, dep = render(llms, Desired(16, 131072))
+    config_map, service, budget, dep = render(llms, Desired(16, 131072))
+    assert budget["kind"] == "PodDisruptionBudget" and budget["spec"] == {
+        "maxUnavailable": 1,
+        "selector": {"matchLabels": {"batchknee.io/llmserving": "chat"}},
+    }
     options = yaml.safe_load(config_map["data"]["engine.yaml"])
     assert options == {
         "backend": "pytorch",

@@ -116,6 +116,10 @@ Each rule is a call the operator makes; the README lists which code makes it.
 - apiGroups: [""]
   resources: ["services", "configmaps"]
   verbs: ["get", "create", "patch"]
+# The engine pods' PodDisruptionBudget (at most one evicted at a time): read, then server-side apply.
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["get", "create", "patch"]
 # The engine pods: listed to report an engine that crash-loops after a change.
 - apiGroups: [""]
   resources: ["pods"]

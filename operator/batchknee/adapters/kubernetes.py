@@ -48,6 +48,7 @@ class KubernetesAdapter:
         self.core = client.CoreV1Api(self.api_client)
         self.apps = client.AppsV1Api(self.api_client)
         self.custom = client.CustomObjectsApi(self.api_client)
+        self.policy = client.PolicyV1Api(self.api_client)
         self.timeout_s = timeout_s
         self.instance = socket.gethostname()
 
@@ -87,6 +88,7 @@ class KubernetesAdapter:
             "StatefulSet": self.apps.read_namespaced_stateful_set,
             "Service": self.core.read_namespaced_service,
             "ConfigMap": self.core.read_namespaced_config_map,
+            "PodDisruptionBudget": self.policy.read_namespaced_pod_disruption_budget,
         }[kind]
         try:
             response: Any = read(name, namespace, _preload_content=False, _request_timeout=self.timeout_s)
@@ -114,6 +116,7 @@ class KubernetesAdapter:
             "StatefulSet": self.apps.patch_namespaced_stateful_set,
             "Service": self.core.patch_namespaced_service,
             "ConfigMap": self.core.patch_namespaced_config_map,
+            "PodDisruptionBudget": self.policy.patch_namespaced_pod_disruption_budget,
         }[kind]
         ours = bool(meta.get("resourceVersion"))
         try:

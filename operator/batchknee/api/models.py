@@ -10,6 +10,7 @@ clear message naming the field.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -392,22 +393,70 @@ class PrometheusSpec(_Model):
     )
 
 
+def _int_or_percent_rule(field: str) -> dict[str, str]:
+    return {
+        "rule": f"type(self.{field}) == int ? self.{field} >= 0 : self.{field}.matches('^[0-9]+%$')",
+        "message": f"spec.rollout.{field} is a count of pods (an integer ≥ 0) or a percentage such as '25%'",
+        "fieldPath": f".{field}",
+        "reason": "FieldValueInvalid",
+    }
+
+
 class RolloutSpec(_Model):
     """The Deployment's rolling update. The default replaces one pod at a time without a surge
     pod, because a surge pod needs GPUs the node usually does not have."""
 
+    model_config = ConfigDict(
+        json_schema_extra=_validations(
+            _int_or_percent_rule("maxSurge"),
+            _int_or_percent_rule("maxUnavailable"),
+            {
+                "rule": "!(string(self.maxSurge) in ['0', '0%'] && string(self.maxUnavailable) in ['0', '0%'])",
+                "message": "spec.rollout.maxSurge and spec.rollout.maxUnavailable must not both be zero: "
+                "the rollout could never replace a pod",
+                "fieldPath": ".maxUnavailable",
+                "reason": "FieldValueInvalid",
+            },
+        )
+    )
+
     max_surge: IntOrString = Field(
-        0, description="Pods above replicas during a rollout (count or percentage)."
+        0,
+        description="Pods above replicas during a rollout (count or percentage). 1 with a spare GPU lets a "
+        "single-replica LLMServing retune without a serving gap.",
     )
     max_unavailable: IntOrString = Field(
         1, description="Pods that may be unavailable during a rollout (count or percentage)."
     )
+    allow_serving_gap: bool = Field(
+        False,
+        description="Let Auto mode retune a single replica without a surge pod, accepting that it serves "
+        "nothing while its engine restarts (1–5 minutes on a real GPU).",
+    )
+    progress_deadline_seconds: int = Field(
+        600,
+        ge=10,
+        le=86400,
+        description="New engine pods not Ready within this time (the value does not fit, the engine crashes) "
+        "roll back to the last good batch limit, which is then quarantined.",
+    )
 
     @model_validator(mode="after")
     def _rules(self) -> RolloutSpec:
+        for name, value in (("maxSurge", self.max_surge), ("maxUnavailable", self.max_unavailable)):
+            if (isinstance(value, int) and value < 0) or (
+                isinstance(value, str) and not re.fullmatch(r"\d+%", value)
+            ):
+                raise ValueError(
+                    f"spec.rollout.{name} is a count of pods (≥ 0) or a percentage such as '25%'"
+                )
         if str(self.max_surge).rstrip("%") == "0" and str(self.max_unavailable).rstrip("%") == "0":
             raise ValueError("maxSurge and maxUnavailable must not both be zero")
         return self
+
+    @property
+    def surges(self) -> bool:
+        return str(self.max_surge).rstrip("%") not in ("0", "")
 
 
 class TemplateSpec(_Model):
@@ -661,6 +710,18 @@ class CalibrationStatus(_Model):
     )
 
 
+QUARANTINE_KEPT = 8
+
+
+class QuarantineEntry(_Model):
+    """A batch limit that failed at a context: not tried again there until `until`."""
+
+    max_num_seqs: int = Field(ge=1, description="The batch limit that failed (and any above it).")
+    context_tokens: int = Field(ge=0, description="The average context it failed at (within the dead band).")
+    until: Timestamp = Field(description="When it may be tried again.")
+    reason: ReasonText = Field(description="What went wrong.")
+
+
 class LLMServingStatus(_Model):
     """What the operator saw and did."""
 
@@ -697,6 +758,11 @@ class LLMServingStatus(_Model):
         description=f"The last {HISTORY_KEPT} batch-limit changes.",
     )
     calibration: CalibrationStatus | None = Field(None, description="TPOT guard calibration.")
+    quarantine: list[QuarantineEntry] = Field(
+        default_factory=list,
+        max_length=QUARANTINE_KEPT,
+        description=f"Batch limits that failed (rollout not Ready by its deadline), the newest {QUARANTINE_KEPT}.",
+    )
     replicas: int | None = Field(None, ge=0, description="Engine pods (the scale subresource's status).")
     selector: str | None = Field(
         None, max_length=4096, description="Label selector of the engine pods (the scale subresource's)."

@@ -53,6 +53,8 @@ Hold = Literal[
     "rollout-budget",
     "pinned",
     "recommend-mode",
+    "single-replica",
+    "quarantined",
 ]
 GuardSource = Literal["calibrated", "step-down", "no-raise"]
 

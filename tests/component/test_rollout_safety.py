@@ -1,0 +1,99 @@
+"""Rollouts that keep serving and undo themselves: a single replica is not restarted without
+consent, a rollout whose pods never become Ready is rolled back, and its value is quarantined."""
+
+from __future__ import annotations
+
+from conftest import World, llmserving
+from fakes import observation
+
+from batchknee.render import deployment_state
+
+
+def applied(world: World) -> int | None:
+    state = deployment_state(world.kube.get_deployment("default", "chat"))
+    return state.max_num_seqs if state else None
+
+
+def shift(world: World, ctx: int, evaluations: int = 2) -> None:
+    for _ in range(evaluations):
+        world.observer.set("default", "chat", observation(world.clock.now, ctx=ctx))
+        world.reconcile()
+        world.clock.advance(30)
+
+
+def started(world: World, **spec: object) -> None:
+    world.kube.create(llmserving(tuning={"cooldownSeconds": 0}, **spec))
+    world.reconcile()
+    world.kube.finish_rollout("default", "chat")
+    world.reconcile()
+    world.clock.advance(121)
+
+
+def test_a_single_replica_without_surge_holds_and_says_how_to_allow_it(world: World) -> None:
+    started(world, rollout={"allowServingGap": False})
+    assert applied(world) == 64  # creating it is not a restart
+    shift(world, 8192)
+    assert applied(world) == 64
+    status = world.kube.status("default", "chat")
+    assert status["holdReason"] == "single-replica"
+    assert "spec.rollout.maxSurge: 1" in status["reason"] and "allowServingGap: true" in status["reason"]
+    assert status["recommendedMaxNumSeqs"] == 16
+
+
+def test_a_surge_pod_lets_a_single_replica_retune(world: World) -> None:
+    started(world, rollout={"maxSurge": 1, "maxUnavailable": 0})
+    shift(world, 8192)
+    assert applied(world) == 16
+
+
+def stall(world: World) -> None:
+    """What the Deployment controller reports when the new pods never become Ready."""
+    dep = world.kube.objects[("Deployment", "default", "chat")]
+    dep["status"] = {
+        "observedGeneration": dep["metadata"]["generation"],
+        "replicas": 2,
+        "updatedReplicas": 1,
+        "readyReplicas": 1,
+        "availableReplicas": 1,
+        "conditions": [{"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded"}],
+    }
+    dep["metadata"]["resourceVersion"] += "-stalled"
+
+
+def test_a_rollout_that_never_gets_ready_is_rolled_back_and_quarantined(world: World) -> None:
+    started(world)
+    shift(world, 512)  # the knee at 512 tokens: 240
+    assert applied(world) == 240
+    stall(world)  # 240 does not fit: the new pods crash
+    world.observer.set("default", "chat", observation(world.clock.now, ctx=512))
+    world.reconcile()
+
+    assert applied(world) == 64  # back to the last good value
+    status = world.kube.status("default", "chat")
+    [entry] = status["quarantine"]
+    assert entry["maxNumSeqs"] == 240 and entry["contextTokens"] == 512
+    assert "not Ready by the progress deadline" in entry["reason"]
+    assert [h["to"] for h in status["history"]] == [64, 240, 64]
+    assert status["history"][-1]["reason"].startswith("rollback 240→64")
+    assert "RolledBack" in [e["reason"] for e in world.kube.events]
+
+    # the same traffic: the quarantined value (or more) is not tried again
+    world.kube.finish_rollout("default", "chat")
+    world.reconcile()
+    world.clock.advance(121)
+    shift(world, 512, evaluations=3)
+    assert applied(world) == 64
+    status = world.kube.status("default", "chat")
+    assert status["holdReason"] == "quarantined" and "quarantined 240" in status["reason"]
+
+    # other traffic is not blocked: 8k tokens wants 16, below the failed value
+    shift(world, 8192, evaluations=3)
+    assert applied(world) == 16
+
+    # and the quarantine expires
+    world.kube.finish_rollout("default", "chat")
+    world.reconcile()
+    world.clock.advance(3700)
+    shift(world, 512, evaluations=3)
+    assert applied(world) == 240
+    assert world.kube.status("default", "chat").get("quarantine", []) == []
