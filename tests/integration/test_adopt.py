@@ -48,8 +48,7 @@ def adopt(world: Harness, name: str, target: dict[str, Any], **tuning: Any) -> N
 
 def managers(world: Harness, kind: str, name: str) -> dict[str, str]:
     """Each field manager of the workload and what it owns of the engine container's env."""
-    workload = world.get(kind, name)
-    assert workload is not None
+    workload = json.loads(world.kubectl("get", kind, name, "-o", "json", "--show-managed-fields").stdout)
     owned = {}
     for entry in workload["metadata"]["managedFields"]:
         fields = json.dumps(entry.get("fieldsV1", {}))
@@ -133,6 +132,7 @@ def test_a_helm_installed_engine_is_retuned_and_keeps_its_value(
     assert env_of(world, "deployment", "chat")[TARGET_ENV_VAR] == "16"
 
     # deleting the LLMServing leaves the workload running with its last value
+    world.start_operator()  # (it removes its finalizer)
     world.kubectl("delete", "llms", "chat-tuner", "--wait=true")
     assert env_of(world, "deployment", "chat")[TARGET_ENV_VAR] == "16"
     assert world.get("deployment", "chat")["spec"]["replicas"] == 2  # type: ignore[index]
@@ -189,6 +189,7 @@ def test_a_statefulset_is_adopted_and_observed_by_its_selector(world: Harness) -
                             "image": "vllm/vllm-openai:v0.11.0",
                             "command": ["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct"],
                             "args": ["--state", str(world.state), "--max-num-seqs=$(BATCHKNEE_MAX_NUM_SEQS)"],
+                            "ports": [{"name": "http", "containerPort": 8000}],  # what a PodMonitor scrapes
                         }
                     ]
                 },
@@ -202,7 +203,10 @@ def test_a_statefulset_is_adopted_and_observed_by_its_selector(world: Harness) -
         lambda: env_of(world, "statefulset", "engine").get(TARGET_ENV_VAR) == "64", 60, "the env", world.log
     )
     observed = wait_for(
-        lambda: world.status("engine-tuner").get("observed"), 120, "an observation of engine-0", world.log
+        lambda: world.status("engine-tuner").get("observed"),
+        120,
+        "an observation of engine-0",
+        lambda: json.dumps(world.status("engine-tuner"), indent=1) + world.log(),
     )
     assert observed["pods"] == 1
 

@@ -497,7 +497,9 @@ class TargetRef(_Model):
     """An engine workload the user already runs (their Helm chart, GitOps): the operator writes one
     env var into it and nothing else."""
 
-    api_version: Literal["apps/v1"] = Field("apps/v1", description="apps/v1.")
+    api_version: Annotated[Literal["apps/v1"], WithJsonSchema({"type": "string", "enum": ["apps/v1"]})] = (
+        Field("apps/v1", description="apps/v1.")
+    )
     kind: Literal["Deployment", "StatefulSet"] = Field(description="Deployment or StatefulSet.")
     name: str = Field(
         min_length=1,
