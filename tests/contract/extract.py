@@ -121,8 +121,8 @@ class _ModuleInfo:
         self.assigns: dict[str, list[ast.expr]] = {}
         self.prom_names: dict[str, PromType | _Module] = {}
         self.scopes: dict[int, _Scope] | None = None  # node id → scope, built on first use
-        for node in tree.body:
-            self._bind(node, self.assigns)
+        for statement in tree.body:
+            self._bind(statement, self.assigns)
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module == "prometheus_client":
                 for alias in node.names:
@@ -134,7 +134,7 @@ class _ModuleInfo:
                         self.prom_names[alias.asname or alias.name] = _Module()
 
     @staticmethod
-    def _bind(node: ast.stmt, into: dict[str, list[ast.expr]]) -> None:
+    def _bind(node: ast.AST, into: dict[str, list[ast.expr]]) -> None:
         if isinstance(node, ast.Assign):
             for target in node.targets:
                 if isinstance(target, ast.Name):
@@ -213,9 +213,12 @@ def _class_attributes(cls: ast.ClassDef) -> dict[str, list[ast.expr]]:
     for node in ast.walk(cls):
         if isinstance(node, ast.Assign):
             for target in node.targets:
-                if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name):
-                    if target.value.id == "self":
-                        found.setdefault(target.attr, []).append(node.value)
+                if (
+                    isinstance(target, ast.Attribute)
+                    and isinstance(target.value, ast.Name)
+                    and target.value.id == "self"
+                ):
+                    found.setdefault(target.attr, []).append(node.value)
     for stmt in cls.body:
         if isinstance(stmt, ast.Assign):
             for target in stmt.targets:
@@ -297,9 +300,7 @@ class _Evaluator:
             return self._attribute(expr, scope, depth)
         if isinstance(expr, ast.Subscript):
             # `metric_types[Gauge]`: a mapping from prometheus_client classes to their stand-ins
-            return [v for v in self.eval(expr.slice, scope, depth) if isinstance(v, PromType)] or _raise(
-                expr
-            )
+            return [v for v in self.eval(expr.slice, scope, depth) if isinstance(v, PromType)] or _raise(expr)
         if isinstance(expr, ast.Call):
             return self._call(expr, scope, depth)
         raise Unresolved(ast.unparse(expr))
@@ -399,7 +400,9 @@ class _Evaluator:
         for module, value in self.package.class_attrs.get(attr, []):
             try:
                 out.extend(
-                    v for v in self.eval(value, _Scope(module, None, [], []), depth) if isinstance(v, PromType)
+                    v
+                    for v in self.eval(value, _Scope(module, None, [], []), depth)
+                    if isinstance(v, PromType)
                 )
             except Unresolved:
                 continue  # a Ray wrapper or None: not a prometheus_client class
@@ -480,15 +483,18 @@ def _scope_of(module: _ModuleInfo, qualname: str) -> _Scope:
     functions: list[ast.FunctionDef | ast.AsyncFunctionDef] = []
     for part in qualname.split("."):
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and child.name == part:
+            if (
+                isinstance(child, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                and child.name == part
+            ):
                 node = child
                 break
         else:
             raise Unresolved(f"{module.path} has no {qualname}")
         if isinstance(node, ast.ClassDef):
             cls = node
-        else:
-            functions.append(node)  # type: ignore[arg-type]
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            functions.append(node)
     return _Scope(module, cls, functions, [])
 
 
@@ -509,7 +515,9 @@ def _walk_scoped(module: _ModuleInfo) -> Iterator[tuple[_Scope, ast.AST]]:
             elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 yield from visit(child, _Scope(module, scope.cls, [*scope.functions, child], []))
             elif isinstance(child, (ast.For, ast.AsyncFor)):
-                inner = _Scope(module, scope.cls, scope.functions, [*scope.loop_targets, (child.target, child.iter)])
+                inner = _Scope(
+                    module, scope.cls, scope.functions, [*scope.loop_targets, (child.target, child.iter)]
+                )
                 for stmt in child.body:
                     yield inner, stmt
                     yield from visit(stmt, inner)
@@ -547,7 +555,9 @@ def extract(
     sources: dict[str, str], *, param_bindings: dict[str, tuple[str, str, str]] | None = None
 ) -> Contract:
     """The metric contract of the package whose files are `sources` (path → text)."""
-    package = _Package({p: t for p, t in sources.items() if _CANDIDATE.search(t)} | _bound_files(sources, param_bindings))
+    package = _Package(
+        {p: t for p, t in sources.items() if _CANDIDATE.search(t)} | _bound_files(sources, param_bindings)
+    )
     evaluator = _Evaluator(package, param_bindings or {})
     contract = Contract()
     for module in package.modules.values():
@@ -566,7 +576,9 @@ def extract(
             try:
                 names = evaluator.eval(name_expr, scope) if name_expr is not None else _raise(node)
                 label_sets = (
-                    [_labels(v) for v in evaluator.eval(labels_expr, scope)] if labels_expr is not None else [()]
+                    [_labels(v) for v in evaluator.eval(labels_expr, scope)]
+                    if labels_expr is not None
+                    else [()]
                 )
                 prefix = "".join(
                     f"{evaluator.eval(e, scope)[0]}_"
@@ -595,7 +607,9 @@ def _bound_files(sources: dict[str, str], bindings: dict[str, tuple[str, str, st
 # --- reading a wheel ----------------------------------------------------------------------------
 
 
-def wheel_sources(wheel: Path, package: str, *, exclude: Iterable[str] = ("/test/", "/tests/")) -> dict[str, str]:
+def wheel_sources(
+    wheel: Path, package: str, *, exclude: Iterable[str] = ("/test/", "/tests/")
+) -> dict[str, str]:
     """The package's .py files inside a wheel (path → text), tests left out."""
     sources: dict[str, str] = {}
     with zipfile.ZipFile(wheel) as archive:

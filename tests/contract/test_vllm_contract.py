@@ -7,7 +7,13 @@ metric that moved: the name, the type or labels expected, and what the release h
 
 from __future__ import annotations
 
-from contracts import VLLM_CACHE_CONFIG, VLLM_CACHE_INFO, emulator_exposition, vllm_cache_config_labels, vllm_contract
+from contracts import (
+    VLLM_CACHE_CONFIG,
+    VLLM_CACHE_INFO,
+    emulator_exposition,
+    vllm_cache_config_labels,
+    vllm_contract,
+)
 from extract import family_name
 from wheels import PINNED
 
@@ -59,7 +65,9 @@ def test_every_name_the_adapter_queries_first_exists_in_the_pinned_release() -> 
                 else {label for m in contract.metrics[family] for label in m.static_labels}
             )
             if label not in available:
-                problems.append(f"{newest}: the adapter reads label {label!r}; vllm {VERSION} has {sorted(available)}")
+                problems.append(
+                    f"{newest}: the adapter reads label {label!r}; vllm {VERSION} has {sorted(available)}"
+                )
     assert not problems, "\n".join(problems)
 
 
@@ -80,7 +88,9 @@ def test_every_older_fallback_is_in_the_release_or_in_the_emulators_legacy_mode(
                     "legacy mode does not export, so nothing tests that query"
                 )
             elif exported.type != queried.type:
-                problems.append(f"{name}: queried as a {queried.type}; the legacy emulator exports a {exported.type}")
+                problems.append(
+                    f"{name}: queried as a {queried.type}; the legacy emulator exports a {exported.type}"
+                )
     assert not problems, "\n".join(problems)
 
 
@@ -93,8 +103,8 @@ def test_the_emulator_exports_every_queried_name_of_the_release_it_claims() -> N
             family = family_name(colon_name(pattern), queried.type)
             if queried.type in contract.types(family) and family not in exported:
                 missing.append(f"{family} ({queried.type}, in vllm {CLAIMED_BY_CURRENT})")
-    assert not missing, "the adapter queries these and vLLM exports them, the emulator does not:\n" + "\n".join(
-        missing
+    assert not missing, (
+        "the adapter queries these and vLLM exports them, the emulator does not:\n" + "\n".join(missing)
     )
 
 
@@ -107,11 +117,15 @@ def test_the_emulator_exports_the_release_names_types_and_labels() -> None:
             continue
         variants = contract.metrics.get(family)
         if not variants:
-            problems.append(f"{family}: the emulator exports it; vllm {CLAIMED_BY_CURRENT} does not register it")
+            problems.append(
+                f"{family}: the emulator exports it; vllm {CLAIMED_BY_CURRENT} does not register it"
+            )
             continue
         types = {m.type for m in variants}
         if have.type not in types:
-            problems.append(f"{family}: the emulator exports a {have.type}; vllm registers a {'/'.join(sorted(types))}")
+            problems.append(
+                f"{family}: the emulator exports a {have.type}; vllm registers a {'/'.join(sorted(types))}"
+            )
             continue
         if family == VLLM_CACHE_INFO:
             unknown = have.labels - vllm_cache_config_labels()

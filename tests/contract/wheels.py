@@ -78,6 +78,7 @@ def fetch(name: str, version: str | None = None, *, python: str = sys.executable
                 ],
                 check=True,
             )
+            staging.chmod(0o755)  # mkdtemp makes it private; the cache is the user's, readable as usual
             shutil.rmtree(target, ignore_errors=True)
             staging.rename(target)
         finally:
