@@ -6,7 +6,8 @@ VENV ?= .venv
 BIN := $(CURDIR)/$(VENV)/bin
 export PATH := $(BIN):$(PATH)
 
-.PHONY: help venv wheelhouse lint test test-unit test-component test-package test-integration test-e2e tools \
+.PHONY: help venv wheelhouse lint test test-unit test-component test-contract contract-wheels test-package \
+	test-integration test-e2e tools \
 	system-deps dev-cluster demo demo-fast clean crds chart-docs
 
 help:
@@ -18,6 +19,7 @@ help:
 	@echo "make dev-cluster - a local cluster in the foreground; Ctrl-C stops it"
 	@echo "make crds   - regenerate crds/ and the chart's CRD templates from the API models"
 	@echo "make chart-docs - regenerate the README's chart values reference from values.yaml"
+	@echo "make test-contract - metric names against the engines' pinned releases (downloads their wheels once)"
 	@echo "make test-package - the wheel installed the Dockerfile's way, helm lint/template of the chart"
 
 venv: $(VENV)/.installed
@@ -61,6 +63,18 @@ test-unit: venv
 test-component: venv
 	pytest -q tests/component
 
+# The engines' released wheels the metric contract is pinned to (tests/contract/wheels.py: PINNED),
+# downloaded without dependencies into ${XDG_CACHE_HOME:-~/.cache}/batchknee/wheels/<name>-<version>/
+# on a cold machine; a warm cache downloads nothing.
+contract-wheels: venv
+	$(BIN)/python tests/contract/wheels.py fetch
+
+# The adapter's queries and the emulator's /metrics against the metrics the pinned vLLM and SGLang
+# releases register (read from their wheels with ast, never imported) and TensorRT-LLM's collector
+# pinned by commit.
+test-contract: venv contract-wheels
+	pytest -q -m contract tests/contract
+
 # The local control plane: one multicall binary from k8s.io/kubernetes plus helm, built once per
 # content key into ${XDG_CACHE_HOME:-~/.cache}/batchknee/tools/<key>/ and linked into bin/.
 tools:
@@ -90,7 +104,7 @@ test-integration: venv tools system-deps
 test-e2e: venv tools system-deps
 	pytest -q -m e2e --timeout=900 -p no:cacheprovider tests/e2e
 
-test: lint test-unit test-component test-package test-integration test-e2e
+test: lint test-unit test-component test-contract test-package test-integration test-e2e
 
 dev-cluster: venv tools system-deps
 	batchknee dev-cluster up --with-prometheus

@@ -17,7 +17,7 @@ import re
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -469,3 +469,47 @@ class CachedObserver:
             same_url = [t for u, t in self._targets.values() if u == url]
             self._cache.update(self._observer_for_url(url).observe(same_url, now))
             return self._cache[target.key]
+
+
+# --- the queried names, for the contract tests (tests/contract) ----------------------------------
+
+
+@dataclass(frozen=True)
+class QueriedMetric:
+    """One metric the queries above read: its fallback chain (newest first, as name regexes), the
+    type the query assumes, and the labels it reads from the series."""
+
+    chain: tuple[str, ...]
+    type: str  # gauge (avg_over_time, last_over_time) | counter (rate) | histogram (_bucket/_sum/_count)
+    labels: tuple[str, ...] = ()
+
+
+def queried_metric_names(engine: Engine) -> list[QueriedMetric]:
+    """Every metric name this adapter queries for `engine`, with the type each query assumes.
+    Counters carry their `_total` sample suffix; histograms are base names."""
+    metrics = ENGINE_METRICS[engine]
+    kinds = {
+        "running": "gauge",
+        "waiting": "gauge",
+        "kv_usage": "gauge",
+        "tpot": "histogram",
+        "ttft": "histogram",
+        "generation_tokens": "counter",
+        "preemptions": "counter",
+        "prefix_hits": "counter",
+        "prefix_queries": "counter",
+        "prompt_length": "histogram",
+        "generation_length": "histogram",
+    }
+    unknown = {f.name for f in fields(EngineMetrics)} - set(kinds)
+    if unknown:
+        raise ValueError(f"EngineMetrics fields without a query type here: {', '.join(sorted(unknown))}")
+    queried = [QueriedMetric(getattr(metrics, f), kind) for f, kind in kinds.items() if getattr(metrics, f)]
+    if engine == "VLLM":
+        queried.append(QueriedMetric((VLLM_CACHE_INFO,), "gauge", ("num_gpu_blocks", "block_size")))
+    else:  # the KV pool size read by _kv_capacity_query
+        queried += [
+            QueriedMetric(("trtllm_kv_cache_max_blocks",), "gauge"),
+            QueriedMetric(("trtllm_kv_cache_tokens_per_block",), "gauge"),
+        ]
+    return queried

@@ -62,6 +62,9 @@ _CURRENT_ONLY = {
     "vllm:inter_token_latency_seconds",
     "vllm:request_time_per_output_token_seconds",
 }
+# CacheConfig fields (cache_config_info labels) that releases before 0.12 had and the pinned
+# release no longer has (tests/contract checks the rest against the release's CacheConfig).
+_PRE_012_CACHE_FIELDS = ("calculate_kv_scales", "cpu_offload_gb", "swap_space")
 TRTLLM_NAMES = {
     "trtllm_request_success": "counter",
     "trtllm_e2e_request_latency_seconds": "histogram",
@@ -193,6 +196,9 @@ class VllmCollector(Collector):
         info = dict(self.cache_info)
         if not legacy:
             info["engine"] = "0"
+        if not old:
+            for field in _PRE_012_CACHE_FIELDS:
+                info.pop(field, None)
         yield _gauge(
             "vllm:cache_config_info",
             "Information of the LLMEngine CacheConfig",

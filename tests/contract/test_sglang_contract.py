@@ -1,0 +1,87 @@
+"""SGLang's metric contract, read from the pinned wheel, for the SGLang adapter and emulator to build on.
+
+No adapter or emulator speaks SGLang yet; until then this holds the names REFERENCE.md §2 lists (the
+ones an SGLang adapter needs) to the pinned release, with their types. `python
+tests/contract/contracts.py sglang` prints everything SGLang registers (name, type, labels, source);
+`<labels>` there is the collector's `labels` argument (model_name, engine_type, and the server's
+optional priority/custom labels, filled in at run time).
+"""
+
+from __future__ import annotations
+
+from contracts import sglang_contract
+from wheels import PINNED
+
+VERSION = PINNED["sglang"]
+
+# REFERENCE.md §2 "SGLang (read from the 0.5.23 wheel)": family names (counters without `_total`).
+EXPECTED = {
+    "gauge": [
+        "sglang:num_running_reqs",
+        "sglang:num_queue_reqs",
+        "sglang:token_usage",
+        "sglang:full_token_usage",
+        "sglang:kv_used_tokens",
+        "sglang:kv_available_tokens",
+        "sglang:kv_evictable_tokens",
+        "sglang:max_total_num_tokens",
+        "sglang:num_pages",
+        "sglang:page_size",
+        "sglang:decode_sum_seq_lens",
+        "sglang:cache_hit_rate",
+        "sglang:gen_throughput",
+        "sglang:num_retracted_reqs",
+        "sglang:utilization",
+    ],
+    "counter": [
+        "sglang:prompt_tokens",
+        "sglang:generation_tokens",
+        "sglang:cached_tokens",
+        "sglang:num_retracted_requests",
+        "sglang:estimated_read_bytes_per_gpu",
+    ],
+    "histogram": [
+        "sglang:time_to_first_token_seconds",
+        "sglang:inter_token_latency_seconds",
+        "sglang:request_time_per_output_token_seconds",
+        "sglang:queue_time_seconds",
+    ],
+}
+
+
+def test_the_pinned_release_is_read_completely() -> None:
+    contract = sglang_contract()
+    core = [line for line in contract.unresolved if "srt/observability/metrics_collector.py" in line]
+    assert not core, "registrations the extractor could not read:\n" + "\n".join(core)
+    assert len(contract.metrics) >= 100, f"only {len(contract.metrics)} metrics found in sglang {VERSION}"
+
+
+def test_every_name_the_sglang_work_needs_exists_with_its_type() -> None:
+    contract = sglang_contract()
+    problems = []
+    for kind, names in EXPECTED.items():
+        for name in names:
+            found = contract.types(name)
+            if not found:
+                problems.append(f"{name}: expected a {kind}; sglang {VERSION} does not register it")
+            elif kind not in found:
+                problems.append(
+                    f"{name}: expected a {kind}; sglang {VERSION} registers a {'/'.join(sorted(found))}"
+                )
+    # What an adapter must sum over besides the pod: printed so a failure shows the whole picture.
+    for name in (n for names in EXPECTED.values() for n in names):
+        for metric in contract.metrics.get(name, []):
+            print(f"{metric.type:9} {name:48} {','.join(metric.labels):32} {metric.source}")
+    assert not problems, "\n".join(problems)
+
+
+def test_every_metric_registers_one_label_set_per_type() -> None:
+    # An adapter summing `by (pod)` relies on each family having one shape in a release.
+    contract = sglang_contract()
+    needed = {n for names in EXPECTED.values() for n in names}
+    clashes = [
+        f"{name}: " + "; ".join(f"{m.type} {m.labels} at {m.source}" for m in variants)
+        for name, variants in sorted(contract.metrics.items())
+        if name in needed and len(variants) > 1
+    ]
+    assert not clashes, "\n".join(clashes)
