@@ -34,6 +34,7 @@ from batchknee.api.models import (
     ObservedMetrics,
     QuarantineEntry,
     TargetRef,
+    WindowFigures,
     format_timestamp,
 )
 from batchknee.api.resolve import (
@@ -59,6 +60,7 @@ from batchknee.core.policy import (
     decide,
     record,
 )
+from batchknee.core.verify import Check, Figures, verify
 from batchknee.ports import ApplyConflict, ApplyError, EventType, KubernetesPort, Observer
 from batchknee.render import (
     DeploymentState,
@@ -73,6 +75,7 @@ from batchknee.render import (
 
 log = logging.getLogger(__name__)
 ROLLBACK = "rollback"
+REVERT = "revert"
 QUARANTINE_S = 3600  # a failed value is not retried at that context for an hour (or the cooldown)
 
 
@@ -198,6 +201,15 @@ def observed_metrics(observation: Observation) -> ObservedMetrics:
         prefix_hit_percent=_pct(observation.prefix_hit_ratio.value),
         pods=observation.pods,
         sampled_at=observation.sampled_at,
+    )
+
+
+def window_figures(figures: Figures) -> WindowFigures:
+    return WindowFigures(
+        context_tokens=round(figures.context_tokens),
+        tokens_per_second_per_pod=round(figures.tokens_per_s_per_pod, 1),
+        tpot_p99_milliseconds=round(figures.tpot_p99_s * 1e3, 2),
+        preemptions_per_second=round(figures.preemptions_per_s, 3),
     )
 
 
@@ -331,7 +343,9 @@ class _Reconcile:
             previous_recommended=self.old.recommended_max_num_seqs,
         )
 
-        decision, quarantine = self.rollout_safety(obj, state, applied, decision, rules)
+        decision, quarantine = self.rollout_safety(
+            obj, state, applied, decision, rules, observation, settled_since
+        )
         rollouts = record(applied, decision, self.now)
         if target is None:
             objects = render(obj, Desired(decision.value, decision.max_tokens, rollouts), self.ports.defaults)
@@ -361,8 +375,11 @@ class _Reconcile:
         if not rolled:
             rollouts = applied.rollouts
 
+        self.remember_before(rolled, decision, rollouts, observation)
         if rolled and decision.reason.startswith(ROLLBACK):
             self.event("Warning", "RolledBack", decision.reason)
+        elif rolled and decision.reason.startswith(REVERT):
+            self.event("Warning", "Reverted", decision.reason)
         elif rolled:
             before = applied.max_num_seqs
             reason = "Deployed" if before is None else ("Pinned" if rules.mode == "Pinned" else "Retuned")
@@ -432,12 +449,16 @@ class _Reconcile:
         applied: Applied,
         decision: Decision,
         rules: TuningRules,
+        observation: Observation | None,
+        settled_since: datetime | None,
     ) -> tuple[Decision, list[QuarantineEntry]]:
         """What the math decided, made safe to roll: a rollout whose pods never became Ready is rolled
-        back and its value quarantined; a quarantined value is not tried again at that context; a
-        single replica without a surge pod is not restarted unless the user accepts the gap."""
+        back, and a settled change that did worse than before is reverted — either way its value is
+        quarantined; a quarantined value is not tried again at that context; a single replica without
+        a surge pod is not restarted unless the user accepts the gap."""
         quarantine = [q for q in self.old.quarantine if q.until > self.now]
         last = applied.rollouts[-1] if applied.rollouts else None
+        until = self.now + timedelta(seconds=max(QUARANTINE_S, rules.cooldown_s))
         if (
             state is not None
             and state.stalled
@@ -452,8 +473,9 @@ class _Reconcile:
             quarantine.append(
                 QuarantineEntry(
                     max_num_seqs=bad,
+                    direction="Above" if bad > good else "Below",
                     context_tokens=context,
-                    until=self.now + timedelta(seconds=max(QUARANTINE_S, rules.cooldown_s)),
+                    until=until,
                     reason=why,
                 )
             )
@@ -461,6 +483,32 @@ class _Reconcile:
                 decision, action="roll", value=good, hold=None, reason=f"{ROLLBACK} {bad}→{good}: {why}"
             )
             return rollback, quarantine[-QUARANTINE_KEPT:]
+        check = self.check_last_change(state, applied, rules, observation, settled_since)
+        if (
+            check is not None
+            and check.verdict == "Reverted"
+            and last is not None
+            and last.from_value is not None
+        ):
+            bad, good = last.to_value, last.from_value
+            before = self.verdicts[(last.time, bad)]["before"]
+            quarantine.append(
+                QuarantineEntry(
+                    max_num_seqs=bad,
+                    direction="Above" if bad > good else "Below",
+                    context_tokens=before.context_tokens if before else round(decision.context_tokens or 0),
+                    until=until,
+                    reason=check.reason,
+                )
+            )
+            revert = replace(
+                decision,
+                action="roll",
+                value=good,
+                hold=None,
+                reason=f"{REVERT} {bad}→{good}: {check.reason}",
+            )
+            return revert, quarantine[-QUARANTINE_KEPT:]
         if not decision.rolls or applied.max_num_seqs is None:
             return decision, quarantine
 
@@ -479,7 +527,12 @@ class _Reconcile:
             near = seen is not None and abs(seen - entry.context_tokens) <= max(
                 1.0, entry.context_tokens * rules.dead_band_percent / 100
             )
-            if decision.value >= entry.max_num_seqs and near:
+            beyond = (
+                decision.value >= entry.max_num_seqs
+                if entry.direction == "Above"
+                else decision.value <= entry.max_num_seqs
+            )
+            if beyond and near:
                 return hold(
                     "quarantined",
                     f"{decision.value} would reach the quarantined {entry.max_num_seqs} (failed at avg ctx "
@@ -499,6 +552,71 @@ class _Reconcile:
                 "allow it with spec.rollout.maxSurge: 1 (a spare GPU) or spec.rollout.allowServingGap: true",
             ), quarantine
         return decision, quarantine
+
+    # -- the check after every change ---------------------------------------------------------------
+
+    @functools.cached_property
+    def verdicts(self) -> dict[tuple[datetime, int], dict[str, Any]]:
+        """The check's record per change (time, to): before/after figures and the verdict, carried
+        over from the stored status history."""
+        return {
+            (h.time, h.to): {
+                "before": h.before,
+                "after": h.after,
+                "verdict": h.verdict,
+                "verdictReason": h.verdict_reason,
+            }
+            for h in self.old.history
+        }
+
+    def check_last_change(
+        self,
+        state: DeploymentState | None,
+        applied: Applied,
+        rules: TuningRules,
+        observation: Observation | None,
+        settled_since: datetime | None,
+    ) -> Check | None:
+        """The verdict on the last retune, once its settle window has passed (None before that, or
+        when it was checked already or has nothing to compare against). Recorded, with an Event."""
+        last = applied.rollouts[-1] if applied.rollouts else None
+        if last is None or last.from_value is None or state is None or state.rolling or settled_since is None:
+            return None
+        record = self.verdicts.setdefault((last.time, last.to_value), {})
+        before: WindowFigures | None = record.get("before")
+        if before is None or record.get("verdict") is not None:
+            return None
+        if self.now < settled_since + timedelta(seconds=rules.window_s):
+            return None
+        after = Figures.of(observation)
+        if after is None:
+            return None
+        check = verify(
+            Figures(
+                before.context_tokens,
+                before.tokens_per_second_per_pod,
+                before.tpot_p99_milliseconds / 1e3,
+                before.preemptions_per_second,
+            ),
+            after,
+            rules.dead_band_percent,
+            rules.tpot_p99_target_ms / 1e3 if rules.tpot_p99_target_ms is not None else None,
+        )
+        record.update(after=window_figures(after), verdict=check.verdict, verdictReason=check.reason)
+        message = f"max-num-seqs {last.from_value}→{last.to_value}: {check.verdict.lower()} — {check.reason}"
+        self.event("Warning" if check.verdict == "Reverted" else "Normal", f"Change{check.verdict}", message)
+        return check
+
+    def remember_before(
+        self, rolled: bool, decision: Decision, rollouts: Sequence[Rollout], observation: Observation | None
+    ) -> None:
+        """A retune keeps the window before it, for the check after it."""
+        if not rolled or not rollouts or decision.reason.startswith((ROLLBACK, REVERT)):
+            return
+        new = rollouts[-1]
+        figures = Figures.of(observation)
+        if new.from_value is not None and figures is not None:
+            self.verdicts[(new.time, new.to_value)] = {"before": window_figures(figures)}
 
     # -- adopted workloads (spec.targetRef) -----------------------------------------------------------
 
@@ -780,7 +898,17 @@ class _Reconcile:
             rollout_complete_time=settled_since,
             history=[
                 HistoryEntry.model_validate(
-                    {"time": r.time, "from": r.from_value, "to": r.to_value, "reason": r.reason[:2048]}
+                    {
+                        "time": r.time,
+                        "from": r.from_value,
+                        "to": r.to_value,
+                        "reason": r.reason,
+                        **{
+                            k: v
+                            for k, v in self.verdicts.get((r.time, r.to_value), {}).items()
+                            if v is not None
+                        },
+                    }
                 )
                 for r in rollouts
             ],

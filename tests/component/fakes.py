@@ -203,6 +203,8 @@ def observation(
     running: float | None = 48,
     pods: int = 1,
     reason: str = "no samples in the window",
+    tokens_per_s: float = 1000.0,
+    preemptions_per_s: float = 0.0,
 ) -> Observation:
     def reading(value: float | None) -> Reading:
         return Reading.of(value) if value is not None else Reading.unavailable(reason)
@@ -218,8 +220,8 @@ def observation(
         waiting=reading(0.0),
         kv_cache_usage=reading(0.4),
         prefix_hit_ratio=reading(0.1),
-        preemptions_per_s=reading(0.0),
-        generation_tokens_per_s=reading(1000.0),
+        preemptions_per_s=reading(preemptions_per_s),
+        generation_tokens_per_s=reading(tokens_per_s),
     )
 
 

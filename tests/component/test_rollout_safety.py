@@ -97,3 +97,96 @@ def test_a_rollout_that_never_gets_ready_is_rolled_back_and_quarantined(world: W
     shift(world, 512, evaluations=3)
     assert applied(world) == 240
     assert world.kube.status("default", "chat").get("quarantine", []) == []
+
+
+def settled_window(world: World, ctx: int, **figures: float) -> None:
+    """The rollout completes, then a whole settle window of traffic with these figures."""
+    world.kube.finish_rollout("default", "chat")
+    world.observer.set("default", "chat", observation(world.clock.now, ctx=ctx, **figures))  # type: ignore[arg-type]
+    world.reconcile()
+    world.clock.advance(121)
+    world.observer.set("default", "chat", observation(world.clock.now, ctx=ctx, **figures))  # type: ignore[arg-type]
+    world.reconcile()
+
+
+def test_a_change_that_did_what_the_model_said_is_kept(world: World) -> None:
+    started(world)
+    world.observer.set(
+        "default", "chat", observation(world.clock.now, ctx=8192, tpot_p99_ms=40, tokens_per_s=1500)
+    )
+    world.reconcile()
+    world.clock.advance(30)
+    world.observer.set(
+        "default", "chat", observation(world.clock.now, ctx=8192, tpot_p99_ms=40, tokens_per_s=1500)
+    )
+    world.reconcile()
+    assert applied(world) == 16
+    settled_window(world, 8192, tpot_p99_ms=25, tokens_per_s=1450)  # TPOT halves, throughput holds
+
+    entry = world.kube.status("default", "chat")["history"][-1]
+    assert entry["verdict"] == "Kept"
+    assert entry["before"]["tpotP99Milliseconds"] == 40 and entry["after"]["tpotP99Milliseconds"] == 25
+    assert (
+        entry["before"]["tokensPerSecondPerPod"] == 1500 and entry["after"]["tokensPerSecondPerPod"] == 1450
+    )
+    assert "ChangeKept" in [e["reason"] for e in world.kube.events]
+    assert applied(world) == 16
+
+
+def test_a_change_that_lost_throughput_is_reverted_and_not_retried(world: World) -> None:
+    """A kernel or memory cliff: 240 runs, but slower per pod than 64 did."""
+    started(world)
+    for _ in range(2):
+        world.observer.set(
+            "default", "chat", observation(world.clock.now, ctx=512, tpot_p99_ms=20, tokens_per_s=3000)
+        )
+        world.reconcile()
+        world.clock.advance(30)
+    assert applied(world) == 240
+    settled_window(world, 512, tpot_p99_ms=60, tokens_per_s=2000)  # −33 % and TPOT worse
+
+    assert applied(world) == 64
+    status = world.kube.status("default", "chat")
+    checked = status["history"][-2]
+    assert checked["to"] == 240 and checked["verdict"] == "Reverted"
+    assert "throughput fell without a TPOT gain" in checked["verdictReason"]
+    assert status["history"][-1]["reason"].startswith("revert 240→64")
+    [entry] = status["quarantine"]
+    assert entry["maxNumSeqs"] == 240 and entry["direction"] == "Above" and entry["contextTokens"] == 512
+    reasons = [e["reason"] for e in world.kube.events]
+    assert "ChangeReverted" in reasons and "Reverted" in reasons
+
+    # the same traffic again: never retried while quarantined, and the revert itself is not "checked"
+    settled_window(world, 512, tpot_p99_ms=20, tokens_per_s=3000)
+    for _ in range(3):
+        world.clock.advance(30)
+        world.observer.set(
+            "default", "chat", observation(world.clock.now, ctx=512, tpot_p99_ms=20, tokens_per_s=3000)
+        )
+        world.reconcile()
+    assert applied(world) == 64
+    assert world.kube.status("default", "chat")["holdReason"] == "quarantined"
+
+
+def test_preemptions_appearing_revert_the_change(world: World) -> None:
+    started(world)
+    for _ in range(2):
+        world.observer.set("default", "chat", observation(world.clock.now, ctx=512, tokens_per_s=3000))
+        world.reconcile()
+        world.clock.advance(30)
+    settled_window(world, 512, tokens_per_s=3100, preemptions_per_s=2.0)
+    assert applied(world) == 64
+    assert "preemptions appeared" in world.kube.status("default", "chat")["history"][-2]["verdictReason"]
+
+
+def test_traffic_that_moved_is_inconclusive_not_a_revert(world: World) -> None:
+    started(world)
+    for _ in range(2):
+        world.observer.set("default", "chat", observation(world.clock.now, ctx=512, tokens_per_s=3000))
+        world.reconcile()
+        world.clock.advance(30)
+    settled_window(world, 2048, tokens_per_s=1000)  # another workload now: nothing to compare
+    history = world.kube.status("default", "chat")["history"]
+    [checked] = [h for h in history if h["to"] == 240]
+    assert checked["verdict"] == "Inconclusive" and "traffic moved" in checked["verdictReason"]
+    assert world.kube.status("default", "chat").get("quarantine", []) == []

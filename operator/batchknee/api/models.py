@@ -673,8 +673,17 @@ class ObservedMetrics(_Model):
     sampled_at: Timestamp | None = Field(None, description="When these values were read.")
 
 
+class WindowFigures(_Model):
+    """What one metrics window showed, for the check after a change."""
+
+    context_tokens: int = Field(ge=0, description="Average context per running sequence (tokens).")
+    tokens_per_second_per_pod: float = Field(ge=0, description="Generation throughput per pod (tokens/s).")
+    tpot_p99_milliseconds: float = Field(ge=0, description="Time per output token, p99 (ms).")
+    preemptions_per_second: float = Field(ge=0, description="Preemptions per second, all pods.")
+
+
 class HistoryEntry(_Model):
-    """One change of the batch limit."""
+    """One change of the batch limit, and the check of what it did."""
 
     time: Timestamp = Field(description="When the change was applied.")
     from_: int | None = Field(
@@ -682,6 +691,14 @@ class HistoryEntry(_Model):
     )
     to: int = Field(description="The new max-num-seqs.")
     reason: ReasonText = Field(description="Why, in one line from the math.")
+    before: WindowFigures | None = Field(None, description="The metrics window before the change.")
+    after: WindowFigures | None = Field(None, description="The settled metrics window after the change.")
+    verdict: Literal["Kept", "Reverted", "Inconclusive"] | None = Field(
+        None, description="Kept, Reverted (and quarantined) or Inconclusive (traffic moved meanwhile)."
+    )
+    verdict_reason: ReasonText | None = Field(
+        None, description="The before/after figures behind the verdict."
+    )
 
 
 class CalibrationSample(_Model):
@@ -718,7 +735,13 @@ QUARANTINE_KEPT = 8
 class QuarantineEntry(_Model):
     """A batch limit that failed at a context: not tried again there until `until`."""
 
-    max_num_seqs: int = Field(ge=1, description="The batch limit that failed (and any above it).")
+    max_num_seqs: int = Field(
+        ge=1, description="The batch limit that failed (and any beyond it, in the direction of the change)."
+    )
+    direction: Literal["Above", "Below"] = Field(
+        "Above",
+        description="Above: the failed change raised the limit (larger values are held too); Below: it lowered it.",
+    )
     context_tokens: int = Field(ge=0, description="The average context it failed at (within the dead band).")
     until: Timestamp = Field(description="When it may be tried again.")
     reason: ReasonText = Field(description="What went wrong.")

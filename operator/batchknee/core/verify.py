@@ -1,0 +1,85 @@
+"""Did a retune do what the model predicted? (pure)
+
+After every change, once the settle window has passed, the window after is compared with the window
+before, at a similar context (within the dead band — otherwise traffic changed, not the setting).
+The change is reverted, and its value quarantined for that context, when
+
+- generation throughput per pod fell by more than 10 % without a TPOT p99 gain,
+- preemptions appeared where there were none (the batch no longer fits the KV pool), or
+- TPOT p99 now breaks a target it met before;
+
+else it is kept (and the settled window becomes a verified calibration point).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from batchknee.core.observation import Observation
+
+THROUGHPUT_DROP = 0.10  # a fall in tokens/s per pod larger than this is a regression…
+TPOT_GAIN = 0.05  # …unless TPOT p99 improved by at least this much (a deliberate trade)
+PREEMPTIONS_NONE = 0.01  # preemptions per second below this count as none
+
+Verdict = Literal["Kept", "Reverted", "Inconclusive"]
+
+
+@dataclass(frozen=True)
+class Figures:
+    """What a window showed, per pod where it matters."""
+
+    context_tokens: float
+    tokens_per_s_per_pod: float
+    tpot_p99_s: float
+    preemptions_per_s: float
+
+    @classmethod
+    def of(cls, observation: Observation | None) -> Figures | None:
+        """The figures of a usable observation, else None (nothing is compared against a gap)."""
+        if observation is None or observation.pods < 1:
+            return None
+        ctx = observation.avg_context_tokens.value
+        tokens = observation.generation_tokens_per_s.value
+        tpot = observation.tpot_p99_s.value
+        preemptions = observation.preemptions_per_s.value
+        if ctx is None or tokens is None or tpot is None or preemptions is None:
+            return None
+        return cls(ctx, tokens / observation.pods, tpot, preemptions)
+
+
+@dataclass(frozen=True)
+class Check:
+    verdict: Verdict
+    reason: str
+
+
+def verify(
+    before: Figures, after: Figures, dead_band_percent: int, tpot_target_s: float | None = None
+) -> Check:
+    """The verdict on one change from the windows before and after it."""
+    drift = abs(after.context_tokens - before.context_tokens) / max(before.context_tokens, 1.0)
+    if drift * 100 > dead_band_percent:
+        return Check(
+            "Inconclusive",
+            f"traffic moved (avg ctx {before.context_tokens:.0f} → {after.context_tokens:.0f} tok): "
+            "nothing to compare",
+        )
+    change = (
+        after.tokens_per_s_per_pod / before.tokens_per_s_per_pod - 1 if before.tokens_per_s_per_pod else 0.0
+    )
+    figures = (
+        f"tok/s per pod {before.tokens_per_s_per_pod:.0f} → {after.tokens_per_s_per_pod:.0f} "
+        f"({change * 100:+.0f} %), TPOT p99 {before.tpot_p99_s * 1e3:.1f} → {after.tpot_p99_s * 1e3:.1f} ms, "
+        f"preemptions/s {before.preemptions_per_s:.2f} → {after.preemptions_per_s:.2f}"
+    )
+    tpot_gained = after.tpot_p99_s <= before.tpot_p99_s * (1 - TPOT_GAIN)
+    if change < -THROUGHPUT_DROP and not tpot_gained:
+        return Check("Reverted", f"throughput fell without a TPOT gain: {figures}")
+    if before.preemptions_per_s < PREEMPTIONS_NONE <= after.preemptions_per_s:
+        return Check("Reverted", f"preemptions appeared: {figures}")
+    if tpot_target_s is not None and before.tpot_p99_s <= tpot_target_s < after.tpot_p99_s:
+        return Check(
+            "Reverted", f"TPOT p99 now breaks its {tpot_target_s * 1e3:.0f} ms target, met before: {figures}"
+        )
+    return Check("Kept", figures)
