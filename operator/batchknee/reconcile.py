@@ -29,6 +29,7 @@ from batchknee.api.models import (
     LLMServingStatus,
     ObservedMetrics,
 )
+from batchknee.api.models import RecentTarget as RecentTargetStatus
 from batchknee.api.resolve import (
     SpecError,
     calibration_fingerprint,
@@ -44,6 +45,7 @@ from batchknee.core.policy import (
     Applied,
     CalibrationPoint,
     Decision,
+    RecentTarget,
     add_calibration_point,
     calibration_point,
     decide,
@@ -283,7 +285,9 @@ class _Reconcile:
             calibration,
             self.now,
             user_max_num_seqs=int_flag(obj.spec.args, user_flag),
-            previous_recommended=self.old.recommended_max_num_seqs,
+            recent_targets=tuple(
+                RecentTarget(t.time, t.batch) for t in self.old.recent_targets or () if t.batch > 0
+            ),
         )
 
         rollouts = record(applied, decision, self.now)
@@ -497,4 +501,8 @@ class _Reconcile:
                 for r in rollouts
             ],
             calibration=calibration_status,
+            recent_targets=[
+                RecentTargetStatus(time=t.time, batch=round(t.batch, 3)) for t in decision.recent_targets
+            ]
+            or None,
         )

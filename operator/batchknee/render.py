@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -114,14 +115,18 @@ def _metadata(obj: LLMServing, name: str, annotations: Mapping[str, str] | None 
 
 
 def encode_rollouts(rollouts: Sequence[Rollout]) -> str:
-    return json.dumps(
-        [
-            {"time": format_timestamp(r.time), "from": r.from_value, "to": r.to_value, "reason": r.reason}
-            for r in rollouts
-        ],
-        ensure_ascii=False,
-        separators=(",", ":"),
-    )
+    entries = []
+    for r in rollouts:
+        entry: dict[str, Any] = {
+            "time": format_timestamp(r.time),
+            "from": r.from_value,
+            "to": r.to_value,
+            "reason": r.reason,
+        }
+        if r.target is not None:
+            entry["target"] = round(r.target, 3)
+        entries.append(entry)
+    return json.dumps(entries, ensure_ascii=False, separators=(",", ":"))
 
 
 def decode_rollouts(text: str | None) -> tuple[Rollout, ...]:
@@ -134,12 +139,17 @@ def decode_rollouts(text: str | None) -> tuple[Rollout, ...]:
         for entry in entries:
             moment = datetime.fromisoformat(str(entry["time"]).replace("Z", "+00:00"))
             before = entry.get("from")
+            target = entry.get("target")
+            target_value = float(target) if target is not None else None
             rollouts.append(
                 Rollout(
                     moment,
                     int(before) if before is not None else None,
                     int(entry["to"]),
                     str(entry["reason"]),
+                    target_value
+                    if target_value is not None and math.isfinite(target_value) and target_value > 0
+                    else None,
                 )
             )
         return tuple(sorted(rollouts, key=lambda r: r.time))

@@ -16,18 +16,21 @@ def max_num_seqs(world: World, name: str = "chat") -> int | None:
     return state.max_num_seqs if state else None
 
 
-def settle(world: World, seconds: float = 121) -> None:
+def settle(world: World, seconds: float = 181) -> None:
+    """The rollout completes; then time passes beyond the window (120 s) and the time a change
+    must hold before it rolls (1.5 windows)."""
     world.kube.finish_rollout("default", "chat")
     world.reconcile()  # sees the rollout complete: the settle window starts now
     world.clock.advance(seconds)
 
 
 def shift_context(world: World, ctx: int) -> None:
-    """Traffic moves to `ctx` and one evaluation sees it (it holds: one reading is not a trend);
-    the next evaluation, 30 s later, sees the same."""
-    world.observer.set("default", "chat", observation(world.clock.now, ctx=ctx))
-    world.reconcile()
-    world.clock.advance(30)
+    """Traffic moves to `ctx` and evaluations every 30 s see it for 1.5 windows (180 s: they hold,
+    a change must last); the next evaluation may roll."""
+    for _ in range(6):
+        world.observer.set("default", "chat", observation(world.clock.now, ctx=ctx))
+        world.reconcile()
+        world.clock.advance(30)
     world.observer.set("default", "chat", observation(world.clock.now, ctx=ctx))
 
 
@@ -77,12 +80,19 @@ def test_context_shift_rolls_to_the_new_knee_and_says_why(world: World) -> None:
     assert max_num_seqs(world) == 64  # one evaluation is not a trend: the window may be mid-shift
     status = world.kube.status("default", "chat")
     assert status["holdReason"] == "unsteady"
-    assert status["reason"].endswith("holding 64: the recommendation is still moving (64 → 16)")
+    assert status["reason"].endswith(
+        "holding 64: the recommendation is still moving (59.8 at 12:03:01Z → 15.0)"
+    )
     assert status["recommendedMaxNumSeqs"] == 16
 
-    world.clock.advance(30)
-    world.observer.set("default", "chat", observation(world.clock.now, ctx=8192, tpot_p99_ms=31))
-    world.reconcile()
+    # the change must hold for 1.5 windows (180 s) before it rolls: a swing that returns is flapping
+    for _ in range(6):
+        world.clock.advance(30)
+        world.observer.set("default", "chat", observation(world.clock.now, ctx=8192, tpot_p99_ms=31))
+        world.reconcile()
+        if max_num_seqs(world) == 16:
+            break
+        assert world.kube.status("default", "chat")["holdReason"] == "unsteady"
     assert max_num_seqs(world) == 16
     status = world.kube.status("default", "chat")
     assert status["maxNumSeqs"] == 16 and status["recommendedMaxNumSeqs"] == 16
@@ -278,6 +288,7 @@ def test_cooldown_and_budget_hold_with_their_reason(world: World) -> None:
     world.reconcile()  # the creation is not a retune: no cooldown yet
     assert max_num_seqs(world) == 16
     retuned_at = world.clock.now
+    world.clock.advance(5)  # the next reading comes later (one at the same instant would be this one)
     world.observer.set("default", "chat", observation(world.clock.now, ctx=2048))
     settle(world)
     world.reconcile()

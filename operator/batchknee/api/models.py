@@ -26,7 +26,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from batchknee.core.catalog import GPUS, MODELS
-from batchknee.core.policy import CALIBRATION_SAMPLES_KEPT, HISTORY_KEPT
+from batchknee.core.policy import CALIBRATION_SAMPLES_KEPT, HISTORY_KEPT, RECENT_TARGETS_KEPT
 
 GROUP = "batchknee.io"
 VERSION = "v1alpha1"
@@ -533,6 +533,13 @@ class CalibrationSample(_Model):
     tpot_p99_milliseconds: float = Field(ge=0, description="Time per output token, p99 (ms).")
 
 
+class RecentTarget(_Model):
+    """One evaluation's batch target before rounding, for the dead band and the steadiness rules."""
+
+    time: Timestamp = Field(description="When the observation behind it was sampled.")
+    batch: float = Field(ge=0, description="The target batch before rounding to the granularity.")
+
+
 class CalibrationStatus(_Model):
     """The TPOT guard's calibration: observed samples and the fitted terms."""
 
@@ -593,6 +600,12 @@ class LLMServingStatus(_Model):
         description=f"The last {HISTORY_KEPT} batch-limit changes.",
     )
     calibration: CalibrationStatus | None = Field(None, description="TPOT guard calibration.")
+    recent_targets: list[RecentTarget] | None = Field(
+        None,
+        max_length=RECENT_TARGETS_KEPT,
+        description="Recent evaluations' unrounded targets: what 'still moving' and 'held long enough' "
+        "compare with.",
+    )
 
     def condition(self, kind: str) -> Condition | None:
         return next((c for c in self.conditions if c.type == kind), None)

@@ -158,6 +158,7 @@ def tuning_rules(spec: LLMServingSpec) -> TuningRules:
             window_s=tuning.window_seconds,
             initial_context_length=tuning.initial_context_length,
             pinned_max_num_seqs=tuning.pinned_max_num_seqs,
+            evaluation_interval_s=tuning.evaluation_interval_seconds,
         )
     except ValueError as error:
         raise SpecError("spec.tuning", str(error)) from None
