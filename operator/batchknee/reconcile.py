@@ -52,7 +52,14 @@ from batchknee.core.policy import (
     record,
 )
 from batchknee.ports import ApplyError, EventType, KubernetesPort, Observer
-from batchknee.render import DeploymentState, Desired, RenderDefaults, deployment_state, render
+from batchknee.render import (
+    DeploymentState,
+    Desired,
+    RenderDefaults,
+    deployment_state,
+    overridden_args,
+    render,
+)
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +113,7 @@ def _key(raw: dict[str, Any]) -> tuple[str, str]:
 class _Conditions:
     """Conditions keyed by type, keeping lastTransitionTime when the status does not change."""
 
-    ORDER = ("Ready", "MetricsAvailable", "Progressing", "Degraded")
+    ORDER = ("Ready", "MetricsAvailable", "Progressing", "Degraded", "ArgsOverridden")
 
     def __init__(self, old: Sequence[Condition], generation: int | None, now: datetime) -> None:
         self.old: dict[str, Condition] = {c.type: c for c in old}
@@ -333,6 +340,7 @@ class _Reconcile:
                 calibration = add_calibration_point(calibration, point)
 
         self.set_conditions(obj, state, observation, decision, rolled, apply_error)
+        self.report_overridden_args(overridden_args(obj, desired))
         status = self.status(
             obj, state, observation, decision, rolled, rollouts, settled_since, calibration, fingerprint
         )
@@ -376,6 +384,16 @@ class _Reconcile:
         except Exception as error:  # the observer must not break reconcile: this is "unavailable"
             log.warning("%s/%s: observation failed: %s", self.namespace, self.name, error)
             return Observation.unavailable(self.now, f"observation failed: {error}")
+
+    def report_overridden_args(self, overridden: Sequence[str]) -> None:
+        """ArgsOverridden=True (and a Warning event when it turns so or changes) while spec.args
+        sets a flag the operator manages to another value; absent otherwise."""
+        if not overridden:
+            return
+        message = "the operator manages and replaces: " + "; ".join(overridden)
+        self.conditions.set("ArgsOverridden", "True", "ManagedFlags", message)
+        if self.conditions.turned("ArgsOverridden", "True", or_message=True):
+            self.event("Warning", "ArgsOverridden", message)
 
     def calibration_points(self, fingerprint: str) -> tuple[CalibrationPoint, ...]:
         calibration = self.old.calibration

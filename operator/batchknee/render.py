@@ -26,8 +26,11 @@ from batchknee.api.models import API_VERSION, KIND, Engine, LLMServing, format_t
 from batchknee.core.engine_args import (
     ENGINE_CONFIG_DIR,
     ENGINE_CONFIG_FILE,
+    TRTLLM_MANAGED,
+    VLLM_MANAGED,
     VLLM_PORT,
     int_flag,
+    overridden_flags,
     trtllm_args,
     trtllm_command,
     vllm_args,
@@ -312,6 +315,29 @@ def deployment(obj: LLMServing, desired: Desired, defaults: RenderDefaults) -> d
             },
         },
     }
+
+
+def overridden_args(obj: LLMServing, desired: Desired) -> list[str]:
+    """The user's `spec.args` the operator replaces with other values (managed flags in any
+    spelling), as `<as written> <value> → <value run>`: for the ArgsOverridden condition."""
+    spec = obj.spec
+    user = list(spec.args)
+    if spec.engine == Engine.VLLM:
+        rendered = vllm_args(
+            user,
+            served_model_name=spec.model.served_model_name or spec.model.name,
+            tensor_parallel=spec.gpu.count,
+            max_num_seqs=desired.max_num_seqs,
+            kv_cache_dtype=spec.model.kv_cache_dtype,
+        )
+        flags = [*VLLM_MANAGED, "--max-num-batched-tokens"]
+        if spec.model.kv_cache_dtype != "auto":
+            flags.append("--kv-cache-dtype")
+    else:
+        rendered = trtllm_args(user, tensor_parallel=spec.gpu.count)
+        flags = [*TRTLLM_MANAGED, "--max_batch_size"]
+        rendered += ["--max_batch_size", str(desired.max_num_seqs)]  # it lives in the options file
+    return overridden_flags(user, rendered, dict.fromkeys(flags))
 
 
 def render(obj: LLMServing, desired: Desired, defaults: RenderDefaults | None = None) -> list[dict[str, Any]]:

@@ -16,6 +16,10 @@ def max_num_seqs(world: World, name: str = "chat") -> int | None:
     return state.max_num_seqs if state else None
 
 
+def conditions(world: World) -> set[str]:
+    return {c["type"] for c in world.kube.status("default", "chat")["conditions"]}
+
+
 def settle(world: World, seconds: float = 181) -> None:
     """The rollout completes; then time passes beyond the window (120 s) and the time a change
     must hold before it rolls (1.5 windows)."""
@@ -350,3 +354,29 @@ def test_a_damaged_status_is_rebuilt(world: World) -> None:
     world.reconcile()
     status = world.kube.status("default", "chat")
     assert status["maxNumSeqs"] == 64 and [h["to"] for h in status["history"]] == [64]
+
+
+def test_a_managed_flag_in_spec_args_is_replaced_and_reported(world: World) -> None:
+    world.kube.create(llmserving(args=["--max-num-seqs", "999", "-tp", "2", "--enforce-eager"]))
+    world.reconcile()
+    args = world.args()
+    assert max_num_seqs(world) == 64 and "999" not in args
+    assert "-tp" not in args and args[args.index("--tensor-parallel-size") + 1] == "1"
+    assert args[-1] == "--enforce-eager"
+    condition = world.kube.condition("default", "chat", "ArgsOverridden")
+    assert condition["status"] == "True"
+    assert "--max-num-seqs 999 → 64" in condition["message"] and "-tp 2 → 1" in condition["message"]
+    assert [e["reason"] for e in world.kube.events].count("ArgsOverridden") == 1
+    world.reconcile()  # said once, not every tick
+    assert [e["reason"] for e in world.kube.events].count("ArgsOverridden") == 1
+
+    world.kube.edit_spec("default", "chat", {"args": ["--enforce-eager"]})
+    world.reconcile()
+    assert "ArgsOverridden" not in conditions(world)
+
+
+def test_recommend_mode_keeps_the_users_limit_without_reporting_it(world: World) -> None:
+    world.kube.create(llmserving(tuning={"mode": "Recommend"}, args=["--max-num-seqs=256"]))
+    world.reconcile()
+    assert max_num_seqs(world) == 256
+    assert "ArgsOverridden" not in conditions(world)

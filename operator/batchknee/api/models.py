@@ -35,7 +35,7 @@ KIND = "LLMServing"
 PLURAL = "llmservings"
 SINGULAR = "llmserving"
 SHORT_NAMES = ("llms",)
-CONDITION_TYPES = ("Ready", "MetricsAvailable", "Progressing", "Degraded")
+CONDITION_TYPES = ("Ready", "MetricsAvailable", "Progressing", "Degraded", "ArgsOverridden")
 
 
 def normalise_catalog_name(name: str) -> str:
@@ -481,8 +481,8 @@ ConditionStatus = Literal["True", "False", "Unknown"]
 class Condition(_Model):
     """One aspect of the object's state, Kubernetes style."""
 
-    type: Literal["Ready", "MetricsAvailable", "Progressing", "Degraded"] = Field(
-        description="Ready, MetricsAvailable, Progressing or Degraded."
+    type: Literal["Ready", "MetricsAvailable", "Progressing", "Degraded", "ArgsOverridden"] = Field(
+        description="Ready, MetricsAvailable, Progressing, Degraded or ArgsOverridden."
     )
     status: ConditionStatus = Field(description="True, False or Unknown.")
     observed_generation: int | None = Field(
