@@ -37,6 +37,7 @@ from batchknee.api.resolve import (
     observation_target,
     parse_llmserving,
     resolve_roofline,
+    trtllm_kv_cache,
     tuning_rules,
 )
 from batchknee.core.engine_args import int_flag
@@ -56,9 +57,12 @@ from batchknee.render import (
     DeploymentState,
     Desired,
     RenderDefaults,
+    config_map,
     deployment_state,
+    engine_config_selector,
     overridden_args,
     render,
+    stale_engine_configs,
 )
 
 log = logging.getLogger(__name__)
@@ -306,6 +310,8 @@ class _Reconcile:
         except ApplyError as error:
             apply_error = str(error)
         rolled = decision.rolls and apply_error is None
+        if apply_error is None and obj.spec.engine == Engine.TensorRTLLM:
+            self.prune_engine_configs(obj, desired)
         if not rolled:
             rollouts = applied.rollouts
 
@@ -384,6 +390,17 @@ class _Reconcile:
         except Exception as error:  # the observer must not break reconcile: this is "unavailable"
             log.warning("%s/%s: observation failed: %s", self.namespace, self.name, error)
             return Observation.unavailable(self.now, f"observation failed: {error}")
+
+    def prune_engine_configs(self, obj: LLMServing, desired: Desired) -> None:
+        """Delete this LLMServing's options ConfigMaps past the newest few (best effort: a failure
+        is a log line, retried next time)."""
+        try:
+            current = config_map(obj, desired)["metadata"]["name"]
+            found = self.ports.kube.list_config_maps(self.namespace, engine_config_selector(self.name))
+            for name, uid in stale_engine_configs(obj, found, current):
+                self.ports.kube.delete_config_map(self.namespace, name, uid)
+        except Exception as error:
+            log.warning("%s/%s: could not prune old engine options: %s", self.namespace, self.name, error)
 
     def report_overridden_args(self, overridden: Sequence[str]) -> None:
         """ArgsOverridden=True (and a Warning event when it turns so or changes) while spec.args
@@ -503,7 +520,7 @@ class _Reconcile:
             recommended_max_num_seqs=decision.recommended
             if decision.recommended is not None
             else old.recommended_max_num_seqs,
-            max_tokens=(decision.max_tokens if rolled else (state.max_tokens if state else None))
+            max_tokens=trtllm_kv_cache(obj.spec).max_tokens
             if obj.spec.engine == Engine.TensorRTLLM
             else None,
             limited_by=decision.limited_by or old.limited_by,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from datetime import timedelta
+from typing import Any
 
 from conftest import World, llmserving
 from fakes import observation
@@ -223,13 +224,22 @@ def test_apply_refused_is_degraded_and_not_recorded(world: World) -> None:
     assert status.get("history", []) == [] and "maxNumSeqs" not in status
 
 
-def test_tensorrt_llm_gets_an_options_file_and_a_checksum_that_rolls(world: World) -> None:
+def engine_configs(world: World) -> list[dict[str, Any]]:
+    return [obj for (kind, _, _), obj in world.kube.objects.items() if kind == "ConfigMap"]
+
+
+def mounted_config(world: World) -> str:
+    volumes = world.kube.deployment("default", "chat")["spec"]["template"]["spec"]["volumes"]
+    return next(v["configMap"]["name"] for v in volumes if "configMap" in v)
+
+
+def test_tensorrt_llm_gets_an_immutable_options_file_per_revision(world: World) -> None:
     world.kube.create(llmserving(engine="TensorRTLLM"))
     world.reconcile()
-    config = world.kube.get("ConfigMap", "default", "chat-engine")
-    assert config is not None
+    [config] = engine_configs(world)
+    assert config["immutable"] is True and config["metadata"]["name"] == mounted_config(world)
     assert "max_batch_size: 64" in config["data"]["engine.yaml"]
-    assert "max_tokens: 131072" in config["data"]["engine.yaml"]
+    assert "max_tokens" not in config["data"]["engine.yaml"]  # max_batch_size carries the knee
     template = world.kube.deployment("default", "chat")["spec"]["template"]
     checksum = template["metadata"]["annotations"]["batchknee.io/engine-config-checksum"]
     assert template["spec"]["containers"][0]["command"][0] == "trtllm-serve"
@@ -242,7 +252,31 @@ def test_tensorrt_llm_gets_an_options_file_and_a_checksum_that_rolls(world: Worl
     template = world.kube.deployment("default", "chat")["spec"]["template"]
     assert template["metadata"]["annotations"]["batchknee.io/engine-config-checksum"] != checksum
     assert max_num_seqs(world) == 16
-    assert world.kube.status("default", "chat")["maxTokens"] == 16 * 8192
+    assert "maxTokens" not in world.kube.status("default", "chat")
+    # a new file under a new name; the old one stays for the old pods of the rollout
+    names = {c["metadata"]["name"] for c in engine_configs(world)}
+    assert len(names) == 2 and mounted_config(world) in names and config["metadata"]["name"] in names
+    assert (
+        "max_batch_size: 16"
+        in world.kube.get("ConfigMap", "default", mounted_config(world))["data"]["engine.yaml"]
+    )
+
+    # spec changes make more files; only the newest three are kept, the mounted one among them
+    for fraction in (0.5, 0.6, 0.7):
+        world.kube.edit_spec(
+            "default",
+            "chat",
+            {"extraLlmApiOptions": {"kv_cache_config": {"free_gpu_memory_fraction": fraction}}},
+        )
+        world.reconcile()
+        world.kube.finish_rollout("default", "chat")
+    names = {c["metadata"]["name"] for c in engine_configs(world)}
+    assert len(names) == 3 and mounted_config(world) in names
+    assert config["metadata"]["name"] not in names
+    assert (
+        "free_gpu_memory_fraction: 0.7"
+        in world.kube.get("ConfigMap", "default", mounted_config(world))["data"]["engine.yaml"]
+    )
 
 
 def test_pinned_runs_the_pinned_value(world: World) -> None:

@@ -107,10 +107,15 @@ Each rule is a call the operator makes; the README lists which code makes it.
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["get", "list", "watch", "create", "patch"]
-# The engine Service and TensorRT-LLM's options ConfigMap: server-side apply only (create, patch).
+# The engine Service: server-side apply only (create, patch).
 - apiGroups: [""]
-  resources: ["services", "configmaps"]
+  resources: ["services"]
   verbs: ["create", "patch"]
+# TensorRT-LLM's options ConfigMaps (immutable, one per content): applied, and the old ones listed
+# and deleted past the newest three.
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["create", "patch", "list", "delete"]
 # Deployed / Retuned / Recommended / InvalidSpec events.
 - apiGroups: [""]
   resources: ["events"]
