@@ -59,7 +59,7 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalPromet
             "64",
             "--max_seq_len",
             "8192",
-        ]  # fmt: skip
+        ]
     )
     file_sd = workdir / "targets.json"
     labels = {"namespace": "prod", "pod": "trt-7c9f8b6d5-abcde", "__metrics_path__": "/prometheus/metrics"}
