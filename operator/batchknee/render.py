@@ -386,6 +386,13 @@ def overridden_args(obj: LLMServing, desired: Desired) -> list[str]:
         rendered = trtllm_args(user, tensor_parallel=spec.gpu.count)
         flags = [*TRTLLM_MANAGED, "--max_batch_size"]
         rendered += ["--max_batch_size", str(desired.max_num_seqs)]  # it lives in the options file
+        options = spec.extra_llm_api_options or {}
+        given = options.get("max_batch_size") if isinstance(options, dict) else None
+        if given is not None and given != desired.max_num_seqs:
+            return [
+                *overridden_flags(user, rendered, dict.fromkeys(flags)),
+                f"extraLlmApiOptions.max_batch_size {given} → {desired.max_num_seqs}",
+            ]
     return overridden_flags(user, rendered, dict.fromkeys(flags))
 
 

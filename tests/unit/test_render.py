@@ -27,6 +27,7 @@ from batchknee.render import (
     deployment,
     deployment_state,
     encode_rollouts,
+    overridden_args,
     render,
     stale_engine_configs,
 )
@@ -272,3 +273,19 @@ def test_rollout_progress() -> None:
     ]
     state = deployment_state(dep)
     assert state is not None and state.stalled
+
+
+def test_overridden_args_name_the_users_spelling_and_the_value_run() -> None:
+    vllm = obj(args=["-tp", "4", "--max-num-seqs=999", "--port", "8000", "--seed", "3"])
+    assert overridden_args(vllm, Desired(64, 0)) == ["--max-num-seqs=999 → 64", "-tp 4 → 2"]
+    trt = obj(
+        engine="TensorRTLLM",
+        args=["--tp_size", "1", "--max_batch_size", "512"],
+        extraLlmApiOptions={"max_batch_size": 300},
+    )
+    assert overridden_args(trt, Desired(16, 0)) == [
+        "--max_batch_size 512 → 16",
+        "--tp_size 1 → 2",
+        "extraLlmApiOptions.max_batch_size 300 → 16",
+    ]
+    assert overridden_args(obj(args=["--seed", "3"]), Desired(64, 0)) == []
