@@ -30,12 +30,13 @@ def settle(world: World, seconds: float = 181) -> None:
 
 
 def shift_context(world: World, ctx: int) -> None:
-    """Traffic moves to `ctx` and evaluations every 30 s see it for 1.5 windows (180 s: they hold,
-    a change must last); the next evaluation may roll."""
-    for _ in range(6):
-        world.observer.set("default", "chat", observation(world.clock.now, ctx=ctx))
-        world.reconcile()
-        world.clock.advance(30)
+    """Traffic moves to `ctx` and one evaluation sees it (it holds: one reading is not a trend);
+    the next evaluation, 30 s later, sees the same (and may roll: the engines run the initial
+    context's setting, not one tuned to traffic, so no hold time applies)."""
+    world.observer.set("default", "chat", observation(world.clock.now, ctx=ctx))
+    world.reconcile()
+    assert world.kube.status("default", "chat")["holdReason"] == "unsteady"
+    world.clock.advance(30)
     world.observer.set("default", "chat", observation(world.clock.now, ctx=ctx))
 
 
@@ -90,14 +91,9 @@ def test_context_shift_rolls_to_the_new_knee_and_says_why(world: World) -> None:
     )
     assert status["recommendedMaxNumSeqs"] == 16
 
-    # the change must hold for 1.5 windows (180 s) before it rolls: a swing that returns is flapping
-    for _ in range(6):
-        world.clock.advance(30)
-        world.observer.set("default", "chat", observation(world.clock.now, ctx=8192, tpot_p99_ms=31))
-        world.reconcile()
-        if max_num_seqs(world) == 16:
-            break
-        assert world.kube.status("default", "chat")["holdReason"] == "unsteady"
+    world.clock.advance(30)
+    world.observer.set("default", "chat", observation(world.clock.now, ctx=8192, tpot_p99_ms=31))
+    world.reconcile()
     assert max_num_seqs(world) == 16
     status = world.kube.status("default", "chat")
     assert status["maxNumSeqs"] == 16 and status["recommendedMaxNumSeqs"] == 16
@@ -414,3 +410,34 @@ def test_recommend_mode_keeps_the_users_limit_without_reporting_it(world: World)
     world.reconcile()
     assert max_num_seqs(world) == 256
     assert "ArgsOverridden" not in conditions(world)
+
+
+def test_a_setting_tuned_to_traffic_changes_only_for_a_change_that_holds(world: World) -> None:
+    world.kube.create(llmserving(tuning={"cooldownSeconds": 0}))
+    world.reconcile()
+    world.observer.set("default", "chat", observation(world.clock.now, ctx=2048))
+    settle(world)
+    world.clock.advance(600)
+    shift_context(world, 8192)
+    world.reconcile()
+    assert max_num_seqs(world) == 16  # from the initial context's 64: no hold time
+    settle(world)
+    world.reconcile()
+    assert world.kube.status("default", "chat")["holdReason"] == "at-target"
+
+    def evaluate(ctx: int) -> str:
+        world.clock.advance(30)
+        world.observer.set("default", "chat", observation(world.clock.now, ctx=ctx))
+        world.reconcile()
+        return str(world.kube.status("default", "chat").get("holdReason"))
+
+    # a swing to 2,048 tokens for two minutes, then back: held, never rolled
+    swing = [evaluate(2048) for _ in range(4)] + [evaluate(8192) for _ in range(4)]
+    assert max_num_seqs(world) == 16 and "unsteady" in swing and swing[-1] == "at-target"
+    reasons = world.kube.status("default", "chat")["reason"]
+    assert "at target" in reasons
+    # the same change that stays rolls once it has held for 1.5 windows (180 s)
+    held = [evaluate(2048) for _ in range(6)]
+    assert set(held) == {"unsteady"} and max_num_seqs(world) == 16
+    evaluate(2048)
+    assert max_num_seqs(world) == 64

@@ -26,7 +26,8 @@ target of at least one evaluation interval earlier (`RecentTarget`s, by the time
 observation was sampled: a reconcile that reuses a cached reading never compares it with itself),
 and with the window's last third (the windowed average blends before and after a shift). A change
 rolls only once every target for `hold_for_s` (1.5 windows) lay outside the dead band on the same
-side: a window to take in the shift, half a window more to see it stay. Traffic that swings out
+side: a window to take in the shift, half a window more to see it stay (a setting not chosen from
+observed traffic — the initial context's, a pinned or the user's — is replaced without that wait). Traffic that swings out
 and back within that time (flapping) never rolls; a steady drift moves less than the band per
 interval, so it is not "moving" and rolls once it has held.
 
@@ -176,13 +177,22 @@ class Applied:
     @property
     def origin(self) -> float | None:
         """The unrounded target that produced the applied setting; the setting itself when the
-        record does not say (a rollout recorded before targets were, or a hand-edited one)."""
+        record does not say (an initial, pinned or user value, or an older record)."""
         if self.max_num_seqs is None:
             return None
+        return self._traffic_target if self._traffic_target is not None else float(self.max_num_seqs)
+
+    @property
+    def tuned_to_traffic(self) -> bool:
+        """Whether the applied setting was chosen from observed traffic (what flapping would undo)."""
+        return self._traffic_target is not None
+
+    @property
+    def _traffic_target(self) -> float | None:
         last = self.rollouts[-1] if self.rollouts else None
         if last is not None and last.to_value == self.max_num_seqs and last.target is not None:
             return last.target
-        return float(self.max_num_seqs)
+        return None
 
     @property
     def last_retune(self) -> Rollout | None:
@@ -564,7 +574,9 @@ def decide(
                 f"{batch:.1f})",
             )
         since = _outside_since(rules, recent_targets, origin, batch, sampled_at)
-        if sampled_at - since < timedelta(seconds=rules.hold_for_s):
+        # a setting from the initial context (or pinned, or the user's) is a guess: replaced as
+        # soon as the window is steady; one tuned to traffic changes only for a change that holds
+        if applied.tuned_to_traffic and sampled_at - since < timedelta(seconds=rules.hold_for_s):
             until = since + timedelta(seconds=rules.hold_for_s)
             return hold(
                 "unsteady",
@@ -604,7 +616,9 @@ def record(
     """The rollout history after acting on `decision` (unchanged unless it rolls)."""
     if not decision.rolls:
         return applied.rollouts
-    # the dead band's origin: the unrounded target, when the roll went to it (not a pinned value)
-    target = decision.target if decision.value == decision.recommended else None
+    # the dead band's origin: the unrounded target, when the roll went to it from observed traffic
+    # (not the initial context, a pinned value or the user's own)
+    tuned = decision.value == decision.recommended and decision.context_source == "observed"
+    target = decision.target if tuned else None
     entry = Rollout(now, applied.max_num_seqs, decision.value, decision.reason, target)
     return (*applied.rollouts, entry)[-keep:]
