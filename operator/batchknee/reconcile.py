@@ -408,6 +408,8 @@ class _Reconcile:
         if not overridden:
             return
         message = "the operator manages and replaces: " + "; ".join(overridden)
+        if len(message) > 1024:  # bounded for the condition and the event alike
+            message = message[:1023] + "…"
         self.conditions.set("ArgsOverridden", "True", "ManagedFlags", message)
         if self.conditions.turned("ArgsOverridden", "True", or_message=True):
             self.event("Warning", "ArgsOverridden", message)
