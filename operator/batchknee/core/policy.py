@@ -19,17 +19,18 @@ Rules, in the order they are checked (the first that applies names the hold):
   the creation): hold; otherwise roll.
 
 Hysteresis works on the unrounded target (`Recommendation.unrounded`, the batch before rounding
-up to the granularity): rounding turns a 11 % move of the knee into a 12.5–14 % step, so a band
+up to the granularity): rounding turns an 11 % move of the knee into a 12.5–14 % step, so a band
 on rounded values lets small swings through. The dead band is measured from the unrounded target
 that produced the applied setting (recorded with its rollout). "Still moving" compares with the
 target of at least one evaluation interval earlier (`RecentTarget`s, by the time their
 observation was sampled: a reconcile that reuses a cached reading never compares it with itself),
-and with the window's last third (the windowed average blends before and after a shift). A change
-rolls only once every target for `hold_for_s` (1.5 windows) lay outside the dead band on the same
-side: a window to take in the shift, half a window more to see it stay (a setting not chosen from
-observed traffic — the initial context's, a pinned or the user's — is replaced without that wait). Traffic that swings out
-and back within that time (flapping) never rolls; a steady drift moves less than the band per
-interval, so it is not "moving" and rolls once it has held.
+and with the window's last third (the windowed average blends before and after a shift). A
+setting tuned to traffic changes only once every target for `hold_for_s` (1.5 windows) lay
+outside the dead band on the same side: a window to take in the shift, half a window more to see
+it stay; one not chosen from observed traffic (the initial context's, a pinned or the user's) is
+replaced without that wait. Traffic that swings out and back within that time (flapping) never
+rolls; a steady drift moves less than the band per interval, so it is not "moving" and rolls once
+it has held.
 
 The TPOT guard, with a p99 target: once enough calibration samples exist, the calibrated cap
 (`fit_roofline` on observed p99 steps, `max_batch_for_tpot` on the fitted roofline); until then,
