@@ -463,7 +463,9 @@ class LLMServingSpec(_Model):
     extra_llm_api_options: Opaque | None = Field(
         None,
         description="TensorRT-LLM only: extra keys of the LLM API options file; the operator owns "
-        "max_batch_size and kv_cache_config.max_tokens.",
+        "max_batch_size, writes kv_cache_config.free_gpu_memory_fraction (this one or 0.9) and dtype "
+        "(from model.kvCacheDtype); kv_cache_config.max_tokens (1–2147483647) is optional and caps the "
+        "KV pool in the math too.",
     )
     template: TemplateSpec = Field(default_factory=TemplateSpec, description="Pod template overrides.")
     tuning: TuningSpec = Field(default_factory=TuningSpec, description="How the batch limit is tuned.")
