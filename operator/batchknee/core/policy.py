@@ -27,8 +27,8 @@ observation was sampled: a reconcile that reuses a cached reading never compares
 and with the window's last third (the windowed average blends before and after a shift). A
 setting tuned to traffic changes only once every target for `hold_for_s` (1.5 windows) lay
 outside the dead band on the same side: a window to take in the shift, half a window more to see
-it stay; one not chosen from observed traffic (the initial context's, a pinned or the user's) is
-replaced without that wait. Traffic that swings out and back within that time (flapping) never
+it stay; one not chosen from observed traffic (the initial context's, a pinned or the user's)
+once they have for one window (the windowed average has taken the change in: never mid-shift). Traffic that swings out and back within that time (flapping) never
 rolls; a steady drift moves less than the band per interval, so it is not "moving" and rolls once
 it has held.
 
@@ -575,13 +575,14 @@ def decide(
                 f"{batch:.1f})",
             )
         since = _outside_since(rules, recent_targets, origin, batch, sampled_at)
-        # a setting from the initial context (or pinned, or the user's) is a guess: replaced as
-        # soon as the window is steady; one tuned to traffic changes only for a change that holds
-        if applied.tuned_to_traffic and sampled_at - since < timedelta(seconds=rules.hold_for_s):
-            until = since + timedelta(seconds=rules.hold_for_s)
+        # a setting from the initial context (or pinned, or the user's) is a guess: replaced once the
+        # window has taken the change in; one tuned to traffic only for a change that also stays
+        hold_s = rules.hold_for_s if applied.tuned_to_traffic else rules.window_s
+        if sampled_at - since < timedelta(seconds=hold_s):
+            until = since + timedelta(seconds=hold_s)
             return hold(
                 "unsteady",
-                f"{wanted} must hold outside the dead band of {origin:.1f} for {rules.hold_for_s}s "
+                f"{wanted} must hold outside the dead band of {origin:.1f} for {hold_s}s "
                 f"(outside since {_z(since)}; until {_z(until)})",
             )
     last = applied.last_retune
