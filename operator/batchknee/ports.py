@@ -56,6 +56,14 @@ class KubernetesPort(Protocol):
         """Replace the LLMServing's status through the status subresource."""
         ...
 
+    def list_config_maps(self, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
+        """The ConfigMaps in `namespace` carrying every one of `labels` (metadata included)."""
+        ...
+
+    def delete_config_map(self, namespace: str, name: str, uid: str) -> None:
+        """Delete the ConfigMap if it is still the object with `uid` (gone already is fine)."""
+        ...
+
     def emit_event(
         self, involved: dict[str, Any], event_type: EventType, reason: str, message: str, now: datetime
     ) -> None:

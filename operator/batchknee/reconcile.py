@@ -37,6 +37,7 @@ from batchknee.api.models import (
     WindowFigures,
     format_timestamp,
 )
+from batchknee.api.models import RecentTarget as RecentTargetStatus
 from batchknee.api.resolve import (
     SpecError,
     calibration_fingerprint,
@@ -44,6 +45,7 @@ from batchknee.api.resolve import (
     observation_target,
     parse_llmserving,
     resolve_roofline,
+    trtllm_kv_cache,
     tuning_rules,
 )
 from batchknee.core.engine_args import int_flag
@@ -53,6 +55,7 @@ from batchknee.core.policy import (
     CalibrationPoint,
     Decision,
     Hold,
+    RecentTarget,
     Rollout,
     TuningRules,
     add_calibration_point,
@@ -66,11 +69,15 @@ from batchknee.render import (
     DeploymentState,
     Desired,
     RenderDefaults,
+    config_map,
     controlled_by,
     crash_looping,
     deployment_state,
+    engine_config_selector,
+    overridden_args,
     render,
     selector_labels,
+    stale_engine_configs,
 )
 
 log = logging.getLogger(__name__)
@@ -138,7 +145,7 @@ def _key(raw: dict[str, Any]) -> tuple[str, str]:
 class _Conditions:
     """Conditions keyed by type, keeping lastTransitionTime when the status does not change."""
 
-    ORDER = ("Ready", "MetricsAvailable", "Progressing", "Degraded", "Wired")
+    ORDER = ("Ready", "MetricsAvailable", "Progressing", "Degraded", "ArgsOverridden", "Wired")
 
     def __init__(self, old: Sequence[Condition], generation: int | None, now: datetime) -> None:
         self.old: dict[str, Condition] = {c.type: c for c in old}
@@ -340,15 +347,18 @@ class _Reconcile:
             calibration,
             self.now,
             user_max_num_seqs=int_flag(obj.spec.args, user_flag),
-            previous_recommended=self.old.recommended_max_num_seqs,
+            recent_targets=tuple(
+                RecentTarget(t.time, t.batch) for t in self.old.recent_targets or () if t.batch > 0
+            ),
         )
 
         decision, quarantine = self.rollout_safety(
             obj, state, applied, decision, rules, observation, settled_since
         )
         rollouts = record(applied, decision, self.now)
+        desired = Desired(decision.value, decision.max_tokens, rollouts)
         if target is None:
-            objects = render(obj, Desired(decision.value, decision.max_tokens, rollouts), self.ports.defaults)
+            objects = render(obj, desired, self.ports.defaults)
             foreign = self.claim(objects, found, uid)
             if foreign:
                 return self.name_conflict(foreign)
@@ -372,6 +382,8 @@ class _Reconcile:
             log.info("%s/%s: %s; deciding again", self.namespace, self.name, apply_error)
             return Outcome(self.namespace, self.name, decision=decision, error=apply_error, conflict=True)
         rolled = decision.rolls and apply_error is None and bool(objects)
+        if apply_error is None and target is None and obj.spec.engine == Engine.TensorRTLLM:
+            self.prune_engine_configs(obj, desired)
         if not rolled:
             rollouts = applied.rollouts
 
@@ -414,6 +426,8 @@ class _Reconcile:
         self.set_conditions(obj, state, observation, decision, rolled, apply_error, crashing)
         if target is not None:
             self.set_wired(obj.spec.engine, target)
+        else:
+            self.report_overridden_args(overridden_args(obj, desired))
         status = self.status(
             obj, state, observation, decision, rolled, rollouts, settled_since, calibration, fingerprint
         )
@@ -769,6 +783,29 @@ class _Reconcile:
             log.warning("%s/%s: observation failed: %s", self.namespace, self.name, error)
             return Observation.unavailable(self.now, f"observation failed: {error}")
 
+    def prune_engine_configs(self, obj: LLMServing, desired: Desired) -> None:
+        """Delete this LLMServing's options ConfigMaps past the newest few (best effort: a failure
+        is a log line, retried next time)."""
+        try:
+            current = config_map(obj, desired)["metadata"]["name"]
+            found = self.ports.kube.list_config_maps(self.namespace, engine_config_selector(self.name))
+            for name, uid in stale_engine_configs(obj, found, current):
+                self.ports.kube.delete_config_map(self.namespace, name, uid)
+        except Exception as error:
+            log.warning("%s/%s: could not prune old engine options: %s", self.namespace, self.name, error)
+
+    def report_overridden_args(self, overridden: Sequence[str]) -> None:
+        """ArgsOverridden=True (and a Warning event when it turns so or changes) while spec.args
+        sets a flag the operator manages to another value; absent otherwise."""
+        if not overridden:
+            return
+        message = "the operator manages and replaces: " + "; ".join(overridden)
+        if len(message) > 1024:  # bounded for the condition and the event alike
+            message = message[:1023] + "…"
+        self.conditions.set("ArgsOverridden", "True", "ManagedFlags", message)
+        if self.conditions.turned("ArgsOverridden", "True", or_message=True):
+            self.event("Warning", "ArgsOverridden", message)
+
     def calibration_points(self, fingerprint: str) -> tuple[CalibrationPoint, ...]:
         calibration = self.old.calibration
         if calibration is None or calibration.fingerprint != fingerprint:
@@ -887,7 +924,7 @@ class _Reconcile:
             recommended_max_num_seqs=decision.recommended
             if decision.recommended is not None
             else old.recommended_max_num_seqs,
-            max_tokens=(decision.max_tokens if rolled else (state.max_tokens if state else None))
+            max_tokens=trtllm_kv_cache(obj.spec).max_tokens
             if obj.spec.engine == Engine.TensorRTLLM
             else None,
             limited_by=decision.limited_by or old.limited_by,
@@ -913,4 +950,8 @@ class _Reconcile:
                 for r in rollouts
             ],
             calibration=calibration_status,
+            recent_targets=[
+                RecentTargetStatus(time=t.time, batch=round(t.batch, 3)) for t in decision.recent_targets
+            ]
+            or None,
         )

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -22,11 +23,15 @@ from typing import Any
 import yaml
 
 from batchknee.api.models import API_VERSION, KIND, Engine, LLMServing, format_timestamp
+from batchknee.api.resolve import trtllm_kv_cache
 from batchknee.core.engine_args import (
     ENGINE_CONFIG_DIR,
     ENGINE_CONFIG_FILE,
+    TRTLLM_MANAGED,
+    VLLM_MANAGED,
     VLLM_PORT,
     int_flag,
+    overridden_flags,
     trtllm_args,
     trtllm_command,
     vllm_args,
@@ -43,6 +48,8 @@ MAX_NUM_SEQS_ANNOTATION = "batchknee.io/max-num-seqs"
 MAX_TOKENS_ANNOTATION = "batchknee.io/max-tokens"
 CHECKSUM_ANNOTATION = "batchknee.io/engine-config-checksum"
 CONFIG_VOLUME = "batchknee-engine-config"
+ENGINE_CONFIG_COMPONENT = "engine-config"
+ENGINE_CONFIGS_KEPT = 3  # the current options ConfigMap and the two before it
 METRICS_PATH = {Engine.VLLM: "/metrics", Engine.TensorRTLLM: "/prometheus/metrics"}
 APP_NAME = {Engine.VLLM: "vllm", Engine.TensorRTLLM: "tensorrt-llm"}
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -61,7 +68,8 @@ class RenderDefaults:
 
 @dataclass(frozen=True)
 class Desired:
-    """What to run: the batch limit, TensorRT-LLM's KV token cap, and the rollout record."""
+    """What to run: the batch limit, and the rollout record. `max_tokens` (B × context) is the
+    policy's figure of the KV the batch holds; it is not rendered (see `engine_config`)."""
 
     max_num_seqs: int
     max_tokens: int
@@ -138,14 +146,18 @@ def _metadata(obj: LLMServing, name: str, annotations: Mapping[str, str] | None 
 
 
 def encode_rollouts(rollouts: Sequence[Rollout]) -> str:
-    return json.dumps(
-        [
-            {"time": format_timestamp(r.time), "from": r.from_value, "to": r.to_value, "reason": r.reason}
-            for r in rollouts
-        ],
-        ensure_ascii=False,
-        separators=(",", ":"),
-    )
+    entries = []
+    for r in rollouts:
+        entry: dict[str, Any] = {
+            "time": format_timestamp(r.time),
+            "from": r.from_value,
+            "to": r.to_value,
+            "reason": r.reason,
+        }
+        if r.target is not None:
+            entry["target"] = round(r.target, 3)
+        entries.append(entry)
+    return json.dumps(entries, ensure_ascii=False, separators=(",", ":"))
 
 
 def decode_rollouts(text: str | None) -> tuple[Rollout, ...]:
@@ -158,12 +170,17 @@ def decode_rollouts(text: str | None) -> tuple[Rollout, ...]:
         for entry in entries:
             moment = datetime.fromisoformat(str(entry["time"]).replace("Z", "+00:00"))
             before = entry.get("from")
+            target = entry.get("target")
+            target_value = float(target) if target is not None else None
             rollouts.append(
                 Rollout(
                     moment,
                     int(before) if before is not None else None,
                     int(entry["to"]),
                     str(entry["reason"]),
+                    target_value
+                    if target_value is not None and math.isfinite(target_value) and target_value > 0
+                    else None,
                 )
             )
         return tuple(sorted(rollouts, key=lambda r: r.time))
@@ -175,28 +192,70 @@ def decode_rollouts(text: str | None) -> tuple[Rollout, ...]:
 
 
 def engine_config(obj: LLMServing, desired: Desired) -> str:
-    """TensorRT-LLM's LLM API options file: the user's extra options under the managed keys."""
+    """TensorRT-LLM's LLM API options file: the user's extra options under the managed keys.
+
+    The batch limit is `max_batch_size`. No `kv_cache_config.max_tokens` is set for it: under
+    TensorRT-LLM's default GUARANTEED_NO_EVICT scheduler a request is admitted only when its whole
+    prompt + maximum output fits, so a token cap of B × the average context admits fewer than B
+    (10.7 running instead of 15.9 at B 16, context 8,192) — and the per-request maximum output,
+    which sets the reservation, is the clients' to choose. The pool stays sized by the free-memory
+    fraction (or the user's own cap), the same figures the math uses (`trtllm_kv_cache`)."""
+    memory = trtllm_kv_cache(obj.spec)
     options: dict[str, Any] = copy.deepcopy(obj.spec.extra_llm_api_options or {})
     kv = options.get("kv_cache_config")
     kv = dict(kv) if isinstance(kv, dict) else {}
-    kv.setdefault("free_gpu_memory_fraction", 0.9)
-    kv["max_tokens"] = desired.max_tokens
+    kv["free_gpu_memory_fraction"] = memory.free_gpu_memory_fraction
+    if memory.max_tokens is not None:
+        kv["max_tokens"] = memory.max_tokens
+    if memory.dtype is not None:
+        kv["dtype"] = memory.dtype
     options["kv_cache_config"] = kv
     options["max_batch_size"] = desired.max_num_seqs
     return yaml.safe_dump(options, sort_keys=True)
 
 
 def config_map(obj: LLMServing, desired: Desired) -> dict[str, Any]:
+    """The options file as an immutable ConfigMap named after its content: a pod (re)started at any
+    point of a rollout mounts exactly the file its Deployment revision names."""
+    text = engine_config(obj, desired)
+    meta = _metadata(obj, config_map_name(obj.metadata.name, text))
+    meta["labels"]["app.kubernetes.io/component"] = ENGINE_CONFIG_COMPONENT
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _metadata(obj, config_map_name(obj.metadata.name)),
-        "data": {ENGINE_CONFIG_FILE: engine_config(obj, desired)},
+        "metadata": meta,
+        "immutable": True,
+        "data": {ENGINE_CONFIG_FILE: text},
     }
 
 
-def config_map_name(name: str) -> str:
-    return f"{name}-engine"
+def config_map_name(name: str, text: str) -> str:
+    """`<name>-engine-<8 hex of the content's sha256>` (adds 16 characters to the LLMServing name)."""
+    return f"{name}-engine-{hashlib.sha256(text.encode()).hexdigest()[:8]}"
+
+
+def engine_config_selector(name: str) -> dict[str, str]:
+    """The labels of one LLMServing's options ConfigMaps (to find the old ones)."""
+    return {LABEL: name, "app.kubernetes.io/component": ENGINE_CONFIG_COMPONENT}
+
+
+def stale_engine_configs(
+    obj: LLMServing, found: Sequence[Mapping[str, Any]], current: str, keep: int = ENGINE_CONFIGS_KEPT
+) -> list[tuple[str, str]]:
+    """(name, uid) of this LLMServing's options ConfigMaps past the newest `keep` (the current one
+    always kept): old ReplicaSets' pods of a rollout still under way mount the previous ones. Only
+    ConfigMaps this LLMServing controls are ever named."""
+    ours = [
+        item
+        for item in found
+        if any(
+            ref.get("controller") and ref.get("uid") == obj.metadata.uid
+            for ref in item.get("metadata", {}).get("ownerReferences") or []
+        )
+    ]
+    ours.sort(key=lambda item: str(item["metadata"].get("creationTimestamp") or ""), reverse=True)
+    others = [item for item in ours if item["metadata"].get("name") != current]
+    return [(str(i["metadata"]["name"]), str(i["metadata"].get("uid") or "")) for i in others[keep - 1 :]]
 
 
 def service(obj: LLMServing) -> dict[str, Any]:
@@ -251,10 +310,13 @@ def deployment(obj: LLMServing, desired: Desired, defaults: RenderDefaults) -> d
         command = trtllm_command(spec.model.name)
         args = trtllm_args(spec.args, tensor_parallel=spec.gpu.count)
         text = engine_config(obj, desired)
-        pod_annotations[MAX_TOKENS_ANNOTATION] = str(desired.max_tokens)
+        config_name = config_map_name(name, text)
+        max_tokens = trtllm_kv_cache(spec).max_tokens
+        if max_tokens is not None:
+            pod_annotations[MAX_TOKENS_ANNOTATION] = str(max_tokens)
         pod_annotations[CHECKSUM_ANNOTATION] = hashlib.sha256(text.encode()).hexdigest()
         volume_mounts.append({"name": CONFIG_VOLUME, "mountPath": ENGINE_CONFIG_DIR, "readOnly": True})
-        volumes.append({"name": CONFIG_VOLUME, "configMap": {"name": config_map_name(name)}})
+        volumes.append({"name": CONFIG_VOLUME, "configMap": {"name": config_name}})
 
     container: dict[str, Any] = {
         "name": CONTAINER,
@@ -339,6 +401,36 @@ def disruption_budget(obj: LLMServing) -> dict[str, Any]:
         "metadata": _metadata(obj, obj.metadata.name),
         "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(obj.metadata.name)}},
     }
+
+
+def overridden_args(obj: LLMServing, desired: Desired) -> list[str]:
+    """The user's `spec.args` the operator replaces with other values (managed flags in any
+    spelling), as `<as written> <value> → <value run>`: for the ArgsOverridden condition."""
+    spec = obj.spec
+    user = list(spec.args)
+    if spec.engine == Engine.VLLM:
+        rendered = vllm_args(
+            user,
+            served_model_name=spec.model.served_model_name or spec.model.name,
+            tensor_parallel=spec.gpu.count,
+            max_num_seqs=desired.max_num_seqs,
+            kv_cache_dtype=spec.model.kv_cache_dtype,
+        )
+        flags = [*VLLM_MANAGED, "--max-num-batched-tokens"]
+        if spec.model.kv_cache_dtype != "auto":
+            flags.append("--kv-cache-dtype")
+    else:
+        rendered = trtllm_args(user, tensor_parallel=spec.gpu.count)
+        flags = [*TRTLLM_MANAGED, "--max_batch_size"]
+        rendered += ["--max_batch_size", str(desired.max_num_seqs)]  # it lives in the options file
+        options = spec.extra_llm_api_options or {}
+        given = options.get("max_batch_size") if isinstance(options, dict) else None
+        if given is not None and given != desired.max_num_seqs:
+            return [
+                *overridden_flags(user, rendered, dict.fromkeys(flags)),
+                f"extraLlmApiOptions.max_batch_size {given} → {desired.max_num_seqs}",
+            ]
+    return overridden_flags(user, rendered, dict.fromkeys(flags))
 
 
 def render(obj: LLMServing, desired: Desired, defaults: RenderDefaults | None = None) -> list[dict[str, Any]]:

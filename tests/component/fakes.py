@@ -93,7 +93,12 @@ class MemoryKube:
         body = {k: v for k, v in new.items() if k not in ("metadata", "status")}
         if old is None:
             new["metadata"]["generation"] = 1
-            new["metadata"]["uid"] = f"uid-{next(self._uids)}"
+            number = next(self._uids)
+            new["metadata"]["uid"] = f"uid-{number}"
+            created = datetime(2026, 3, 1, tzinfo=UTC) + timedelta(seconds=number)
+            new["metadata"]["creationTimestamp"] = created.strftime("%Y-%m-%dT%H:%M:%SZ")
+        elif old.get("immutable") and old.get("data") != new.get("data"):
+            raise ApplyError(f"{kind} {meta['name']}: field is immutable when `immutable` is set")
         else:
             old_body = {k: v for k, v in old.items() if k not in ("metadata", "status")}
             generation = old["metadata"]["generation"] + (1 if body != old_body else 0)
@@ -101,11 +106,27 @@ class MemoryKube:
             new["metadata"]["uid"] = old["metadata"]["uid"]
             if "status" in old:
                 new["status"] = old["status"]
+        if old is not None:
+            new["metadata"]["creationTimestamp"] = old["metadata"].get("creationTimestamp")
         new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"] if old else None
         if new != old:  # a no-op apply leaves the resourceVersion alone, as the apiserver does
             new["metadata"]["resourceVersion"] = str(next(self._versions))
         self.objects[key] = new
         self.applies += 1
+
+    def list_config_maps(self, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
+        return [
+            copy.deepcopy(obj)
+            for (kind, ns, _), obj in self.objects.items()
+            if kind == "ConfigMap"
+            and ns == namespace
+            and all(obj["metadata"].get("labels", {}).get(k) == v for k, v in labels.items())
+        ]
+
+    def delete_config_map(self, namespace: str, name: str, uid: str) -> None:
+        found = self.objects.get(("ConfigMap", namespace, name))
+        if found is not None and found["metadata"]["uid"] == uid:
+            del self.objects[("ConfigMap", namespace, name)]
 
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         if self.fail_status:

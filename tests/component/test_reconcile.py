@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from datetime import timedelta
+from typing import Any
 
 from conftest import World, llmserving
 from fakes import observation
@@ -16,18 +17,27 @@ def max_num_seqs(world: World, name: str = "chat") -> int | None:
     return state.max_num_seqs if state else None
 
 
-def settle(world: World, seconds: float = 121) -> None:
+def conditions(world: World) -> set[str]:
+    return {c["type"] for c in world.kube.status("default", "chat")["conditions"]}
+
+
+def settle(world: World, seconds: float = 181) -> None:
+    """The rollout completes; then time passes beyond the window (120 s) and the time a change
+    must hold before it rolls (1.5 windows)."""
     world.kube.finish_rollout("default", "chat")
     world.reconcile()  # sees the rollout complete: the settle window starts now
     world.clock.advance(seconds)
 
 
 def shift_context(world: World, ctx: int) -> None:
-    """Traffic moves to `ctx` and one evaluation sees it (it holds: one reading is not a trend);
-    the next evaluation, 30 s later, sees the same."""
-    world.observer.set("default", "chat", observation(world.clock.now, ctx=ctx))
-    world.reconcile()
-    world.clock.advance(30)
+    """Traffic moves to `ctx` and evaluations every 30 s see it for a window (120 s: they hold, the
+    windowed average must take the change in); the next evaluation may roll (the engines run the
+    initial context's setting, not one tuned to traffic, so one window is enough)."""
+    for _ in range(4):
+        world.observer.set("default", "chat", observation(world.clock.now, ctx=ctx))
+        world.reconcile()
+        assert world.kube.status("default", "chat")["holdReason"] == "unsteady"
+        world.clock.advance(30)
     world.observer.set("default", "chat", observation(world.clock.now, ctx=ctx))
 
 
@@ -77,9 +87,17 @@ def test_context_shift_rolls_to_the_new_knee_and_says_why(world: World) -> None:
     assert max_num_seqs(world) == 64  # one evaluation is not a trend: the window may be mid-shift
     status = world.kube.status("default", "chat")
     assert status["holdReason"] == "unsteady"
-    assert status["reason"].endswith("holding 64: the recommendation is still moving (64 → 16)")
+    assert status["reason"].endswith(
+        "holding 64: the recommendation is still moving (59.8 at 12:03:01Z → 15.0)"
+    )
     assert status["recommendedMaxNumSeqs"] == 16
 
+    # from the initial context's setting: it rolls once the change has lasted a window (120 s)
+    for _ in range(3):
+        world.clock.advance(30)
+        world.observer.set("default", "chat", observation(world.clock.now, ctx=8192, tpot_p99_ms=31))
+        world.reconcile()
+        assert world.kube.status("default", "chat")["holdReason"] == "unsteady"
     world.clock.advance(30)
     world.observer.set("default", "chat", observation(world.clock.now, ctx=8192, tpot_p99_ms=31))
     world.reconcile()
@@ -209,13 +227,22 @@ def test_apply_refused_is_degraded_and_not_recorded(world: World) -> None:
     assert status.get("history", []) == [] and "maxNumSeqs" not in status
 
 
-def test_tensorrt_llm_gets_an_options_file_and_a_checksum_that_rolls(world: World) -> None:
+def engine_configs(world: World) -> list[dict[str, Any]]:
+    return [obj for (kind, _, _), obj in world.kube.objects.items() if kind == "ConfigMap"]
+
+
+def mounted_config(world: World) -> str:
+    volumes = world.kube.deployment("default", "chat")["spec"]["template"]["spec"]["volumes"]
+    return next(v["configMap"]["name"] for v in volumes if "configMap" in v)
+
+
+def test_tensorrt_llm_gets_an_immutable_options_file_per_revision(world: World) -> None:
     world.kube.create(llmserving(engine="TensorRTLLM"))
     world.reconcile()
-    config = world.kube.get("ConfigMap", "default", "chat-engine")
-    assert config is not None
+    [config] = engine_configs(world)
+    assert config["immutable"] is True and config["metadata"]["name"] == mounted_config(world)
     assert "max_batch_size: 64" in config["data"]["engine.yaml"]
-    assert "max_tokens: 131072" in config["data"]["engine.yaml"]
+    assert "max_tokens" not in config["data"]["engine.yaml"]  # max_batch_size carries the knee
     template = world.kube.deployment("default", "chat")["spec"]["template"]
     checksum = template["metadata"]["annotations"]["batchknee.io/engine-config-checksum"]
     assert template["spec"]["containers"][0]["command"][0] == "trtllm-serve"
@@ -228,7 +255,31 @@ def test_tensorrt_llm_gets_an_options_file_and_a_checksum_that_rolls(world: Worl
     template = world.kube.deployment("default", "chat")["spec"]["template"]
     assert template["metadata"]["annotations"]["batchknee.io/engine-config-checksum"] != checksum
     assert max_num_seqs(world) == 16
-    assert world.kube.status("default", "chat")["maxTokens"] == 16 * 8192
+    assert "maxTokens" not in world.kube.status("default", "chat")
+    # a new file under a new name; the old one stays for the old pods of the rollout
+    names = {c["metadata"]["name"] for c in engine_configs(world)}
+    assert len(names) == 2 and mounted_config(world) in names and config["metadata"]["name"] in names
+    assert (
+        "max_batch_size: 16"
+        in world.kube.get("ConfigMap", "default", mounted_config(world))["data"]["engine.yaml"]
+    )
+
+    # spec changes make more files; only the newest three are kept, the mounted one among them
+    for fraction in (0.5, 0.6, 0.7):
+        world.kube.edit_spec(
+            "default",
+            "chat",
+            {"extraLlmApiOptions": {"kv_cache_config": {"free_gpu_memory_fraction": fraction}}},
+        )
+        world.reconcile()
+        world.kube.finish_rollout("default", "chat")
+    names = {c["metadata"]["name"] for c in engine_configs(world)}
+    assert len(names) == 3 and mounted_config(world) in names
+    assert config["metadata"]["name"] not in names
+    assert (
+        "free_gpu_memory_fraction: 0.7"
+        in world.kube.get("ConfigMap", "default", mounted_config(world))["data"]["engine.yaml"]
+    )
 
 
 def test_pinned_runs_the_pinned_value(world: World) -> None:
@@ -278,6 +329,7 @@ def test_cooldown_and_budget_hold_with_their_reason(world: World) -> None:
     world.reconcile()  # the creation is not a retune: no cooldown yet
     assert max_num_seqs(world) == 16
     retuned_at = world.clock.now
+    world.clock.advance(5)  # the next reading comes later (one at the same instant would be this one)
     world.observer.set("default", "chat", observation(world.clock.now, ctx=2048))
     settle(world)
     world.reconcile()
@@ -339,3 +391,60 @@ def test_a_damaged_status_is_rebuilt(world: World) -> None:
     world.reconcile()
     status = world.kube.status("default", "chat")
     assert status["maxNumSeqs"] == 64 and [h["to"] for h in status["history"]] == [64]
+
+
+def test_a_managed_flag_in_spec_args_is_replaced_and_reported(world: World) -> None:
+    world.kube.create(llmserving(args=["--max-num-seqs", "999", "-tp", "2", "--enforce-eager"]))
+    world.reconcile()
+    args = world.args()
+    assert max_num_seqs(world) == 64 and "999" not in args
+    assert "-tp" not in args and args[args.index("--tensor-parallel-size") + 1] == "1"
+    assert args[-1] == "--enforce-eager"
+    condition = world.kube.condition("default", "chat", "ArgsOverridden")
+    assert condition["status"] == "True"
+    assert "--max-num-seqs 999 → 64" in condition["message"] and "-tp 2 → 1" in condition["message"]
+    assert [e["reason"] for e in world.kube.events].count("ArgsOverridden") == 1
+    world.reconcile()  # said once, not every tick
+    assert [e["reason"] for e in world.kube.events].count("ArgsOverridden") == 1
+
+    world.kube.edit_spec("default", "chat", {"args": ["--enforce-eager"]})
+    world.reconcile()
+    assert "ArgsOverridden" not in conditions(world)
+
+
+def test_recommend_mode_keeps_the_users_limit_without_reporting_it(world: World) -> None:
+    world.kube.create(llmserving(tuning={"mode": "Recommend"}, args=["--max-num-seqs=256"]))
+    world.reconcile()
+    assert max_num_seqs(world) == 256
+    assert "ArgsOverridden" not in conditions(world)
+
+
+def test_a_setting_tuned_to_traffic_changes_only_for_a_change_that_holds(world: World) -> None:
+    world.kube.create(llmserving(tuning={"cooldownSeconds": 0}))
+    world.reconcile()
+    world.observer.set("default", "chat", observation(world.clock.now, ctx=2048))
+    settle(world)
+    world.clock.advance(600)
+    shift_context(world, 8192)
+    world.reconcile()
+    assert max_num_seqs(world) == 16  # from the initial context's 64: one window
+    settle(world)
+    world.reconcile()
+    assert world.kube.status("default", "chat")["holdReason"] == "at-target"
+
+    def evaluate(ctx: int) -> str:
+        world.clock.advance(30)
+        world.observer.set("default", "chat", observation(world.clock.now, ctx=ctx))
+        world.reconcile()
+        return str(world.kube.status("default", "chat").get("holdReason"))
+
+    # a swing to 2,048 tokens for two minutes, then back: held, never rolled
+    swing = [evaluate(2048) for _ in range(4)] + [evaluate(8192) for _ in range(4)]
+    assert max_num_seqs(world) == 16 and "unsteady" in swing and swing[-1] == "at-target"
+    reasons = world.kube.status("default", "chat")["reason"]
+    assert "at target" in reasons
+    # the same change that stays rolls once it has held for 1.5 windows (180 s)
+    held = [evaluate(2048) for _ in range(6)]
+    assert set(held) == {"unsteady"} and max_num_seqs(world) == 16
+    evaluate(2048)
+    assert max_num_seqs(world) == 64

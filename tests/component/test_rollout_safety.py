@@ -14,7 +14,7 @@ def applied(world: World) -> int | None:
     return state.max_num_seqs if state else None
 
 
-def shift(world: World, ctx: int, evaluations: int = 2) -> None:
+def shift(world: World, ctx: int, evaluations: int = 6) -> None:
     for _ in range(evaluations):
         world.observer.set("default", "chat", observation(world.clock.now, ctx=ctx))
         world.reconcile()
@@ -81,20 +81,20 @@ def test_a_rollout_that_never_gets_ready_is_rolled_back_and_quarantined(world: W
     world.kube.finish_rollout("default", "chat")
     world.reconcile()
     world.clock.advance(121)
-    shift(world, 512, evaluations=3)
+    shift(world, 512, evaluations=8)
     assert applied(world) == 64
     status = world.kube.status("default", "chat")
     assert status["holdReason"] == "quarantined" and "quarantined 240" in status["reason"]
 
     # other traffic is not blocked: 8k tokens wants 16, below the failed value
-    shift(world, 8192, evaluations=3)
+    shift(world, 8192, evaluations=8)
     assert applied(world) == 16
 
     # and the quarantine expires
     world.kube.finish_rollout("default", "chat")
     world.reconcile()
     world.clock.advance(3700)
-    shift(world, 512, evaluations=3)
+    shift(world, 512, evaluations=8)
     assert applied(world) == 240
     assert world.kube.status("default", "chat").get("quarantine", []) == []
 
@@ -111,15 +111,12 @@ def settled_window(world: World, ctx: int, **figures: float) -> None:
 
 def test_a_change_that_did_what_the_model_said_is_kept(world: World) -> None:
     started(world)
-    world.observer.set(
-        "default", "chat", observation(world.clock.now, ctx=8192, tpot_p99_ms=40, tokens_per_s=1500)
-    )
-    world.reconcile()
-    world.clock.advance(30)
-    world.observer.set(
-        "default", "chat", observation(world.clock.now, ctx=8192, tpot_p99_ms=40, tokens_per_s=1500)
-    )
-    world.reconcile()
+    for _ in range(6):
+        world.observer.set(
+            "default", "chat", observation(world.clock.now, ctx=8192, tpot_p99_ms=40, tokens_per_s=1500)
+        )
+        world.reconcile()
+        world.clock.advance(30)
     assert applied(world) == 16
     settled_window(world, 8192, tpot_p99_ms=25, tokens_per_s=1450)  # TPOT halves, throughput holds
 
@@ -136,7 +133,7 @@ def test_a_change_that_did_what_the_model_said_is_kept(world: World) -> None:
 def test_a_change_that_lost_throughput_is_reverted_and_not_retried(world: World) -> None:
     """A kernel or memory cliff: 240 runs, but slower per pod than 64 did."""
     started(world)
-    for _ in range(2):
+    for _ in range(6):
         world.observer.set(
             "default", "chat", observation(world.clock.now, ctx=512, tpot_p99_ms=20, tokens_per_s=3000)
         )
@@ -158,7 +155,7 @@ def test_a_change_that_lost_throughput_is_reverted_and_not_retried(world: World)
 
     # the same traffic again: never retried while quarantined, and the revert itself is not "checked"
     settled_window(world, 512, tpot_p99_ms=20, tokens_per_s=3000)
-    for _ in range(3):
+    for _ in range(8):
         world.clock.advance(30)
         world.observer.set(
             "default", "chat", observation(world.clock.now, ctx=512, tpot_p99_ms=20, tokens_per_s=3000)
@@ -170,7 +167,7 @@ def test_a_change_that_lost_throughput_is_reverted_and_not_retried(world: World)
 
 def test_preemptions_appearing_revert_the_change(world: World) -> None:
     started(world)
-    for _ in range(2):
+    for _ in range(6):
         world.observer.set("default", "chat", observation(world.clock.now, ctx=512, tokens_per_s=3000))
         world.reconcile()
         world.clock.advance(30)
@@ -181,7 +178,7 @@ def test_preemptions_appearing_revert_the_change(world: World) -> None:
 
 def test_traffic_that_moved_is_inconclusive_not_a_revert(world: World) -> None:
     started(world)
-    for _ in range(2):
+    for _ in range(6):
         world.observer.set("default", "chat", observation(world.clock.now, ctx=512, tokens_per_s=3000))
         world.reconcile()
         world.clock.advance(30)

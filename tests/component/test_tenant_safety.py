@@ -97,11 +97,10 @@ def test_a_rollout_decided_on_a_stale_deployment_never_lands(world: World) -> No
     world.clock.advance(121)
     stale = world.kube.get_deployment("default", "chat")
     # meanwhile another writer rolled the Deployment to 16 (and recorded it)
-    world.observer.set("default", "chat", observation(world.clock.now, ctx=8192))
-    world.reconcile()
-    world.clock.advance(30)
-    world.observer.set("default", "chat", observation(world.clock.now, ctx=8192))
-    world.reconcile()
+    for _ in range(6):
+        world.observer.set("default", "chat", observation(world.clock.now, ctx=8192))
+        world.reconcile()
+        world.clock.advance(30)
     assert deployment_state(world.kube.get_deployment("default", "chat")).max_num_seqs == 16  # type: ignore[union-attr]
     generation = world.kube.deployment("default", "chat")["metadata"]["generation"]
 

@@ -71,6 +71,22 @@ NEVER: list[tuple[str, str, str | None]] = [  # (verb, resource, subresource)
 # --- helm, identities, audit -----------------------------------------------------------------------
 
 
+def trt_options(harness: Harness) -> list[str]:
+    """The options ConfigMaps of the LLMServing `trt`."""
+    selector = "batchknee.io/llmserving=trt,app.kubernetes.io/component=engine-config"
+    done = harness.kubectl("get", "configmap", "-l", selector, "-o", "json", check=False)
+    return [i["metadata"]["name"] for i in json.loads(done.stdout)["items"]] if done.returncode == 0 else []
+
+
+def mounted_options(harness: Harness, name: str) -> str:
+    """The options file the Deployment's current revision mounts ('' until there is one)."""
+    dep = harness.get("deployment", name)
+    volumes = dep["spec"]["template"]["spec"].get("volumes", []) if dep else []
+    config = next((v["configMap"]["name"] for v in volumes if "configMap" in v), None)
+    found = harness.get("configmap", config) if config else None
+    return str(found["data"]["engine.yaml"]) if found else ""
+
+
 def helm(cluster: DevCluster, tmp: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     env = cluster.env()
     env.update(
@@ -348,7 +364,24 @@ def test_the_chart_installs_and_its_service_account_runs_the_operator_through_a_
         assert trt.returncode == 0, trt.stderr
         harness.set_state(state_for(8192))
         wait_for(lambda: harness.max_num_seqs("chat") == 16, 180, "the retune to 16", harness.log)
-        wait_for(lambda: harness.get("configmap", "trt-engine"), 60, "the TensorRT-LLM options", harness.log)
+        wait_for(lambda: len(trt_options(harness)) == 1, 60, "the TensorRT-LLM options", harness.log)
+        for fraction in (0.5, 0.6, 0.7):  # each spec change a new immutable file; past three, the oldest go
+            changed = harness.apply(
+                "trt",
+                engine="TensorRTLLM",
+                tuning={"mode": "Recommend"},
+                extraLlmApiOptions={"kv_cache_config": {"free_gpu_memory_fraction": fraction}},
+            )
+            assert changed.returncode == 0, changed.stderr
+            wait_for(
+                lambda f=fraction: f"free_gpu_memory_fraction: {f}" in mounted_options(harness, "trt"),
+                60,
+                f"the TensorRT-LLM options at {fraction}",
+                harness.log,
+            )
+        wait_for(
+            lambda: len(trt_options(harness)) == 3, 60, "three TensorRT-LLM option files kept", harness.log
+        )
         # an adopted StatefulSet (spec.targetRef): read, and its one env entry applied
         adopted = {
             "apiVersion": "apps/v1",

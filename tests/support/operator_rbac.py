@@ -10,7 +10,8 @@ Where each call comes from:
   (server-side apply); get Deployment/Service/ConfigMap (never apply over an object another owner
   controls); list the engine pods (crash loops); patch Deployment/Service/ConfigMap (server-side apply: a PATCH
   request, but when the object does not exist yet the apiserver creates it and checks `create` too —
-  seen as a 403 "cannot create resource" with `patch` alone); create Event; create the peering object.
+  seen as a 403 "cannot create resource" with `patch` alone); list and delete old TensorRT-LLM options
+  ConfigMaps; create Event; create the peering object.
 - kopf (handlers.py registers: on.create/update/resume + a daemon on LLMServings, on.event on
   Deployments labelled batchknee.io/llmserving): list+watch of both; patch of LLMServings (its
   annotation bookkeeping and the daemon's finalizer); with peering: list+watch of the peering objects
@@ -68,6 +69,8 @@ def _calls(cluster_wide: bool, peering: bool, peering_name: str) -> list[Call]:
         Call(p("", "services", "create"), "KubernetesAdapter.apply (server-side apply creating it)"),
         Call(p("", "configmaps", "patch"), "KubernetesAdapter.apply (TensorRT-LLM options file)"),
         Call(p("", "configmaps", "create"), "KubernetesAdapter.apply (server-side apply creating it)"),
+        Call(p("", "configmaps", "list"), "KubernetesAdapter.list_config_maps (old TensorRT-LLM options)"),
+        Call(p("", "configmaps", "delete"), "KubernetesAdapter.delete_config_map (past the newest three)"),
         Call(p("", "events", "create"), "KubernetesAdapter.emit_event"),
     ]
     if cluster_wide:

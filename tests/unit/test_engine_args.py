@@ -5,7 +5,14 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from batchknee.core.engine_args import flag_value, int_flag, strip_flags, trtllm_args, vllm_args
+from batchknee.core.engine_args import (
+    flag_value,
+    int_flag,
+    overridden_flags,
+    strip_flags,
+    trtllm_args,
+    vllm_args,
+)
 
 SPELLINGS = ["--max-num-seqs", "--max_num_seqs"]
 units = st.sampled_from(
@@ -78,3 +85,43 @@ def test_trtllm_reads_the_options_file() -> None:
     assert flag_value(rendered, "--extra_llm_api_options") == "/etc/batchknee/engine.yaml"
     assert flag_value(rendered, "--tp_size") == "2"
     assert "--max_batch_size" not in rendered and rendered[-2:] == ["--backend", "pytorch"]
+
+
+def test_every_spelling_of_a_managed_flag_is_replaced() -> None:
+    user = [
+        "-tp",
+        "2",
+        "--max-num-seqs=999",
+        "--max_num_seqs",
+        "7",
+        "--max-num-se",
+        "5",
+        "-tp=4",
+        "--seed",
+        "1",
+    ]
+    rendered = vllm_args(user, served_model_name="m", tensor_parallel=1, max_num_seqs=64)
+    assert flag_value(rendered, "--tensor-parallel-size") == "1" and "-tp" not in rendered
+    assert not any(a.startswith("-tp") for a in rendered)
+    assert int_flag(rendered, "--max-num-seqs") == 64
+    assert rendered[8:] == ["--seed", "1"]
+    assert flag_value(["-tp", "2"], "--tensor-parallel-size") == "2"
+    assert flag_value(["-tp=2"], "--tensor-parallel-size") == "2"
+    # ambiguous abbreviations are not ours (vLLM refuses them itself); other flags are kept
+    assert strip_flags(["--max-num", "3", "--max-num-batched-tokens", "9"], ["--max-num-seqs"]) == [
+        "--max-num", "3", "--max-num-batched-tokens", "9",
+    ]  # fmt: skip
+
+
+def test_a_valued_flag_without_a_value_never_swallows_the_next_flag() -> None:
+    user = ["--enforce-eager", "--max-num-seqs", "--enable-prefix-caching", "--max-num-seqs", "8"]
+    assert strip_flags(user, ["--max-num-seqs"]) == ["--enforce-eager", "--enable-prefix-caching"]
+    assert flag_value(["--max-num-seqs", "--trust-remote-code"], "--max-num-seqs") is None
+    assert flag_value(["--seed", "-1"], "--seed") == "-1"  # a negative number is a value
+
+
+def test_overridden_flags_name_what_the_user_wrote() -> None:
+    user = ["-tp", "2", "--max-num-seqs", "999", "--port=8000", "--dtype", "half"]
+    rendered = vllm_args(user, served_model_name="m", tensor_parallel=1, max_num_seqs=64)
+    notes = overridden_flags(user, rendered, ["--max-num-seqs", "--tensor-parallel-size", "--port"])
+    assert notes == ["--max-num-seqs 999 → 64", "-tp 2 → 1"]  # --port 8000 is what it gets anyway

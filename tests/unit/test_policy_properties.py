@@ -15,6 +15,7 @@ from batchknee.core.observation import Observation, Reading
 from batchknee.core.policy import (
     Applied,
     CalibrationPoint,
+    RecentTarget,
     Rollout,
     TuningRules,
     decide,
@@ -63,6 +64,16 @@ def steady(applied: int, *rollouts: Rollout) -> Applied:
     return Applied(max_num_seqs=applied, rollouts=tuple(rollouts))
 
 
+def held(r: TuningRules, ctx: float, applied: Applied, now: datetime = T0) -> tuple[RecentTarget, ...]:
+    """Earlier evaluations that saw the same traffic for the whole hold time (so a change is
+    neither still moving nor too new)."""
+    target = decide(r, ROOFLINE, POOL, seen(ctx, now=now), applied, (), now).target
+    assert target is not None
+    spacing = r.recent_target_spacing_s
+    count = int(r.hold_for_s // spacing) + 2
+    return tuple(RecentTarget(now - timedelta(seconds=spacing * i), target) for i in range(count, 0, -1))
+
+
 @given(rules(), contexts)
 def test_bounds_and_granularity(r: TuningRules, ctx: int) -> None:
     d = decide(r, ROOFLINE, POOL, seen(ctx), Applied(None), (), T0)
@@ -108,20 +119,28 @@ def test_the_window_after_a_rollout_settles(r: TuningRules, ctx: int, applied: i
 @given(rules(), contexts, st.integers(1, 1024), st.integers(0, 7200))
 def test_cooldown(r: TuningRules, ctx: int, applied: int, since: int) -> None:
     last = Rollout(T0, 256, applied, "earlier")
-    d = decide(r, ROOFLINE, POOL, seen(ctx), steady(applied, last), (), T0 + timedelta(seconds=since))
+    now = T0 + timedelta(seconds=since)
+    state = steady(applied, last)
+    d = decide(r, ROOFLINE, POOL, seen(ctx, now=now), state, (), now, recent_targets=held(r, ctx, state, now))
     if since < r.cooldown_s:
         assert not d.rolls
         if d.value != d.recommended and d.hold not in ("dead-band", "at-target"):
             assert d.hold == "cooldown" and "cooldown until" in d.reason
 
 
-@given(rules(), contexts, st.integers(1, 1024))
-def test_dead_band(r: TuningRules, ctx: int, applied: int) -> None:
-    d = decide(r, ROOFLINE, POOL, seen(ctx), steady(applied), (), T0)
+@given(rules(), contexts, st.integers(1, 1024), st.none() | st.floats(1.0, 1024.0))
+def test_dead_band(r: TuningRules, ctx: int, applied: int, origin: float | None) -> None:
+    # The band is measured between unrounded targets (changed rule: it was between rounded values),
+    # from the target that produced the applied setting when its rollout recorded one.
+    state = steady(applied, Rollout(T0 - timedelta(days=1), None, applied, "created", origin))
+    d = decide(r, ROOFLINE, POOL, seen(ctx), state, (), T0, recent_targets=held(r, ctx, state))
+    reference = origin if origin is not None else applied
+    assert d.target is not None
+    outside = abs(d.target - reference) / reference * 100 > r.dead_band_percent
     if d.rolls:
-        assert abs(d.value - applied) / applied * 100 >= r.dead_band_percent
+        assert outside or d.limited_by in ("tpot-target", "kv-capacity")
     elif d.recommended is not None and d.recommended != applied:
-        assert d.hold == "dead-band"
+        assert d.hold == ("unsteady" if outside else "dead-band") or d.limited_by != "knee"
 
 
 @settings(max_examples=60)
@@ -131,9 +150,11 @@ def test_rollout_budget_and_cooldown_hold_over_any_history(
 ) -> None:
     applied = Applied(None)
     now = T0
+    remembered: tuple[RecentTarget, ...] = ()
     for gap, ctx in steps:
         now += timedelta(seconds=gap)
-        d = decide(r, ROOFLINE, POOL, seen(ctx, now=now), applied, (), now)
+        d = decide(r, ROOFLINE, POOL, seen(ctx, now=now), applied, (), now, recent_targets=remembered)
+        remembered = d.recent_targets
         if d.rolls:
             applied = Applied(d.value, rollouts=record(applied, d, now))
         for rollout in applied.rollouts:
@@ -241,36 +262,46 @@ def test_every_hold_says_why(r: TuningRules, ctx: int, applied: int, seconds: in
         assert d.reason.startswith(f"max-num-seqs {applied}→{d.value}: avg ctx {ctx} tok → B_knee")
 
 
-@given(rules(), contexts, st.integers(1, 1024), st.integers(1, 1024))
-def test_a_recommendation_still_moving_holds_one_more_evaluation(
-    r: TuningRules, ctx: int, applied: int, previous: int
+@given(rules(), contexts, st.integers(1, 1024), st.floats(1.0, 1024.0), st.integers(0, 3600))
+def test_a_recommendation_still_moving_holds(
+    r: TuningRules, ctx: int, applied: int, previous: float, age_s: int
 ) -> None:
-    unmoved = decide(r, ROOFLINE, POOL, seen(ctx), steady(applied), (), T0)
+    # Changed rule: "still moving" compares unrounded targets, and only with one recorded at least
+    # an evaluation interval before this observation (never with a reading from the same period).
+    state = steady(applied)
+    history = held(r, ctx, state)
+    unmoved = decide(r, ROOFLINE, POOL, seen(ctx), state, (), T0, recent_targets=history)
     assume(unmoved.rolls and unmoved.limited_by not in ("tpot-target", "kv-capacity"))
-    moved = decide(r, ROOFLINE, POOL, seen(ctx), steady(applied), (), T0, previous_recommended=previous)
-    if abs(unmoved.value - previous) / previous * 100 > r.dead_band_percent:
+    assert unmoved.target is not None
+    earlier = RecentTarget(T0 - timedelta(seconds=age_s), previous)
+    moved = decide(r, ROOFLINE, POOL, seen(ctx), state, (), T0, recent_targets=(*history, earlier))
+    compared = age_s >= r.evaluation_interval_s
+    if compared and abs(unmoved.target - previous) / previous * 100 > r.dead_band_percent:
         assert moved.hold == "unsteady" and moved.value == applied
-        assert f"still moving ({previous} → {unmoved.value})" in moved.reason
-    else:
-        assert moved == unmoved
-    # the same recommendation twice in a row is steady
-    again = decide(r, ROOFLINE, POOL, seen(ctx), steady(applied), (), T0, previous_recommended=unmoved.value)
-    assert again == unmoved
+        assert "still moving" in moved.reason
+    # the same target twice in a row is steady
+    again = decide(
+        r, ROOFLINE, POOL, seen(ctx), state, (), T0,
+        recent_targets=(*history, RecentTarget(T0 - timedelta(seconds=r.evaluation_interval_s), unmoved.target)),
+    )  # fmt: skip
+    assert again.rolls and again.value == unmoved.value
 
 
 @given(rules(), contexts, contexts, st.integers(1, 1024))
 def test_a_window_mid_shift_holds(r: TuningRules, ctx: int, recent_ctx: int, applied: int) -> None:
-    plain = decide(r, ROOFLINE, POOL, seen(ctx), steady(applied), (), T0)
+    history = held(r, ctx, steady(applied))
+    plain = decide(r, ROOFLINE, POOL, seen(ctx), steady(applied), (), T0, recent_targets=history)
     assume(plain.rolls and plain.limited_by not in ("tpot-target", "kv-capacity"))
     shifting = replace(seen(ctx), recent_avg_context_tokens=Reading.of(recent_ctx))
-    d = decide(r, ROOFLINE, POOL, shifting, steady(applied), (), T0)
+    d = decide(r, ROOFLINE, POOL, shifting, steady(applied), (), T0, recent_targets=history)
     lately = recommend(
         ROOFLINE, recent_ctx, knee_factor=r.knee_factor, kv_pool_bytes=POOL,
         minimum=r.min_max_num_seqs, maximum=r.max_max_num_seqs,
-    ).max_num_seqs  # fmt: skip
-    whole = plain.recommendation.max_num_seqs if plain.recommendation else plain.value
-    if abs(lately - whole) / whole * 100 > r.dead_band_percent:
+    )  # fmt: skip
+    assert plain.recommendation is not None
+    whole = plain.recommendation.unrounded  # changed rule: unrounded targets are compared
+    if abs(lately.unrounded - whole) / whole * 100 > r.dead_band_percent:
         assert d.hold == "unsteady" and d.value == applied
-        assert f"last third says avg ctx {recent_ctx} tok → {lately}" in d.reason
+        assert f"last third says avg ctx {recent_ctx} tok → {lately.max_num_seqs}" in d.reason
     else:
         assert d == plain

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
 import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from batchknee.api.resolve import parse_llmserving
+from batchknee.api.resolve import (
+    SpecError,
+    kv_pool_bytes,
+    parse_llmserving,
+    resolve_roofline,
+    trtllm_kv_cache,
+)
 from batchknee.core.engine_args import int_flag
 from batchknee.core.policy import Rollout
 from batchknee.render import (
@@ -19,7 +27,9 @@ from batchknee.render import (
     deployment,
     deployment_state,
     encode_rollouts,
+    overridden_args,
     render,
+    stale_engine_configs,
 )
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -116,30 +126,105 @@ def test_tensorrt_llm_objects() -> None:
         "selector": {"matchLabels": {"batchknee.io/llmserving": "chat"}},
     }
     options = yaml.safe_load(config_map["data"]["engine.yaml"])
+    # no max_tokens: max_batch_size carries the knee (a B × context token cap starves the
+    # guaranteed-no-evict scheduler); the free-memory fraction is the one the math uses
     assert options == {
         "backend": "pytorch",
         "max_batch_size": 16,
-        "kv_cache_config": {
-            "enable_block_reuse": True,
-            "free_gpu_memory_fraction": 0.9,
-            "max_tokens": 131072,
-        },
+        "kv_cache_config": {"enable_block_reuse": True, "free_gpu_memory_fraction": 0.9},
     }
+    assert config_map["immutable"] is True
+    assert re.fullmatch(r"chat-engine-[0-9a-f]{8}", config_map["metadata"]["name"])
     assert service["spec"]["ports"][0]["port"] == 8000
     c = container(dep)
     assert c["command"] == ["trtllm-serve", "meta-llama/Llama-3.1-8B-Instruct"]
     assert {"name": "batchknee-engine-config", "mountPath": "/etc/batchknee", "readOnly": True} in c[
         "volumeMounts"
     ]
+    volume = next(
+        v for v in dep["spec"]["template"]["spec"]["volumes"] if v["name"] == "batchknee-engine-config"
+    )
+    assert volume["configMap"]["name"] == config_map["metadata"]["name"]  # the revision names its file
     annotations = dep["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/path"] == "/prometheus/metrics"
-    other = deployment(llms, Desired(24, 131072), RenderDefaults())
+    other_map, _, _, other = render(llms, Desired(24, 131072))
+    assert other_map["metadata"]["name"] != config_map["metadata"]["name"]
     assert (
         other["spec"]["template"]["metadata"]["annotations"]["batchknee.io/engine-config-checksum"]
         != annotations["batchknee.io/engine-config-checksum"]
     )
     state = deployment_state(dep)
-    assert state is not None and (state.max_num_seqs, state.max_tokens) == (16, 131072)
+    assert state is not None and (state.max_num_seqs, state.max_tokens) == (16, None)
+
+
+def test_tensorrt_llm_memory_configuration_has_one_source() -> None:
+    # the user's free-memory fraction and fp8 KV reach both the math (the KV pool) and the file
+    llms = obj(
+        engine="TensorRTLLM",
+        model={"name": "meta-llama/Llama-3.1-8B-Instruct", "kvCacheDtype": "fp8"},
+        extraLlmApiOptions={"kv_cache_config": {"free_gpu_memory_fraction": 0.5, "max_tokens": 100_000}},
+    )
+    options = yaml.safe_load(render(llms, Desired(16, 0))[0]["data"]["engine.yaml"])
+    assert options["kv_cache_config"] == {
+        "free_gpu_memory_fraction": 0.5,
+        "max_tokens": 100_000,
+        "dtype": "fp8",
+    }
+    roofline = resolve_roofline(llms.spec)
+    assert kv_pool_bytes(llms.spec, roofline) == min(
+        roofline.kv_pool_bytes_free_fraction(0.5), 100_000 * roofline.kv_bytes_per_token
+    )
+    assert roofline.kv_bytes_per_token == 131072 / 2 / 2  # fp8 halves it in the math too (per GPU of 2)
+    flag = obj(engine="TensorRTLLM", args=["--kv_cache_free_gpu_memory_fraction", "0.6"])
+    assert yaml.safe_load(render(flag, Desired(16, 0))[0]["data"]["engine.yaml"])["kv_cache_config"] == {
+        "free_gpu_memory_fraction": 0.6
+    }
+    assert kv_pool_bytes(flag.spec, roofline) > 0
+
+
+@pytest.mark.parametrize(
+    ("max_tokens", "fraction"),
+    [(2**31, None), (0, None), (True, None), (1.5, None), (None, 0), (None, 1.5), (None, "half")],
+)
+def test_tensorrt_llm_kv_options_out_of_range_name_the_field(max_tokens: object, fraction: object) -> None:
+    kv: dict[str, object] = {}
+    if max_tokens is not None:
+        kv["max_tokens"] = max_tokens
+    if fraction is not None:
+        kv["free_gpu_memory_fraction"] = fraction
+    llms = obj(engine="TensorRTLLM", extraLlmApiOptions={"kv_cache_config": kv})
+    with pytest.raises(SpecError) as error:
+        trtllm_kv_cache(llms.spec)
+    field = "max_tokens" if max_tokens is not None else "free_gpu_memory_fraction"
+    assert error.value.field == f"spec.extraLlmApiOptions.kv_cache_config.{field}"
+    if max_tokens is not None:
+        assert "2147483647" in str(error.value)
+    assert (
+        trtllm_kv_cache(
+            obj(engine="TensorRTLLM", extraLlmApiOptions={"kv_cache_config": {"max_tokens": 2**31 - 1}}).spec
+        ).max_tokens
+        == 2**31 - 1
+    )
+
+
+def test_stale_engine_configs_keep_the_newest_three_of_ours() -> None:
+    llms = obj(engine="TensorRTLLM")
+
+    def item(name: str, second: int, uid: str | None = "u-1") -> dict[str, object]:
+        refs = [{"controller": True, "uid": uid}] if uid else []  # obj() has uid u-1
+        return {"metadata": {"name": name, "uid": f"cm-{name}", "ownerReferences": refs,
+                             "creationTimestamp": f"2026-03-01T12:00:{second:02d}Z"}}  # fmt: skip
+
+    found = [
+        item("a", 1),
+        item("b", 2),
+        item("c", 3),
+        item("d", 4),
+        item("foreign", 0, "other"),
+        item("e", 5),
+    ]
+    assert stale_engine_configs(llms, found, current="e") == [("b", "cm-b"), ("a", "cm-a")]
+    assert stale_engine_configs(llms, found, current="a") == [("c", "cm-c"), ("b", "cm-b")]
 
 
 rollouts = st.lists(
@@ -194,3 +279,19 @@ def test_rollout_progress() -> None:
     ]
     state = deployment_state(dep)
     assert state is not None and state.stalled
+
+
+def test_overridden_args_name_the_users_spelling_and_the_value_run() -> None:
+    vllm = obj(args=["-tp", "4", "--max-num-seqs=999", "--port", "8000", "--seed", "3"])
+    assert overridden_args(vllm, Desired(64, 0)) == ["--max-num-seqs=999 → 64", "-tp 4 → 2"]
+    trt = obj(
+        engine="TensorRTLLM",
+        args=["--tp_size", "1", "--max_batch_size", "512"],
+        extraLlmApiOptions={"max_batch_size": 300},
+    )
+    assert overridden_args(trt, Desired(16, 0)) == [
+        "--max_batch_size 512 → 16",
+        "--tp_size 1 → 2",
+        "extraLlmApiOptions.max_batch_size 300 → 16",
+    ]
+    assert overridden_args(obj(args=["--seed", "3"]), Desired(64, 0)) == []

@@ -136,6 +136,26 @@ class KubernetesAdapter:
             failure = ApplyConflict if error.status == 409 else ApplyError
             raise failure(f"{kind} {namespace}/{name}: {_explain(error)}") from None
 
+    def list_config_maps(self, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
+        selector = ",".join(f"{key}={value}" for key, value in sorted(labels.items()))
+        response: Any = self.core.list_namespaced_config_map(
+            namespace, label_selector=selector, _preload_content=False, _request_timeout=self.timeout_s
+        )
+        items: list[dict[str, Any]] = json.loads(response.data).get("items") or []
+        return items
+
+    def delete_config_map(self, namespace: str, name: str, uid: str) -> None:
+        try:
+            self.core.delete_namespaced_config_map(
+                name,
+                namespace,
+                body=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid)),
+                _request_timeout=self.timeout_s,
+            )
+        except ApiException as error:
+            if error.status not in (404, 409):  # gone, or replaced by another object of that name
+                raise
+
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         body = {
             "apiVersion": f"{GROUP}/{VERSION}",

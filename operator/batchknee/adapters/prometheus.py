@@ -26,7 +26,13 @@ from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
 from urllib3.util.retry import Retry
 
-from batchknee.core.observation import Engine, Observation, ObservationTarget, Reading
+from batchknee.core.observation import (
+    Engine,
+    Observation,
+    ObservationTarget,
+    Reading,
+    decode_context_under_reservation,
+)
 
 Key = tuple[str, str]
 POD_SUFFIX = "-[a-z0-9]+-[a-z0-9]+"  # a Deployment's pods: <name>-<pod-template-hash>-<random>
@@ -47,6 +53,10 @@ class EngineMetrics:
     prefix_queries: tuple[str, ...]
     prompt_length: tuple[str, ...]  # histograms of tokens per request
     generation_length: tuple[str, ...]
+    # Engines that reserve prompt + whole output per request (the KV pool shows the reservation):
+    # the prompt-token counter and the finished-request counter give the mean prompt.
+    prompt_tokens: tuple[str, ...] = ()
+    finished_requests: tuple[str, ...] = ()
 
 
 VLLM_METRICS = EngineMetrics(
@@ -80,6 +90,8 @@ TRTLLM_METRICS = EngineMetrics(
     prefix_queries=(),
     prompt_length=(),
     generation_length=(),
+    prompt_tokens=("trtllm_prompt_tokens_total",),
+    finished_requests=("trtllm_e2e_request_latency_seconds_count",),
 )
 ENGINE_METRICS: dict[Engine, EngineMetrics] = {"VLLM": VLLM_METRICS, "TensorRTLLM": TRTLLM_METRICS}
 
@@ -299,6 +311,17 @@ class PrometheusObserver:
             else {}
         )
 
+        def mean_prompt(over: str) -> dict[Key, float]:
+            ratio = (
+                f"({_first_of(scope.grouped(f'rate({scope.select(n)}[{over}])') for n in metrics.prompt_tokens)})"
+                f" / ({_first_of(scope.grouped(f'rate({scope.select(n)}[{over}])') for n in metrics.finished_requests)})"
+            )
+            return self._per_target(scope, ratio, now)
+
+        reserving = bool(metrics.prompt_tokens and metrics.finished_requests)
+        prompt_mean = mean_prompt(window) if reserving else {}
+        recent_prompt_mean = mean_prompt(scope.recent_window) if reserving else {}
+
         window_text = f"in the last {scope.window_s}s"
         observations = {}
         for key in scope.targets:
@@ -327,6 +350,11 @@ class PrometheusObserver:
 
             running = gauge(running_rows, "running-requests")
             context = _kv_context(key, running_rows, usage_rows, capacity_rows)
+            if reserving:
+                context = decode_context_under_reservation(
+                    context,
+                    _value(prompt_mean, key, "mean prompt", window_text, empty="no requests finished"),
+                )
             if thin:
                 context = Reading.unavailable(thin_reason)
             elif not context.available:
@@ -343,6 +371,11 @@ class PrometheusObserver:
                 if thin
                 else _kv_context(key, recent_running_rows, recent_usage_rows, capacity_rows)
             )
+            if reserving:
+                recent_context = decode_context_under_reservation(
+                    recent_context,
+                    _value(recent_prompt_mean, key, "mean prompt", window_text, empty="no requests finished"),
+                )
             observations[key] = Observation(
                 sampled_at=now,
                 pods=len(pods),

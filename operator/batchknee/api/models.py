@@ -28,7 +28,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from batchknee.core.catalog import GPUS, MODELS
-from batchknee.core.policy import CALIBRATION_SAMPLES_KEPT, HISTORY_KEPT
+from batchknee.core.policy import CALIBRATION_SAMPLES_KEPT, HISTORY_KEPT, RECENT_TARGETS_KEPT
 
 GROUP = "batchknee.io"
 VERSION = "v1alpha1"
@@ -37,7 +37,7 @@ KIND = "LLMServing"
 PLURAL = "llmservings"
 SINGULAR = "llmserving"
 SHORT_NAMES = ("llms",)
-CONDITION_TYPES = ("Ready", "MetricsAvailable", "Progressing", "Degraded", "Wired")
+CONDITION_TYPES = ("Ready", "MetricsAvailable", "Progressing", "Degraded", "ArgsOverridden", "Wired")
 # The env var an adopted workload's args reference: `--max-num-seqs=$(BATCHKNEE_MAX_NUM_SEQS)`.
 TARGET_ENV_VAR = "BATCHKNEE_MAX_NUM_SEQS"
 
@@ -579,7 +579,9 @@ class LLMServingSpec(_Model):
     extra_llm_api_options: Opaque | None = Field(
         None,
         description="TensorRT-LLM only: extra keys of the LLM API options file; the operator owns "
-        "max_batch_size and kv_cache_config.max_tokens.",
+        "max_batch_size, writes kv_cache_config.free_gpu_memory_fraction (this one or 0.9) and dtype "
+        "(from model.kvCacheDtype); kv_cache_config.max_tokens (1–2147483647) is optional and caps the "
+        "KV pool in the math too.",
     )
     template: TemplateSpec | None = Field(None, description="Pod template overrides.")
     tuning: TuningSpec = Field(default_factory=TuningSpec, description="How the batch limit is tuned.")
@@ -640,9 +642,9 @@ ConditionStatus = Literal["True", "False", "Unknown"]
 class Condition(_Model):
     """One aspect of the object's state, Kubernetes style."""
 
-    type: Literal["Ready", "MetricsAvailable", "Progressing", "Degraded", "Wired"] = Field(
-        description="Ready, MetricsAvailable, Progressing, Degraded, or Wired (targetRef: the workload's args "
-        "reference the batch limit)."
+    type: Literal["Ready", "MetricsAvailable", "Progressing", "Degraded", "ArgsOverridden", "Wired"] = Field(
+        description="Ready, MetricsAvailable, Progressing, Degraded, ArgsOverridden, or Wired (targetRef: the "
+        "workload's args reference the batch limit)."
     )
     status: ConditionStatus = Field(description="True, False or Unknown.")
     observed_generation: int | None = Field(
@@ -708,6 +710,13 @@ class CalibrationSample(_Model):
     batch: float = Field(ge=0, description="Running sequences per pod.")
     context_length: int = Field(ge=0, description="Average context per running sequence (tokens).")
     tpot_p99_milliseconds: float = Field(ge=0, description="Time per output token, p99 (ms).")
+
+
+class RecentTarget(_Model):
+    """One evaluation's batch target before rounding, for the dead band and the steadiness rules."""
+
+    time: Timestamp = Field(description="When the observation behind it was sampled.")
+    batch: float = Field(ge=0, description="The target batch before rounding to the granularity.")
 
 
 class CalibrationStatus(_Model):
@@ -791,6 +800,12 @@ class LLMServingStatus(_Model):
     replicas: int | None = Field(None, ge=0, description="Engine pods (the scale subresource's status).")
     selector: str | None = Field(
         None, max_length=4096, description="Label selector of the engine pods (the scale subresource's)."
+    )
+    recent_targets: list[RecentTarget] | None = Field(
+        None,
+        max_length=RECENT_TARGETS_KEPT,
+        description="Recent evaluations' unrounded targets: what 'still moving' and 'held long enough' "
+        "compare with.",
     )
 
     def condition(self, kind: str) -> Condition | None:

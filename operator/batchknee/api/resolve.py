@@ -5,19 +5,21 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import ValidationError
 
 from batchknee.api.models import Engine, LLMServing, LLMServingSpec
 from batchknee.core.catalog import GIB, CatalogError, GpuSpec, ModelArchitecture, find_gpu, find_model
-from batchknee.core.engine_args import vllm_gpu_memory_utilization
+from batchknee.core.engine_args import float_flag, vllm_gpu_memory_utilization
 from batchknee.core.observation import ObservationTarget
 from batchknee.core.policy import TuningRules
 from batchknee.core.roofline import DEFAULT_RESERVE_BYTES, DecodeRoofline
 
-TRTLLM_FREE_GPU_MEMORY_FRACTION = 0.9
+TRTLLM_FREE_GPU_MEMORY_FRACTION = 0.9  # TensorRT-LLM's default share of the memory left after weights
+TRTLLM_MAX_TOKENS_LIMIT = 2**31 - 1  # kv_cache_config.max_tokens is a 32-bit integer in the engine
+_KV_OPTIONS = "spec.extraLlmApiOptions.kv_cache_config"
 UNKNOWN_PEAK_FLOPS = 1e18  # outside the catalog without peakTeraflops: the compute roof never binds
 
 
@@ -124,11 +126,58 @@ def resolve_roofline(spec: LLMServingSpec) -> DecodeRoofline:
         raise SpecError("spec.model", str(error)) from None
 
 
+@dataclass(frozen=True)
+class TrtllmKvCache:
+    """TensorRT-LLM's KV-cache configuration: one source for the math (the pool) and the render
+    (the options file's `kv_cache_config`)."""
+
+    free_gpu_memory_fraction: float
+    max_tokens: int | None  # the user's cap, if any: the operator sets none (max_batch_size carries the knee)
+    dtype: str | None  # `dtype` to render: the spec's kvCacheDtype when not auto
+
+
+def trtllm_kv_cache(spec: LLMServingSpec) -> TrtllmKvCache:
+    """`kv_cache_config` from spec.extraLlmApiOptions (which overrides trtllm-serve's flags, as the
+    engine does), then `--kv_cache_free_gpu_memory_fraction` in spec.args, then the default."""
+    options = spec.extra_llm_api_options or {}
+    kv = options.get("kv_cache_config") if isinstance(options, dict) else None
+    kv = kv if isinstance(kv, dict) else {}
+
+    fraction: Any = kv.get("free_gpu_memory_fraction")
+    where = f"{_KV_OPTIONS}.free_gpu_memory_fraction"
+    if fraction is None:
+        fraction = float_flag(spec.args, "--kv_cache_free_gpu_memory_fraction")
+        where = "spec.args --kv_cache_free_gpu_memory_fraction"
+    if fraction is None:
+        fraction = TRTLLM_FREE_GPU_MEMORY_FRACTION
+    if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0.0 < fraction <= 1.0:
+        raise SpecError(where, f"must be a number in (0, 1], got {fraction!r}")
+
+    max_tokens: Any = kv.get("max_tokens")
+    if max_tokens is not None and (
+        isinstance(max_tokens, bool)
+        or not isinstance(max_tokens, int)
+        or not 1 <= max_tokens <= TRTLLM_MAX_TOKENS_LIMIT
+    ):
+        raise SpecError(
+            f"{_KV_OPTIONS}.max_tokens",
+            f"must be a whole number within 1–{TRTLLM_MAX_TOKENS_LIMIT} (a 32-bit integer in TensorRT-LLM), "
+            f"got {max_tokens!r}; remove it to let free_gpu_memory_fraction size the KV pool",
+        )
+    dtype = spec.model.kv_cache_dtype if spec.model.kv_cache_dtype != "auto" else None
+    return TrtllmKvCache(float(fraction), max_tokens, dtype)
+
+
 def kv_pool_bytes(spec: LLMServingSpec, roofline: DecodeRoofline) -> float:
     """One GPU's KV pool as the engine sizes it; a SpecError when the weights do not fit at all."""
     if spec.engine == Engine.TensorRTLLM:
-        pool = roofline.kv_pool_bytes_free_fraction(TRTLLM_FREE_GPU_MEMORY_FRACTION)
-        budget = f"{roofline.gpu.memory_bytes / GIB:.0f} GiB"
+        kv = trtllm_kv_cache(spec)
+        pool = roofline.kv_pool_bytes_free_fraction(kv.free_gpu_memory_fraction)
+        if kv.max_tokens is not None:  # with both, the smaller budget wins (as in the engine)
+            pool = min(pool, kv.max_tokens * roofline.kv_bytes_per_token)
+        budget = (
+            f"{roofline.gpu.memory_bytes / GIB:.0f} GiB (free fraction {kv.free_gpu_memory_fraction:.2f})"
+        )
     else:
         utilization = vllm_gpu_memory_utilization(spec.args)
         pool = roofline.kv_pool_bytes(utilization)
@@ -158,6 +207,7 @@ def tuning_rules(spec: LLMServingSpec) -> TuningRules:
             window_s=tuning.window_seconds,
             initial_context_length=tuning.initial_context_length,
             pinned_max_num_seqs=tuning.pinned_max_num_seqs,
+            evaluation_interval_s=tuning.evaluation_interval_seconds,
         )
     except ValueError as error:
         raise SpecError("spec.tuning", str(error)) from None

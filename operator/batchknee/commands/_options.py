@@ -47,7 +47,10 @@ def add_roofline_options(parser: argparse.ArgumentParser) -> None:
         "--prefix-sharing",
         type=fraction,
         default=0.0,
-        help="fraction of each context shared by all sequences",
+        metavar="FRACTION_OF_PROMPT",
+        help="fraction of each prompt shared by all sequences (a system prompt; what the prefix-cache hit "
+        "rate shows, status.observed.prefixHitPercent / 100); the math converts it to a share of the "
+        "context with the mean output length",
     )
     parser.add_argument(
         "--prefix-reread",
@@ -96,7 +99,8 @@ def resolve_roofline(args: argparse.Namespace) -> DecodeRoofline:
         bandwidth_bytes_per_s=args.bandwidth,
         bandwidth_efficiency=args.bandwidth_efficiency,
         overhead_s=args.overhead_ms / 1e3,
-        prefix_sharing=args.prefix_sharing,
+        # --prefix-sharing is a share of the prompt; each command converts it to the roofline's unit
+        # (a share of the context) where it knows the prompt and output lengths
         shared_prefix_read_once=not args.prefix_reread,
     )
 

@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from batchknee.argtypes import int_list, positive_float
+from batchknee.argtypes import int_list, non_negative_float, positive_float
 from batchknee.commands._options import add_roofline_options, describe, resolve_roofline
 from batchknee.core.plan import ContextPlan, build_plan
 from batchknee.core.roofline import DecodeRoofline
@@ -31,6 +31,13 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--tpot-target-ms", type=positive_float, help="cap the batch so TPOT stays under this"
     )
+    parser.add_argument(
+        "--output-tokens",
+        type=non_negative_float,
+        default=0.0,
+        help="mean output tokens per request: with --prefix-sharing, the prompt is the context less half "
+        "of it (default 0: the context is all prompt)",
+    )
     parser.add_argument("--output", choices=("table", "json"), default="table")
     parser.add_argument("--plot", metavar="FILE.png", help="write TPOT and throughput against batch")
     parser.set_defaults(handler=run)
@@ -40,7 +47,13 @@ def run(args: argparse.Namespace) -> int:
     roofline = resolve_roofline(args)
     tpot_target_s = args.tpot_target_ms / 1e3 if args.tpot_target_ms else None
     plans = build_plan(
-        roofline, args.context, args.batch, knee_factor=args.knee_factor, tpot_target_s=tpot_target_s
+        roofline,
+        args.context,
+        args.batch,
+        knee_factor=args.knee_factor,
+        tpot_target_s=tpot_target_s,
+        prefix_sharing_of_prompt=args.prefix_sharing or None,
+        output_tokens=args.output_tokens,
     )
     if args.output == "json":
         print(json.dumps([plan.to_json() for plan in plans], indent=2))

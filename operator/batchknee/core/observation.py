@@ -44,6 +44,26 @@ class Reading:
         return f"{self.value:g}" if self.value is not None else f"unavailable ({self.reason})"
 
 
+def decode_context_under_reservation(reserved: Reading, mean_prompt: Reading) -> Reading:
+    """The average context per running sequence where the engine reserves each request's prompt +
+    whole output from admission (TensorRT-LLM's GUARANTEED_NO_EVICT), so the KV pool shows the
+    reservation, not the context.
+
+    Weighted by time, a running request holds p + o²/(2·o̅) tokens on average but reserves
+    p + o²/o̅ (o its output: longer answers run longer), so the decode-time average is the mean of
+    the reservation and the mean prompt, `(reserved + prompt) / 2` — about 1/1.56 of the
+    reservation on the demo's traffic. The mean prompt comes from the engine's token counters."""
+    if reserved.value is None:
+        return reserved
+    if mean_prompt.value is None:
+        return Reading.unavailable(
+            f"the KV pool shows each request's reservation; the mean prompt is needed ({mean_prompt.reason})"
+        )
+    if mean_prompt.value >= reserved.value:  # nothing reserved beyond the prompts: no decode share seen
+        return reserved
+    return Reading.of((reserved.value + mean_prompt.value) / 2)
+
+
 @dataclass(frozen=True)
 class Observation:
     """One LLMServing's engines over the evaluation window, aggregated across its pods."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from batchknee.core.recommend import Recommendation, recommend
@@ -48,6 +48,16 @@ class ContextPlan:
         }
 
 
+def prefix_share_of_context(share_of_prompt: float, context_tokens: float, output_tokens: float) -> float:
+    """A prefix shared by `share_of_prompt` of every prompt (a system prompt: what the engines'
+    prefix-cache hit rate shows) as a fraction of the average context a running sequence holds,
+    the prompt plus half the output (it grows from one to the other while it decodes)."""
+    if not 0.0 <= share_of_prompt < 1.0:
+        raise ValueError("the shared share of the prompt must be in [0, 1)")
+    prompt = max(0.0, context_tokens - output_tokens / 2.0)
+    return min(share_of_prompt * prompt / context_tokens, 0.99) if context_tokens > 0 else 0.0
+
+
 def build_plan(
     roofline: DecodeRoofline,
     contexts: Sequence[int],
@@ -56,6 +66,29 @@ def build_plan(
     knee_factor: float = 1.0,
     tpot_target_s: float | None = None,
     gpu_memory_utilization: float = 0.9,
+    prefix_sharing_of_prompt: float | None = None,
+    output_tokens: float = 0.0,
+) -> list[ContextPlan]:
+    """One plan per context. With `prefix_sharing_of_prompt`, the roofline's prefix sharing (a
+    fraction of the context) is set per context from it and the mean output length."""
+    plans = []
+    for ctx in contexts:
+        planner = roofline
+        if prefix_sharing_of_prompt is not None:
+            planner = replace(
+                roofline, prefix_sharing=prefix_share_of_context(prefix_sharing_of_prompt, ctx, output_tokens)
+            )
+        plans.extend(_plans(planner, [ctx], batches, knee_factor, tpot_target_s, gpu_memory_utilization))
+    return plans
+
+
+def _plans(
+    roofline: DecodeRoofline,
+    contexts: Sequence[int],
+    batches: Sequence[int],
+    knee_factor: float,
+    tpot_target_s: float | None,
+    gpu_memory_utilization: float,
 ) -> list[ContextPlan]:
     return [
         ContextPlan(

@@ -14,11 +14,23 @@ Rules, in the order they are checked (the first that applies names the hold):
   never a zero; so does the metrics window after a rollout (`window_s`);
 - the target: knee factor × B_knee rounded up to the granularity, under the KV-capacity cap, under
   the TPOT guard, clamped to [min, max];
-- already there, inside the dead band (safety decreases excepted), still moving — the window's
-  last third recommends something outside the dead band of the whole window's, or the previous
-  evaluation did: the windowed average is a blend of before and after a traffic shift, and
-  rolling now would only mean rolling again —, inside the cooldown, or over the rollouts-per-hour
-  budget (both count retunes, not the creation): hold; otherwise roll.
+- already there, inside the dead band (safety decreases excepted), still moving, not yet held
+  long enough, inside the cooldown, or over the rollouts-per-hour budget (both count retunes, not
+  the creation): hold; otherwise roll.
+
+Hysteresis works on the unrounded target (`Recommendation.unrounded`, the batch before rounding
+up to the granularity): rounding turns an 11 % move of the knee into a 12.5–14 % step, so a band
+on rounded values lets small swings through. The dead band is measured from the unrounded target
+that produced the applied setting (recorded with its rollout). "Still moving" compares with the
+target of at least one evaluation interval earlier (`RecentTarget`s, by the time their
+observation was sampled: a reconcile that reuses a cached reading never compares it with itself),
+and with the window's last third (the windowed average blends before and after a shift). A
+setting tuned to traffic changes only once every target for `hold_for_s` (1.5 windows) lay
+outside the dead band on the same side: a window to take in the shift, half a window more to see
+it stay; one not chosen from observed traffic (the initial context's, a pinned or the user's)
+once they have for one window (the windowed average has taken the change in: never mid-shift). Traffic that swings out and back within that time (flapping) never
+rolls; a steady drift moves less than the band per interval, so it is not "moving" and rolls once
+it has held.
 
 The TPOT guard, with a p99 target: once enough calibration samples exist, the calibrated cap
 (`fit_roofline` on observed p99 steps, `max_batch_for_tpot` on the fitted roofline); until then,
@@ -64,6 +76,7 @@ MIN_CALIBRATION_SAMPLES = 6
 MAX_CALIBRATION_RELATIVE_RMSE = 0.2  # a fit worse than this is noise, not a model
 CALIBRATION_SAMPLES_KEPT = 32
 HISTORY_KEPT = 10  # rollouts remembered; maxRolloutsPerHour may not exceed it
+RECENT_TARGETS_KEPT = 40  # recent unrounded targets remembered (status.recentTargets)
 HOUR = timedelta(hours=1)
 
 
@@ -87,6 +100,7 @@ class TuningRules:
     initial_context_length: int = 2048
     pinned_max_num_seqs: int | None = None
     granularity: int = 8
+    evaluation_interval_s: int = 30
 
     def __post_init__(self) -> None:
         if not 100 <= self.knee_factor_percent <= 200:
@@ -109,20 +123,44 @@ class TuningRules:
             raise ValueError("pinnedMaxNumSeqs must be positive")
         if self.granularity < 1:
             raise ValueError("granularity must be positive")
+        if self.evaluation_interval_s < 1:
+            raise ValueError("evaluationIntervalSeconds must be positive")
 
     @property
     def knee_factor(self) -> float:
         return self.knee_factor_percent / 100.0
 
+    @property
+    def hold_for_s(self) -> int:
+        """How long a change must hold before it rolls: one window for the windowed average to take
+        in a shift, and half a window more to see that it stays."""
+        return self.window_s * 3 // 2
+
+    @property
+    def recent_target_spacing_s(self) -> float:
+        """How far apart the remembered targets are, at the most (one evaluation interval, or
+        coarser when the hold time spans more intervals than are kept)."""
+        return max(float(self.evaluation_interval_s), self.hold_for_s / (RECENT_TARGETS_KEPT - 2))
+
 
 @dataclass(frozen=True)
 class Rollout:
-    """One change of the batch limit, recorded together with the change itself."""
+    """One change of the batch limit, recorded together with the change itself. `target` is the
+    unrounded target that produced `to_value` (the dead band's origin; None in older records)."""
 
     time: datetime
     from_value: int | None
     to_value: int
     reason: str
+    target: float | None = None
+
+
+@dataclass(frozen=True)
+class RecentTarget:
+    """One evaluation's unrounded target, at the time its observation was sampled."""
+
+    time: datetime
+    batch: float
 
 
 @dataclass(frozen=True)
@@ -138,6 +176,26 @@ class Applied:
     rolling: bool = False
     settled_since: datetime | None = None
     rollouts: tuple[Rollout, ...] = ()
+
+    @property
+    def origin(self) -> float | None:
+        """The unrounded target that produced the applied setting; the setting itself when the
+        record does not say (an initial, pinned or user value, or an older record)."""
+        if self.max_num_seqs is None:
+            return None
+        return self._traffic_target if self._traffic_target is not None else float(self.max_num_seqs)
+
+    @property
+    def tuned_to_traffic(self) -> bool:
+        """Whether the applied setting was chosen from observed traffic (what flapping would undo)."""
+        return self._traffic_target is not None
+
+    @property
+    def _traffic_target(self) -> float | None:
+        last = self.rollouts[-1] if self.rollouts else None
+        if last is not None and last.to_value == self.max_num_seqs and last.target is not None:
+            return last.target
+        return None
 
     @property
     def last_retune(self) -> Rollout | None:
@@ -177,6 +235,8 @@ class Decision:
     limited_by: str | None = None
     guard: TpotGuard | None = None
     calibration: RooflineCalibration | None = field(default=None, compare=False)
+    target: float | None = None  # the unrounded target behind `recommended`
+    recent_targets: tuple[RecentTarget, ...] = ()  # to remember for the next evaluation
 
     @property
     def rolls(self) -> bool:
@@ -273,6 +333,7 @@ def _guard(
 @dataclass(frozen=True)
 class _Target:
     value: int
+    unrounded: float
     recommendation: Recommendation
     guard: TpotGuard | None
     limited_by: str
@@ -300,14 +361,16 @@ def _target(
     rec = _knee(rules, roofline, kv_pool_bytes, context_tokens)
     guard = _guard(rules, observation, applied, calibrated_cap, calibration_text)
     value, limited_by, text = rec.max_num_seqs, str(rec.limited_by), rec.explain()
+    unrounded = rec.unrounded
     if guard is not None:
         capped = max(rules.min_max_num_seqs, round_down_under_cap(guard.cap, rules.granularity))
         if capped < value:
             value, limited_by = capped, "tpot-target"
+            unrounded = min(unrounded, float(max(rules.min_max_num_seqs, guard.cap)))
             text += f" → {value} ({guard.text})"
             if capped == rules.min_max_num_seqs and guard.cap < capped:
                 text += f" (minimum bound {rules.min_max_num_seqs})"
-    return _Target(value, rec, guard, limited_by, text, fit)
+    return _Target(value, unrounded, rec, guard, limited_by, text, fit)
 
 
 def _knee(
@@ -325,9 +388,50 @@ def _knee(
     )
 
 
-def _moves_past(rules: TuningRules, value: int, reference: int) -> bool:
-    """Whether `value` lies outside the dead band around `reference`."""
+def _moves_past(rules: TuningRules, value: float, reference: float) -> bool:
+    """Whether `value` lies outside the dead band around `reference` (unrounded targets)."""
     return abs(value - reference) / reference * 100 > rules.dead_band_percent
+
+
+def remember_target(
+    rules: TuningRules, recent: Sequence[RecentTarget], sampled_at: datetime, batch: float
+) -> tuple[RecentTarget, ...]:
+    """The recent targets after this evaluation: a newer reading is added (one reused from the
+    observer's cache is the same reading and adds nothing), those too old to matter for the hold
+    time are dropped, and the closest-spaced ones are thinned out past `RECENT_TARGETS_KEPT`."""
+    kept = list(recent)
+    if not kept or sampled_at > kept[-1].time:
+        kept.append(RecentTarget(sampled_at, batch))
+    horizon = sampled_at - timedelta(seconds=rules.hold_for_s + rules.recent_target_spacing_s)
+    kept = [t for t in kept if t.time >= horizon]
+    while len(kept) > RECENT_TARGETS_KEPT:  # keep the oldest and the newest; drop the most crowded
+        crowded = min(range(1, len(kept) - 1), key=lambda i: kept[i].time - kept[i - 1].time)
+        del kept[crowded]
+    return tuple(kept)
+
+
+def _earlier_target(
+    rules: TuningRules, recent: Sequence[RecentTarget], sampled_at: datetime
+) -> RecentTarget | None:
+    """The newest remembered target at least one evaluation interval older than `sampled_at`."""
+    limit = sampled_at - timedelta(seconds=rules.evaluation_interval_s)
+    return next((t for t in reversed(recent) if t.time <= limit), None)
+
+
+def _outside_since(
+    rules: TuningRules, recent: Sequence[RecentTarget], origin: float, batch: float, sampled_at: datetime
+) -> datetime:
+    """Since when every target (back from `batch`, now) lay outside the dead band around `origin`
+    on the same side as `batch`."""
+    rising = batch > origin
+    since = sampled_at
+    for earlier in reversed(recent):
+        if earlier.time >= sampled_at:
+            continue
+        if not _moves_past(rules, earlier.batch, origin) or (earlier.batch > origin) != rising:
+            break
+        since = earlier.time
+    return since
 
 
 def _max_tokens(value: int, context_tokens: float) -> int:
@@ -343,12 +447,12 @@ def decide(
     calibration: Sequence[CalibrationPoint],
     now: datetime,
     user_max_num_seqs: int | None = None,
-    previous_recommended: int | None = None,
+    recent_targets: Sequence[RecentTarget] = (),
 ) -> Decision:
     """The batch limit to run now and why. `observation` is None when there is nothing to observe
     yet (no engine pods); `user_max_num_seqs` is a `--max-num-seqs` in the spec's own args, which
     only Recommend mode honours (Auto replaces it, Pinned uses `pinned_max_num_seqs`);
-    `previous_recommended` is what the previous evaluation recommended (None: unknown)."""
+    `recent_targets` are what earlier evaluations' `Decision.recent_targets` said to remember."""
     ctx_reading = observation.avg_context_tokens if observation is not None else None
     observed_ctx = ctx_reading.value if ctx_reading is not None else None
     if observed_ctx is not None and observed_ctx <= 0:
@@ -365,6 +469,9 @@ def decide(
         context, source = float(rules.initial_context_length), "initial"
     if context is not None:
         target = _target(rules, roofline, kv_pool_bytes, context, observation, current, calibration)
+    remembered = tuple(recent_targets)
+    if target is not None and source == "observed" and observation is not None:
+        remembered = remember_target(rules, remembered, observation.sampled_at, target.unrounded)
 
     def decision(action: Action, value: int, reason: str, hold: Hold | None = None) -> Decision:
         if action != "roll" and applied.max_tokens is not None:
@@ -384,6 +491,8 @@ def decide(
             limited_by=target.limited_by if target else None,
             guard=target.guard if target else None,
             calibration=target.calibration if target else None,
+            target=target.unrounded if target else None,
+            recent_targets=remembered,
         )
 
     explain = target.text if target is not None else ""
@@ -437,26 +546,47 @@ def decide(
         until = applied.settled_since + timedelta(seconds=rules.window_s)
         return hold("settling", f"metrics window settling after the rollout until {_z(until)}")
 
-    wanted = target.value
+    wanted, batch = target.value, target.unrounded
     if wanted == current:
         return decision("hold", current, f"{explain} — at target", "at-target")
-    change_percent = abs(wanted - current) / current * 100
+    origin = applied.origin if applied.origin is not None else float(current)
+    change_percent = abs(batch - origin) / origin * 100
     safety = wanted < current and target.limited_by in ("tpot-target", "kv-capacity")
-    if change_percent < rules.dead_band_percent and not safety:
+    if not safety and not _moves_past(rules, batch, origin):
         return hold(
             "dead-band",
-            f"{wanted} is within the {rules.dead_band_percent}% dead band ({change_percent:.0f}%)",
+            f"{batch:.1f} is within the {rules.dead_band_percent}% dead band of {origin:.1f} "
+            f"({change_percent:.0f}%)",
         )
     recent_ctx = observation.recent_avg_context_tokens.value if observation is not None else None
     if not safety and recent_ctx is not None and recent_ctx > 0:
-        lately = _knee(rules, roofline, kv_pool_bytes, recent_ctx).max_num_seqs
-        if _moves_past(rules, lately, target.recommendation.max_num_seqs):
+        lately = _knee(rules, roofline, kv_pool_bytes, recent_ctx)
+        if _moves_past(rules, lately.unrounded, target.recommendation.unrounded):
             return hold(
                 "unsteady",
-                f"traffic is shifting: the window's last third says avg ctx {recent_ctx:.0f} tok → {lately}",
+                f"traffic is shifting: the window's last third says avg ctx {recent_ctx:.0f} tok → "
+                f"{lately.max_num_seqs}",
             )
-    if not safety and previous_recommended is not None and _moves_past(rules, wanted, previous_recommended):
-        return hold("unsteady", f"the recommendation is still moving ({previous_recommended} → {wanted})")
+    sampled_at = observation.sampled_at if observation is not None else now
+    if not safety:
+        earlier = _earlier_target(rules, recent_targets, sampled_at)
+        if earlier is not None and _moves_past(rules, batch, earlier.batch):
+            return hold(
+                "unsteady",
+                f"the recommendation is still moving ({earlier.batch:.1f} at {_z(earlier.time)} → "
+                f"{batch:.1f})",
+            )
+        since = _outside_since(rules, recent_targets, origin, batch, sampled_at)
+        # a setting from the initial context (or pinned, or the user's) is a guess: replaced once the
+        # window has taken the change in; one tuned to traffic only for a change that also stays
+        hold_s = rules.hold_for_s if applied.tuned_to_traffic else rules.window_s
+        if sampled_at - since < timedelta(seconds=hold_s):
+            until = since + timedelta(seconds=hold_s)
+            return hold(
+                "unsteady",
+                f"{wanted} must hold outside the dead band of {origin:.1f} for {hold_s}s "
+                f"(outside since {_z(since)}; until {_z(until)})",
+            )
     last = applied.last_retune
     if last is not None and now < last.time + timedelta(seconds=rules.cooldown_s):
         return hold("cooldown", f"cooldown until {_z(last.time + timedelta(seconds=rules.cooldown_s))}")
@@ -490,5 +620,9 @@ def record(
     """The rollout history after acting on `decision` (unchanged unless it rolls)."""
     if not decision.rolls:
         return applied.rollouts
-    entry = Rollout(now, applied.max_num_seqs, decision.value, decision.reason)
+    # the dead band's origin: the unrounded target, when the roll went to it from observed traffic
+    # (not the initial context, a pinned value or the user's own)
+    tuned = decision.value == decision.recommended and decision.context_source == "observed"
+    target = decision.target if tuned else None
+    entry = Rollout(now, applied.max_num_seqs, decision.value, decision.reason, target)
     return (*applied.rollouts, entry)[-keep:]

@@ -24,6 +24,18 @@ class Recommendation:
     max_num_seqs: int
     max_tokens: int
     limited_by: LimitedBy
+    minimum: int = 1
+    maximum: int = 1024
+
+    @property
+    def unrounded(self) -> float:
+        """The batch the rules ask for before rounding to the granularity: the scaled knee under the
+        caps, within [minimum, maximum]. The dead band compares these, never the rounded steps."""
+        value = self.knee_factor * self.b_knee
+        for cap in (self.slo_batch, self.capacity_batch):
+            if cap is not None:
+                value = min(value, float(cap))
+        return min(max(value, float(self.minimum)), float(self.maximum))
 
     def explain(self) -> str:
         """One line whose every number comes from the math, e.g.
@@ -107,4 +119,6 @@ def recommend(
         max_num_seqs=value,
         max_tokens=value * math.ceil(context_tokens),
         limited_by=limited_by,  # type: ignore[arg-type]
+        minimum=minimum,
+        maximum=maximum,
     )

@@ -40,7 +40,7 @@ class LoadSpec:
     output_distribution: Distribution = "fixed"
     prompt_spread: float = 0.5
     output_spread: float = 0.5
-    prefix_sharing: float = 0.0
+    prefix_sharing: float = 0.0  # a share of each prompt (a system prompt), not of the context
     concurrency: int | None = None
 
     def __post_init__(self) -> None:
