@@ -15,6 +15,7 @@ import yaml
 from batchknee.api.models import (
     GROUP,
     KIND,
+    MAX_NAME_LENGTH,
     PLURAL,
     SHORT_NAMES,
     SINGULAR,
@@ -208,6 +209,17 @@ def crd_manifest() -> dict[str, Any]:
         spec["properties"][name]["default"] = model().dump()
     spec["properties"]["args"]["default"] = []
     schema = {
+        "x-kubernetes-validations": [
+            {
+                # the Service takes the name (a DNS-1035 label) and engine pods are <name>-<hash>-<random>
+                "rule": f"self.metadata.name.size() <= {MAX_NAME_LENGTH} && "
+                "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
+                "message": f"metadata.name must be a DNS label starting with a letter and at most "
+                f"{MAX_NAME_LENGTH} characters (the engine pods are named <name>-<hash>-<random> within 63); "
+                "choose a shorter name",
+                "reason": "FieldValueInvalid",
+            }
+        ],
         "type": "object",
         "description": "LLMServing runs an LLM engine (vLLM or TensorRT-LLM) as a Deployment and keeps its "
         "decode batch limit (--max-num-seqs; TensorRT-LLM max_batch_size and KV max_tokens) at the "
