@@ -68,6 +68,10 @@ class RenderDefaults:
         return self.vllm_image if engine == Engine.VLLM else self.trtllm_image
 
 
+# TensorRT-LLM keeps kv_cache_config.max_tokens as a 32-bit signed integer (SizeType32).
+TRTLLM_MAX_TOKENS_LIMIT = 2**31 - 1
+
+
 @dataclass(frozen=True)
 class Desired:
     """What to run: the batch limit, TensorRT-LLM's KV token cap, and the rollout record."""
@@ -75,6 +79,11 @@ class Desired:
     max_num_seqs: int
     max_tokens: int
     rollouts: tuple[Rollout, ...] = ()
+
+    @property
+    def trtllm_max_tokens(self) -> int:
+        """The KV token cap within TensorRT-LLM's integer range (a cap that large binds nothing)."""
+        return max(0, min(self.max_tokens, TRTLLM_MAX_TOKENS_LIMIT))
 
 
 # --- labels, owners --------------------------------------------------------------------------------
@@ -165,7 +174,7 @@ def engine_config(obj: LLMServing, desired: Desired) -> str:
     kv = options.get("kv_cache_config")
     kv = dict(kv) if isinstance(kv, dict) else {}
     kv.setdefault("free_gpu_memory_fraction", 0.9)
-    kv["max_tokens"] = desired.max_tokens
+    kv["max_tokens"] = desired.trtllm_max_tokens
     options["kv_cache_config"] = kv
     options["max_batch_size"] = desired.max_num_seqs
     return yaml.safe_dump(options, sort_keys=True)
@@ -256,7 +265,7 @@ def deployment(obj: LLMServing, desired: Desired, defaults: RenderDefaults) -> d
         command = trtllm_command(spec.model.name)
         args = trtllm_args(spec.args, tensor_parallel=spec.gpu.count)
         text = engine_config(obj, desired)
-        pod_annotations[MAX_TOKENS_ANNOTATION] = str(desired.max_tokens)
+        pod_annotations[MAX_TOKENS_ANNOTATION] = str(desired.trtllm_max_tokens)
         pod_annotations[CHECKSUM_ANNOTATION] = hashlib.sha256(text.encode()).hexdigest()
         volume_mounts.append({"name": CONFIG_VOLUME, "mountPath": ENGINE_CONFIG_DIR, "readOnly": True})
         volumes.append({"name": CONFIG_VOLUME, "configMap": {"name": config_map_name(name)}})
