@@ -3,6 +3,7 @@ image allow-list, the bounds on names, args and pinned values, and the restricte
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +16,14 @@ from batchknee.api.admission import (
     gated_uses,
     image_allowed,
 )
-from batchknee.api.crd import crd_manifest
+from batchknee.api.crd import (
+    CHART_REQUESTER_POLICY_FILE,
+    REQUESTER_POLICY_FILE,
+    chart_requester_policy_template,
+    crd_manifest,
+    requester_policy,
+    requester_policy_yaml,
+)
 from batchknee.api.models import MAX_ARGS, MAX_NAME_LENGTH, LLMServing
 from batchknee.api.resolve import SpecError, kv_pool_bytes, parse_llmserving, resolve_roofline
 from batchknee.core.engine_args import ENGINE_CONFIG_FILE
@@ -294,3 +302,21 @@ def test_tensorrt_llm_max_tokens_stays_within_int32() -> None:
     assert f"max_tokens: {TRTLLM_MAX_TOKENS_LIMIT}" in config_map(obj, desired)["data"][ENGINE_CONFIG_FILE]
     dep = render(obj, desired)[-1]
     assert dep["spec"]["template"]["metadata"]["annotations"]["batchknee.io/max-tokens"] == str(2**31 - 1)
+
+
+def test_the_requester_policy_is_generated_and_checks_every_gated_field() -> None:
+    """crds/ and the chart carry the generated ValidatingAdmissionPolicy (`make crds`); its CEL names
+    each kind of gated field that batchknee.api.admission refuses (the integration tier runs it)."""
+    root = Path(__file__).resolve().parents[2]
+    assert (root / REQUESTER_POLICY_FILE).read_text() == requester_policy_yaml(), "run `make crds`"
+    assert (root / CHART_REQUESTER_POLICY_FILE).read_text() == chart_requester_policy_template(), (
+        "run `make crds`"
+    )
+    policy, binding = requester_policy()
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    gated = policy["spec"]["variables"][0]["expression"]
+    for _, field, _ in HOSTILE:
+        last = field.split(".")[-1].split("[")[0]
+        assert last in gated, field
+    [validation] = policy["spec"]["validations"]
+    assert "resource('pods')" in validation["expression"] and "check('create')" in validation["expression"]
