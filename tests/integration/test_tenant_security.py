@@ -18,11 +18,13 @@ import pytest
 
 pytest.importorskip("batchknee.devcluster", reason="the local control plane has not landed on this branch")
 
-from test_operator import ROOT, Harness, wait_for
+from test_operator import ROOT, Harness, crds, wait_for, world
 
 from batchknee.api.crd import REQUESTER_POLICY_FILE, REQUESTER_POLICY_NAME
 from batchknee.api.models import MAX_NAME_LENGTH
 from batchknee.devcluster import DevCluster
+
+__all__ = ["crds", "world"]  # the fixtures of test_operator.py, shared
 
 TENANT = "tenant"
 
