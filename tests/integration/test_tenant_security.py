@@ -31,7 +31,9 @@ TENANT = "tenant"
 
 @pytest.fixture(scope="module")
 def requester_policy(crds: None, cluster: DevCluster) -> None:
-    done = cluster.kubectl("apply", "--server-side", "-f", str(ROOT / REQUESTER_POLICY_FILE), check=False)
+    # the same policy may be there from the chart's install (field manager helm): take it over
+    path = str(ROOT / REQUESTER_POLICY_FILE)
+    done = cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", path, check=False)
     assert done.returncode == 0, done.stderr
     # the apiserver compiles a new policy a moment after it is stored: wait until it denies
     wait_for(
