@@ -165,6 +165,9 @@ def test_an_image_outside_the_allowed_patterns_is_refused_naming_spec_image() ->
     assert caught.value.field == "spec.image"
     assert "allowedImages" in str(caught.value) and "BATCHKNEE_ALLOWED_IMAGES" in str(caught.value)
     check_admission(obj.spec, AdmissionRules(allowed_images=("evil.example/*",)))
+    with pytest.raises(Forbidden) as caught:
+        check_admission(parse(image="r/" + "x" * 1020).spec, AdmissionRules(allowed_images=("p" * 900,) * 9))
+    assert len(str(caught.value)) < 1024  # bounded for status and Events
     check_admission(parse().spec, AdmissionRules(allowed_images=()))  # the default image needs no pattern
     assert image_allowed("nvcr.io/nvidia/tensorrt-llm/release:1.0.0", DEFAULT_ALLOWED_IMAGES)
     assert image_allowed("vllm/vllm-openai@sha256:" + "0" * 64, DEFAULT_ALLOWED_IMAGES)

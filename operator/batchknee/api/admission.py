@@ -150,13 +150,18 @@ def image_allowed(image: str, patterns: tuple[str, ...]) -> bool:
     return any(fnmatchcase(image, pattern) for pattern in patterns)
 
 
+def _short(text: str, limit: int = 256) -> str:
+    """Bounded for status and Events (an image may be 1024 characters, the patterns many)."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def check_admission(spec: LLMServingSpec, rules: AdmissionRules) -> None:
     """Raise Forbidden for the first thing the spec asks that the rules do not allow."""
     if spec.image is not None and not image_allowed(spec.image, rules.allowed_images):
         raise Forbidden(
             "spec.image",
-            f"image {spec.image!r} matches none of the operator's allowed images "
-            f"({', '.join(rules.allowed_images) or 'none'}); leave spec.image unset for the default image, "
+            f"image {_short(spec.image)!r} matches none of the operator's allowed images "
+            f"({_short(', '.join(rules.allowed_images)) or 'none'}); leave spec.image unset for the default image, "
             f"use an allowed one, or ask the cluster admin to add a pattern to {IMAGES}",
             IMAGES,
         )
