@@ -49,9 +49,11 @@ crds: venv
 	mkdir -p crds
 	batchknee crd > crds/batchknee.io_llmservings.yaml
 	batchknee crd --peering > crds/kopf.dev_peerings.yaml
+	batchknee crd --requester-policy > crds/batchknee.io_llmservings-requester-policy.yaml
 	mkdir -p charts/batchknee/templates/crds
 	batchknee crd --chart > charts/batchknee/templates/crds/batchknee.io_llmservings.yaml
 	batchknee crd --chart --peering > charts/batchknee/templates/crds/kopf.dev_peerings.yaml
+	batchknee crd --chart --requester-policy > charts/batchknee/templates/crds/batchknee.io_llmservings-requester-policy.yaml
 
 # The README's chart values reference, from the `# --` comments in charts/batchknee/values.yaml.
 chart-docs: venv

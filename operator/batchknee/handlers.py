@@ -113,7 +113,7 @@ def configure(settings: OperatorSettings) -> Runtime:
     if settings.peering != "standalone":
         kube.ensure_peering(settings.peering_name, settings.namespaces)
     defaults = RenderDefaults(vllm_image=settings.vllm_image, trtllm_image=settings.trtllm_image)
-    RUNTIME = Runtime(Ports(kube, router, defaults), router, metrics)
+    RUNTIME = Runtime(Ports(kube, router, defaults, settings.admission_rules()), router, metrics)
     return RUNTIME
 
 

@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from batchknee.adopt import Target, adopt, env_patch, wiring_argument
+from batchknee.api.admission import AdmissionRules, Forbidden, check_admission
 from batchknee.api.models import (
     API_VERSION,
     KIND,
@@ -91,6 +92,7 @@ class Ports:
     kube: KubernetesPort
     observer: Observer
     defaults: RenderDefaults = field(default_factory=RenderDefaults)
+    admission: AdmissionRules = field(default_factory=AdmissionRules)
 
 
 @dataclass(frozen=True)
@@ -284,20 +286,21 @@ class _Reconcile:
 
     def invalid(self, error: SpecError) -> Outcome:
         applied = self.old.max_num_seqs
-        self.conditions.set("Degraded", "True", "InvalidSpec", f"{error}")
+        reason = "Forbidden" if isinstance(error, Forbidden) else "InvalidSpec"
+        self.conditions.set("Degraded", "True", reason, f"{error}")
         self.conditions.keep_old()
         holding = f"; holding {applied}" if applied is not None else ""
         status = self.old.model_copy(
             update={
                 "observed_generation": self.generation,
                 "conditions": self.conditions.result(),
-                "reason": f"invalid spec — {error}{holding}",
+                "reason": f"{'forbidden' if reason == 'Forbidden' else 'invalid'} spec — {error}{holding}",
                 "action": "hold",
-                "hold_reason": "invalid-spec",
+                "hold_reason": "forbidden" if reason == "Forbidden" else "invalid-spec",
             }
         )
         if self.conditions.turned("Degraded", "True", or_message=True):
-            self.event("Warning", "InvalidSpec", str(error))
+            self.event("Warning", reason, str(error))
         written = self.write(status)
         return Outcome(self.namespace, self.name, status=status, status_written=written, error=str(error))
 
@@ -306,6 +309,7 @@ class _Reconcile:
     def run(self) -> Outcome:
         try:
             obj = parse_llmserving(self.raw)
+            check_admission(obj.spec, self.ports.admission)  # Forbidden: nothing is rendered or applied
             roofline = resolve_roofline(obj.spec)
             pool = kv_pool_bytes(obj.spec, roofline)
             rules = tuning_rules(obj.spec)

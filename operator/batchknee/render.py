@@ -53,6 +53,15 @@ ENGINE_CONFIGS_KEPT = 3  # the current options ConfigMap and the two before it
 METRICS_PATH = {Engine.VLLM: "/metrics", Engine.TensorRTLLM: "/prometheus/metrics"}
 APP_NAME = {Engine.VLLM: "vllm", Engine.TensorRTLLM: "tensorrt-llm"}
 GPU_RESOURCE = "nvidia.com/gpu"
+# The engine images run as root by default; the restricted profile wants a non-root user (1000 is
+# the first ordinary user of the Debian/Ubuntu bases the engine images build on).
+RESTRICTED_POD_SECURITY_CONTEXT: dict[str, Any] = {
+    "runAsNonRoot": True,
+    "runAsUser": 1000,
+    "runAsGroup": 1000,
+    "fsGroup": 1000,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
 
 
 @dataclass(frozen=True)
@@ -272,7 +281,8 @@ def service(obj: LLMServing) -> dict[str, Any]:
 
 
 def _resources(obj: LLMServing) -> dict[str, Any]:
-    resources: dict[str, Any] = copy.deepcopy(obj.spec.pod_template.resources or {})
+    given = obj.spec.pod_template.resources
+    resources: dict[str, Any] = given.dump() if given is not None else {}
     count = str(obj.spec.gpu.count)
     limits = dict(resources.get("limits") or {})
     limits[GPU_RESOURCE] = count
@@ -280,6 +290,25 @@ def _resources(obj: LLMServing) -> dict[str, Any]:
     if isinstance(resources.get("requests"), dict) and GPU_RESOURCE in resources["requests"]:
         resources["requests"] = {**resources["requests"], GPU_RESOURCE: count}
     return resources
+
+
+def pod_security_context(obj: LLMServing) -> dict[str, Any]:
+    """The restricted Pod Security Standard unless the spec says otherwise (loosening it is
+    admin-gated in batchknee.api.admission): a non-root user, the runtime's seccomp profile."""
+    given = obj.spec.pod_template.security_context
+    return {**RESTRICTED_POD_SECURITY_CONTEXT, **(given.dump() if given is not None else {})}
+
+
+def container_security_context(obj: LLMServing) -> dict[str, Any]:
+    """No privilege escalation and every capability dropped (plus what the spec adds, admin-gated)."""
+    given = obj.spec.pod_template.container_security_context
+    context: dict[str, Any] = {
+        "allowPrivilegeEscalation": False,
+        **(given.dump() if given is not None else {}),
+    }
+    drop = list(dict.fromkeys(["ALL", *context.get("capabilities", {}).get("drop", [])]))
+    context["capabilities"] = {**context.get("capabilities", {}), "drop": drop}
+    return context
 
 
 def deployment(obj: LLMServing, desired: Desired, defaults: RenderDefaults) -> dict[str, Any]:
@@ -295,8 +324,8 @@ def deployment(obj: LLMServing, desired: Desired, defaults: RenderDefaults) -> d
     pod_annotations.update(template.annotations or {})
     pod_annotations[MAX_NUM_SEQS_ANNOTATION] = str(desired.max_num_seqs)
 
-    volume_mounts = list(template.volume_mounts or [])
-    volumes = list(template.volumes or [])
+    volume_mounts = [mount.dump() for mount in template.volume_mounts or []]
+    volumes = [volume.dump() for volume in template.volumes or []]
     if spec.engine == Engine.VLLM:
         command = vllm_command(spec.model.name)
         args = vllm_args(
@@ -332,31 +361,34 @@ def deployment(obj: LLMServing, desired: Desired, defaults: RenderDefaults) -> d
         },
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(template.drain_seconds)]}}},
         "resources": _resources(obj),
+        "securityContext": container_security_context(obj),
     }
     for key, value in (
-        ("env", template.env),
-        ("envFrom", template.env_from),
+        ("env", [env.dump() for env in template.env or []]),
+        ("envFrom", [source.dump() for source in template.env_from or []]),
         ("volumeMounts", volume_mounts),
     ):
         if value:
-            container[key] = list(value)
+            container[key] = value
 
     pod_spec: dict[str, Any] = {
         "containers": [container],
         "terminationGracePeriodSeconds": max(
             template.termination_grace_period_seconds, template.drain_seconds
         ),
+        "securityContext": pod_security_context(obj),
+        # the engine needs no API access; a token is mounted only for a ServiceAccount the admin allowed
+        "automountServiceAccountToken": template.service_account_name is not None,
     }
     for key, pod_value in (
         ("volumes", volumes),
         ("nodeSelector", template.node_selector),
-        ("tolerations", template.tolerations),
+        ("tolerations", [toleration.dump() for toleration in template.tolerations or []]),
         ("affinity", template.affinity),
         ("serviceAccountName", template.service_account_name),
-        ("imagePullSecrets", template.image_pull_secrets),
+        ("imagePullSecrets", [secret.dump() for secret in template.image_pull_secrets or []]),
         ("priorityClassName", template.priority_class_name),
         ("runtimeClassName", template.runtime_class_name),
-        ("securityContext", template.security_context),
     ):
         if pod_value:
             pod_spec[key] = pod_value

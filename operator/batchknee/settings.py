@@ -7,6 +7,8 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from batchknee.api.admission import DEFAULT_ALLOWED_IMAGES, AdmissionRules
+
 
 class OperatorSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="BATCHKNEE_", extra="ignore")
@@ -36,8 +38,34 @@ class OperatorSettings(BaseSettings):
         "nvcr.io/nvidia/tensorrt-llm/release:1.0.0", description="Default TensorRT-LLM image"
     )
     verbose: bool = Field(False, description="Debug logging")
+    # What LLMServings may ask of their engine pods beyond the allow-list (batchknee.api.admission).
+    allowed_images: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: list(DEFAULT_ALLOWED_IMAGES),
+        description="Images an LLMServing's spec.image may name: comma-separated shell patterns",
+    )
+    allow_service_account: bool = Field(False, description="Allow spec.template.serviceAccountName")
+    allow_secret_references: bool = Field(
+        False, description="Allow Secret volumes, secretKeyRef, envFrom secretRef and imagePullSecrets"
+    )
+    allow_host_paths: bool = Field(False, description="Allow hostPath volumes")
+    allow_persistent_volume_claims: bool = Field(False, description="Allow PersistentVolumeClaim volumes")
+    allow_unrestricted_security_context: bool = Field(
+        False,
+        description="Allow securityContext fields that loosen the restricted Pod Security Standard "
+        "(root, privilege escalation, added capabilities, seccomp Unconfined)",
+    )
 
-    @field_validator("namespaces", mode="before")
+    def admission_rules(self) -> AdmissionRules:
+        return AdmissionRules(
+            allowed_images=tuple(self.allowed_images),
+            allow_service_account=self.allow_service_account,
+            allow_secret_references=self.allow_secret_references,
+            allow_host_paths=self.allow_host_paths,
+            allow_persistent_volume_claims=self.allow_persistent_volume_claims,
+            allow_unrestricted_security_context=self.allow_unrestricted_security_context,
+        )
+
+    @field_validator("namespaces", "allowed_images", mode="before")
     @classmethod
     def _split(cls, value: Any) -> Any:
         if isinstance(value, str):

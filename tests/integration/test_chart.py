@@ -102,11 +102,11 @@ def helm(cluster: DevCluster, tmp: Path, *args: str, check: bool = True) -> subp
 
 
 def adopt_crds(cluster: DevCluster, namespace: str) -> None:
-    """CRDs another test applied with kubectl: mark them as this release's so helm adopts them (helm's
+    """CRDs (and the requester policy) another test applied with kubectl: mark them as this release's so helm adopts them (helm's
     documented adoption: the managed-by label and the release annotations)."""
     for path in CRDS.glob("*.yaml"):
         for doc in yaml.safe_load_all(path.read_text()):
-            name = f"crd/{doc['metadata']['name']}"
+            name = f"{doc['kind'].lower()}/{doc['metadata']['name']}"  # the CRDs and the requester policy
             if cluster.kubectl("get", name, check=False).returncode != 0:
                 continue
             cluster.kubectl("label", "--overwrite", name, "app.kubernetes.io/managed-by=Helm")

@@ -309,6 +309,14 @@ class TuningSpec(_Model):
                 "fieldPath": ".pinnedMaxNumSeqs",
                 "reason": "FieldValueRequired",
             },
+            {
+                "rule": "!has(self.pinnedMaxNumSeqs) || (self.pinnedMaxNumSeqs >= self.minMaxNumSeqs && "
+                "self.pinnedMaxNumSeqs <= self.maxMaxNumSeqs)",
+                "message": "spec.tuning.pinnedMaxNumSeqs must lie within spec.tuning.minMaxNumSeqs and "
+                "spec.tuning.maxMaxNumSeqs; move it inside or widen the bounds",
+                "fieldPath": ".pinnedMaxNumSeqs",
+                "reason": "FieldValueInvalid",
+            },
         )
     )
 
@@ -374,6 +382,12 @@ class TuningSpec(_Model):
             raise ValueError("minMaxNumSeqs must not exceed maxMaxNumSeqs")
         if self.mode == TuningMode.Pinned and self.pinned_max_num_seqs is None:
             raise ValueError("mode Pinned needs pinnedMaxNumSeqs")
+        pinned = self.pinned_max_num_seqs
+        if pinned is not None and not self.min_max_num_seqs <= pinned <= self.max_max_num_seqs:
+            raise ValueError(
+                f"pinnedMaxNumSeqs {pinned} must lie within minMaxNumSeqs {self.min_max_num_seqs} and "
+                f"maxMaxNumSeqs {self.max_max_num_seqs}; move it inside or widen the bounds"
+            )
         return self
 
 
@@ -459,29 +473,436 @@ class RolloutSpec(_Model):
         return str(self.max_surge).rstrip("%") not in ("0", "")
 
 
-class TemplateSpec(_Model):
-    """Overrides merged into the engine pods (Kubernetes pod and container fields, as in a pod spec)."""
+# --- the engine pod: an allow-list ------------------------------------------------------------------
+#
+# What an LLMServing may put into the engine pod is typed field by field (no preserve-unknown-fields:
+# anything else is pruned, or refused by a strict client). Fields that would give a tenant more than
+# their own RBAC (a ServiceAccount, Secrets, host paths, PVCs, a loosened securityContext) are typed
+# so an admin can enable them, and refused by the operator at reconcile time unless its settings do
+# (`batchknee.api.admission`). Never allowed: privileged containers, host namespaces and ports.
 
-    labels: dict[str, str] | None = Field(None, description="Extra pod labels.")
-    annotations: dict[str, str] | None = Field(None, description="Extra pod annotations.")
-    resources: Opaque | None = Field(
+# A name of another object in the namespace (a DNS subdomain).
+ObjectName = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")]
+DnsLabel = Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")]
+ShortText = Annotated[str, Field(max_length=1024)]
+# The name of the volume the operator mounts TensorRT-LLM's options file from.
+RESERVED_VOLUME = "batchknee-engine-config"
+# Engine pod names are <name>-<pod-template-hash, ≤10>-<5 random>; Kubernetes cuts a generated name
+# to 63 characters, and the metrics are attributed by that pattern, so 63 - 17 = 46. The Service
+# (a DNS-1035 label) and the `<name>-engine` ConfigMap fit within it too.
+MAX_NAME_LENGTH = 46
+MAX_ARGS = 64
+MAX_ARG_LENGTH = 1024
+MAX_ENV_VALUE_LENGTH = 32768
+
+
+def _exactly_one(*fields: str) -> str:
+    return "[" + ", ".join(f"has(self.{f})" for f in fields) + "].filter(x, x).size() == 1"
+
+
+class ConfigMapKeySelector(_Model):
+    """One key of a ConfigMap in the LLMServing's namespace."""
+
+    name: ObjectName = Field(description="The ConfigMap's name.")
+    key: str = Field(min_length=1, max_length=253, description="The key.")
+    optional: bool | None = Field(None, description="Start even if the ConfigMap or key is missing.")
+
+
+class SecretKeySelector(_Model):
+    """One key of a Secret (admin-gated: allowSecretReferences)."""
+
+    name: ObjectName = Field(description="The Secret's name.")
+    key: str = Field(min_length=1, max_length=253, description="The key.")
+    optional: bool | None = Field(None, description="Start even if the Secret or key is missing.")
+
+
+class ObjectFieldSelector(_Model):
+    """A field of the pod (metadata.name, status.podIP, ...)."""
+
+    field_path: str = Field(min_length=1, max_length=253, description="Path of the field, e.g. status.podIP.")
+    api_version: str | None = Field(None, max_length=64, description="Schema version of the path (v1).")
+
+
+class ResourceFieldSelector(_Model):
+    """A resource limit or request of a container (limits.memory, requests.cpu, ...)."""
+
+    resource: str = Field(min_length=1, max_length=253, description="The resource, e.g. limits.memory.")
+    container_name: str | None = Field(None, max_length=63, description="The container (default: this one).")
+    divisor: IntOrString | None = Field(None, description="Output unit, e.g. 1Mi.")
+
+
+class EnvVarSource(_Model):
+    """Where a variable's value comes from (exactly one source)."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_validations(
+            {
+                "rule": _exactly_one("configMapKeyRef", "fieldRef", "resourceFieldRef", "secretKeyRef"),
+                "message": "valueFrom takes exactly one of configMapKeyRef, fieldRef, resourceFieldRef, "
+                "secretKeyRef",
+            }
+        )
+    )
+
+    config_map_key_ref: ConfigMapKeySelector | None = Field(None, description="A key of a ConfigMap.")
+    field_ref: ObjectFieldSelector | None = Field(None, description="A field of the pod.")
+    resource_field_ref: ResourceFieldSelector | None = Field(None, description="A container resource.")
+    secret_key_ref: SecretKeySelector | None = Field(
+        None, description="A key of a Secret; refused unless the admin sets allowSecretReferences."
+    )
+
+
+class EnvVar(_Model):
+    """An environment variable of the engine container (a Kubernetes EnvVar: the value is a string)."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_validations(
+            {
+                "rule": "!(has(self.value) && has(self.valueFrom))",
+                "message": "set value or valueFrom, not both",
+            }
+        )
+    )
+
+    name: str = Field(
+        min_length=1, max_length=253, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$", description="Variable name."
+    )
+    value: str | None = Field(
+        None,
+        max_length=MAX_ENV_VALUE_LENGTH,
+        description='The value, a string: quote numbers and booleans ("1", "true").',
+    )
+    value_from: EnvVarSource | None = Field(None, description="Read the value from elsewhere.")
+
+
+class ConfigMapEnvSource(_Model):
+    """Every key of a ConfigMap as a variable."""
+
+    name: ObjectName = Field(description="The ConfigMap's name.")
+    optional: bool | None = Field(None, description="Start even if the ConfigMap is missing.")
+
+
+class SecretEnvSource(_Model):
+    """Every key of a Secret as a variable (admin-gated: allowSecretReferences)."""
+
+    name: ObjectName = Field(description="The Secret's name.")
+    optional: bool | None = Field(None, description="Start even if the Secret is missing.")
+
+
+class EnvFromSource(_Model):
+    """A source of many environment variables (exactly one of configMapRef, secretRef)."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_validations(
+            {
+                "rule": _exactly_one("configMapRef", "secretRef"),
+                "message": "envFrom takes exactly one of configMapRef, secretRef",
+            }
+        )
+    )
+
+    prefix: str | None = Field(None, max_length=253, description="Prefix added to every variable name.")
+    config_map_ref: ConfigMapEnvSource | None = Field(None, description="A ConfigMap.")
+    secret_ref: SecretEnvSource | None = Field(
+        None, description="A Secret; refused unless the admin sets allowSecretReferences."
+    )
+
+
+class KeyToPath(_Model):
+    """One key projected to a file."""
+
+    key: str = Field(min_length=1, max_length=253, description="The key.")
+    path: str = Field(
+        min_length=1,
+        max_length=1024,
+        pattern=r"^[^/]",
+        description="Relative file path (no leading /, no ..).",
+    )
+    mode: int | None = Field(None, ge=0, le=0o777, description="File mode bits (0-0777, decimal in JSON).")
+
+
+class ConfigMapVolumeSource(_Model):
+    """A ConfigMap of the namespace as files."""
+
+    name: ObjectName = Field(description="The ConfigMap's name.")
+    items: list[KeyToPath] | None = Field(None, max_length=64, description="Keys to project (default: all).")
+    default_mode: int | None = Field(None, ge=0, le=0o777, description="Mode bits of the files.")
+    optional: bool | None = Field(None, description="Start even if the ConfigMap is missing.")
+
+
+class SecretVolumeSource(_Model):
+    """A Secret as files (admin-gated: allowSecretReferences)."""
+
+    secret_name: ObjectName = Field(description="The Secret's name.")
+    items: list[KeyToPath] | None = Field(None, max_length=64, description="Keys to project (default: all).")
+    default_mode: int | None = Field(None, ge=0, le=0o777, description="Mode bits of the files.")
+    optional: bool | None = Field(None, description="Start even if the Secret is missing.")
+
+
+class EmptyDirVolumeSource(_Model):
+    """Scratch space that lives as long as the pod (e.g. medium Memory for /dev/shm)."""
+
+    medium: Literal["", "Memory"] | None = Field(None, description='"" (node disk) or Memory (tmpfs).')
+    size_limit: IntOrString | None = Field(None, description="Size limit, e.g. 16Gi.")
+
+
+class HostPathVolumeSource(_Model):
+    """A directory of the node (admin-gated: allowHostPaths)."""
+
+    path: str = Field(min_length=1, max_length=4096, description="Path on the node.")
+    type: (
+        Literal[
+            "",
+            "DirectoryOrCreate",
+            "Directory",
+            "FileOrCreate",
+            "File",
+            "Socket",
+            "CharDevice",
+            "BlockDevice",
+        ]
+        | None
+    ) = Field(None, description="What must be at the path.")
+
+
+class PersistentVolumeClaimVolumeSource(_Model):
+    """A PersistentVolumeClaim of the namespace (admin-gated: allowPersistentVolumeClaims)."""
+
+    claim_name: ObjectName = Field(description="The claim's name.")
+    read_only: bool | None = Field(None, description="Mount read-only.")
+
+
+class Volume(_Model):
+    """A pod volume: exactly one of configMap, emptyDir (allowed); secret, hostPath,
+    persistentVolumeClaim (admin-gated)."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_validations(
+            {
+                "rule": _exactly_one("configMap", "emptyDir", "secret", "hostPath", "persistentVolumeClaim"),
+                "message": "a volume takes exactly one of configMap, emptyDir, secret, hostPath, "
+                "persistentVolumeClaim (other volume types are not supported)",
+            },
+            {
+                "rule": f"self.name != '{RESERVED_VOLUME}'",
+                "message": f"volume name {RESERVED_VOLUME} is the operator's own; choose another",
+                "fieldPath": ".name",
+            },
+        )
+    )
+
+    name: DnsLabel = Field(description="Volume name (volumeMounts refer to it).")
+    config_map: ConfigMapVolumeSource | None = Field(None, description="A ConfigMap as files.")
+    empty_dir: EmptyDirVolumeSource | None = Field(None, description="Pod-lifetime scratch space.")
+    secret: SecretVolumeSource | None = Field(
+        None, description="A Secret as files; refused unless the admin sets allowSecretReferences."
+    )
+    host_path: HostPathVolumeSource | None = Field(
+        None, description="A node directory; refused unless the admin sets allowHostPaths."
+    )
+    persistent_volume_claim: PersistentVolumeClaimVolumeSource | None = Field(
+        None,
+        description="A claim of the namespace; refused unless the admin sets allowPersistentVolumeClaims.",
+    )
+
+    @model_validator(mode="after")
+    def _rules(self) -> Volume:
+        sources = (self.config_map, self.empty_dir, self.secret, self.host_path, self.persistent_volume_claim)
+        if sum(source is not None for source in sources) != 1:
+            raise ValueError(
+                "a volume takes exactly one of configMap, emptyDir, secret, hostPath, persistentVolumeClaim"
+            )
+        if self.name == RESERVED_VOLUME:
+            raise ValueError(f"volume name {RESERVED_VOLUME} is the operator's own; choose another")
+        return self
+
+
+class VolumeMount(_Model):
+    """A volume of spec.template.volumes mounted into the engine container."""
+
+    name: DnsLabel = Field(description="The volume's name in spec.template.volumes.")
+    mount_path: str = Field(
+        min_length=1, max_length=4096, pattern=r"^/", description="Absolute path in the container."
+    )
+    sub_path: str | None = Field(None, max_length=4096, description="Path within the volume.")
+    read_only: bool | None = Field(None, description="Mount read-only.")
+
+
+class Toleration(_Model):
+    """A taint the engine pods tolerate."""
+
+    key: str | None = Field(None, max_length=317, description="Taint key (empty with Exists: all taints).")
+    operator: Literal["Exists", "Equal"] | None = Field(None, description="Exists or Equal (default).")
+    value: str | None = Field(None, max_length=63, description="Taint value (operator Equal).")
+    effect: Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        None, description="Taint effect to match (empty: all)."
+    )
+    toleration_seconds: Int64 | None = Field(
+        None, description="How long a NoExecute taint is tolerated (default: forever)."
+    )
+
+
+class ResourceRequirements(_Model):
+    """CPU, memory and extended resources of the engine container."""
+
+    limits: dict[str, IntOrString] | None = Field(
+        None, description="Limits, e.g. memory: 64Gi (nvidia.com/gpu is always spec.gpu.count)."
+    )
+    requests: dict[str, IntOrString] | None = Field(None, description="Requests, e.g. cpu: 8.")
+
+
+class SeccompProfile(_Model):
+    """A seccomp profile."""
+
+    type: Literal["RuntimeDefault", "Localhost", "Unconfined"] = Field(
+        description="RuntimeDefault, Localhost (with localhostProfile) or Unconfined (admin-gated)."
+    )
+    localhost_profile: str | None = Field(None, max_length=4096, description="Profile file on the node.")
+
+
+class Capabilities(_Model):
+    """Linux capabilities. The operator always drops ALL; adding any but NET_BIND_SERVICE is
+    admin-gated (allowUnrestrictedSecurityContext)."""
+
+    add: list[Annotated[str, Field(max_length=64)]] | None = Field(
+        None, max_length=64, description="Capabilities to add."
+    )
+    drop: list[Annotated[str, Field(max_length=64)]] | None = Field(
+        None, max_length=64, description="Capabilities to drop (ALL is always dropped)."
+    )
+
+
+class PodSecurityContext(_Model):
+    """Pod security settings. By default the operator runs the engine as user 1000, non-root, with the
+    RuntimeDefault seccomp profile (the restricted Pod Security Standard); root (runAsUser 0,
+    runAsNonRoot false) and seccomp Unconfined are admin-gated (allowUnrestrictedSecurityContext)."""
+
+    run_as_user: Int64 | None = Field(None, ge=0, description="User id of the processes (default 1000).")
+    run_as_group: Int64 | None = Field(None, ge=0, description="Primary group id (default 1000).")
+    run_as_non_root: bool | None = Field(None, description="Refuse to start as root (default true).")
+    fs_group: Int64 | None = Field(None, ge=0, description="Group owning mounted volumes (default 1000).")
+    supplemental_groups: list[Int64] | None = Field(None, max_length=64, description="Extra group ids.")
+    fs_group_change_policy: Literal["OnRootMismatch", "Always"] | None = Field(
+        None, description="When volume ownership is changed."
+    )
+    seccomp_profile: SeccompProfile | None = Field(
+        None, description="Seccomp profile (default RuntimeDefault)."
+    )
+
+
+class ContainerSecurityContext(_Model):
+    """Engine container security settings; the defaults meet the restricted Pod Security Standard.
+    Privileged containers are never run (GPUs come from the device plugin, not privileged mode)."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_validations(
+            {
+                "rule": "!has(self.privileged) || !self.privileged",
+                "message": "batchknee never runs privileged containers (GPUs come from the device plugin); "
+                "remove privileged",
+                "fieldPath": ".privileged",
+                "reason": "FieldValueForbidden",
+            }
+        )
+    )
+
+    run_as_user: Int64 | None = Field(None, ge=0, description="User id (overrides the pod's).")
+    run_as_group: Int64 | None = Field(None, ge=0, description="Primary group id (overrides the pod's).")
+    run_as_non_root: bool | None = Field(None, description="Refuse to start as root.")
+    read_only_root_filesystem: bool | None = Field(None, description="Mount the root filesystem read-only.")
+    allow_privilege_escalation: bool | None = Field(
+        None, description="Default false; true is admin-gated (allowUnrestrictedSecurityContext)."
+    )
+    privileged: bool | None = Field(None, description="Always false: a privileged engine is refused.")
+    capabilities: Capabilities | None = Field(None, description="Linux capabilities.")
+    seccomp_profile: SeccompProfile | None = Field(None, description="Seccomp profile (overrides the pod's).")
+
+    @model_validator(mode="after")
+    def _rules(self) -> ContainerSecurityContext:
+        if self.privileged:
+            raise ValueError("batchknee never runs privileged containers; remove privileged")
+        return self
+
+
+class LocalObjectReference(_Model):
+    """A reference to an object of the namespace by name."""
+
+    name: ObjectName = Field(description="Its name.")
+
+
+class TemplateSpec(_Model):
+    """What the LLMServing may set in its engine pods: an allow-list of Kubernetes pod and container
+    fields. Fields marked admin-gated are refused (Degraded, reason Forbidden) unless the operator's
+    settings enable them."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_validations(
+            {
+                "rule": "!has(self.volumeMounts) || self.volumeMounts.all(m, has(self.volumes) && "
+                "self.volumes.exists(v, v.name == m.name))",
+                "message": "every spec.template.volumeMounts[].name must name a volume in spec.template.volumes",
+                "fieldPath": ".volumeMounts",
+                "reason": "FieldValueInvalid",
+            }
+        )
+    )
+
+    labels: dict[str, Annotated[str, Field(max_length=63)]] | None = Field(
+        None, description="Extra pod labels."
+    )
+    annotations: dict[str, Annotated[str, Field(max_length=65536)]] | None = Field(
+        None, description="Extra pod annotations."
+    )
+    resources: ResourceRequirements | None = Field(
         None,
         description="Engine container resources (requests/limits); the nvidia.com/gpu limit is always gpu.count.",
     )
-    env: list[Opaque] | None = Field(None, description="Extra environment variables of the engine container.")
-    env_from: list[Opaque] | None = Field(None, description="Environment sources of the engine container.")
-    volume_mounts: list[Opaque] | None = Field(
-        None, description="Extra volume mounts of the engine container."
+    env: list[EnvVar] | None = Field(
+        None, max_length=128, description="Extra environment variables of the engine container."
     )
-    volumes: list[Opaque] | None = Field(None, description="Extra pod volumes (model caches, /dev/shm).")
-    node_selector: dict[str, str] | None = Field(None, description="Pod node selector.")
-    tolerations: list[Opaque] | None = Field(None, description="Pod tolerations.")
-    affinity: Opaque | None = Field(None, description="Pod affinity.")
-    service_account_name: str | None = Field(None, max_length=253, description="Pod service account.")
-    image_pull_secrets: list[Opaque] | None = Field(None, description="Pod image pull secrets.")
+    env_from: list[EnvFromSource] | None = Field(
+        None,
+        max_length=16,
+        description="Environment sources of the engine container (ConfigMaps; Secrets are admin-gated).",
+    )
+    volume_mounts: list[VolumeMount] | None = Field(
+        None,
+        max_length=64,
+        description="Extra volume mounts of the engine container.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["mountPath"]},
+    )
+    volumes: list[Volume] | None = Field(
+        None,
+        max_length=32,
+        description="Extra pod volumes: configMap and emptyDir (e.g. /dev/shm); secret, hostPath and "
+        "persistentVolumeClaim are admin-gated.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    node_selector: dict[str, Annotated[str, Field(max_length=63)]] | None = Field(
+        None, description="Pod node selector."
+    )
+    tolerations: list[Toleration] | None = Field(None, max_length=32, description="Pod tolerations.")
+    affinity: Opaque | None = Field(
+        None, description="Pod affinity (a Kubernetes Affinity: node, pod and anti-affinity terms)."
+    )
+    service_account_name: DnsLabel | None = Field(
+        None,
+        description="Pod service account (its token is mounted); refused unless the admin sets "
+        "allowServiceAccount. By default the pods run as the namespace's default account without a token.",
+    )
+    image_pull_secrets: list[LocalObjectReference] | None = Field(
+        None,
+        max_length=16,
+        description="Pod image pull secrets; refused unless the admin sets allowSecretReferences.",
+    )
     priority_class_name: str | None = Field(None, max_length=253, description="Pod priority class.")
-    runtime_class_name: str | None = Field(None, max_length=253, description="Pod runtime class.")
-    security_context: Opaque | None = Field(None, description="Pod security context.")
+    runtime_class_name: str | None = Field(
+        None, max_length=253, description="Pod runtime class (e.g. nvidia)."
+    )
+    security_context: PodSecurityContext | None = Field(None, description="Pod security context.")
+    container_security_context: ContainerSecurityContext | None = Field(
+        None, description="Engine container security context."
+    )
     termination_grace_period_seconds: int = Field(
         120, ge=0, le=3600, description="Grace period for a pod to finish in-flight requests."
     )
@@ -491,6 +912,16 @@ class TemplateSpec(_Model):
         le=3600,
         description="preStop sleep: time for endpoints to stop sending traffic before the engine is told to exit.",
     )
+
+    @model_validator(mode="after")
+    def _rules(self) -> TemplateSpec:
+        names = {volume.name for volume in self.volumes or []}
+        for mount in self.volume_mounts or []:
+            if mount.name not in names:
+                raise ValueError(
+                    f"volumeMounts {mount.name!r} names no volume in spec.template.volumes; add the volume"
+                )
+        return self
 
 
 class TargetRef(_Model):
@@ -568,11 +999,14 @@ class LLMServingSpec(_Model):
         None,
         min_length=1,
         max_length=1024,
-        description="Engine container image; defaults to the operator's image for the engine.",
+        description="Engine container image; defaults to the operator's image for the engine. It must match "
+        "the operator's allowed images (setting allowedImages), or the operator refuses it (Degraded, Forbidden).",
     )
-    args: list[str] = Field(
+    args: list[Annotated[str, Field(max_length=MAX_ARG_LENGTH)]] = Field(
         default_factory=list,
-        description="Extra engine arguments, kept as given. The operator owns --max-num-seqs, "
+        max_length=MAX_ARGS,
+        description=f"Extra engine arguments (at most {MAX_ARGS}, each at most {MAX_ARG_LENGTH} characters), "
+        "kept as given. The operator owns --max-num-seqs, "
         "--tensor-parallel-size, --port and --served-model-name (vLLM) and the options file (TensorRT-LLM); "
         "those are replaced, never duplicated.",
     )
@@ -815,7 +1249,12 @@ class LLMServingStatus(_Model):
 class ObjectMeta(_Model):
     """The metadata the operator reads."""
 
-    name: str = Field(description="Object name.")
+    name: str = Field(
+        min_length=1,
+        max_length=MAX_NAME_LENGTH,
+        pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$",
+        description=f"Object name: a DNS label starting with a letter, at most {MAX_NAME_LENGTH} characters.",
+    )
     namespace: str = Field("default", description="Object namespace.")
     uid: str | None = Field(None, description="Object UID.")
     generation: int | None = Field(None, description="Spec generation.")

@@ -21,6 +21,7 @@ TRTLLM_FREE_GPU_MEMORY_FRACTION = 0.9  # TensorRT-LLM's default share of the mem
 TRTLLM_MAX_TOKENS_LIMIT = 2**31 - 1  # kv_cache_config.max_tokens is a 32-bit integer in the engine
 _KV_OPTIONS = "spec.extraLlmApiOptions.kv_cache_config"
 UNKNOWN_PEAK_FLOPS = 1e18  # outside the catalog without peakTeraflops: the compute roof never binds
+MAX_GPUS = 64  # spec.gpu.count's maximum
 
 
 class SpecError(ValueError):
@@ -183,13 +184,41 @@ def kv_pool_bytes(spec: LLMServingSpec, roofline: DecodeRoofline) -> float:
         pool = roofline.kv_pool_bytes(utilization)
         budget = f"{roofline.gpu.memory_bytes / GIB:.0f} GiB × {utilization:.2f}"
     if pool <= 0:
+        field, fix = _no_room_cause(spec, roofline)
         raise SpecError(
-            "spec.gpu.count",
+            field,
             f"{roofline.model.name} weights ({roofline.weight_bytes_per_gpu / GIB:.1f} GiB per GPU at tensor "
             f"parallel {roofline.tensor_parallel}) leave no KV cache in {budget} of {roofline.gpu.name} "
-            f"(reserve {DEFAULT_RESERVE_BYTES / GIB:.0f} GiB); raise spec.gpu.count or use a larger GPU",
+            f"(reserve {DEFAULT_RESERVE_BYTES / GIB:.0f} GiB); {fix}",
         )
     return pool
+
+
+def _no_room_cause(spec: LLMServingSpec, roofline: DecodeRoofline) -> tuple[str, str]:
+    """The field to blame when the weights leave no KV cache: the one whose value makes the
+    difference (a low --gpu-memory-utilization, a parameter-count override), else the GPU count."""
+    if spec.engine == Engine.VLLM:
+        utilization = vllm_gpu_memory_utilization(spec.args)
+        default = vllm_gpu_memory_utilization([])
+        if utilization < default and roofline.kv_pool_bytes(default) > 0:
+            return "spec.args", (
+                f"--gpu-memory-utilization {utilization:g} is too low for this model; raise it "
+                f"(vLLM's default is {default:g}) or drop it"
+            )
+    if spec.model.params is not None:
+        without = resolve_roofline(
+            spec.model_copy(update={"model": spec.model.model_copy(update={"params": None})})
+        )
+        if without.kv_pool_bytes(0.9) > 0:
+            return "spec.model.params", f"check spec.model.params ({spec.model.params}) or drop the override"
+    widest = resolve_roofline(
+        spec.model_copy(update={"gpu": spec.gpu.model_copy(update={"count": MAX_GPUS})})
+    )
+    if widest.kv_pool_bytes(0.9) <= 0:  # no GPU count helps: the parameter count is what is off
+        field = "spec.model.params" if spec.model.params is not None else "spec.model.architecture.params"
+        if spec.model.params is not None or spec.model.architecture is not None:
+            return field, f"the weights do not fit even on {MAX_GPUS} GPUs; check {field}"
+    return "spec.gpu.count", "raise spec.gpu.count or use a larger GPU"
 
 
 def tuning_rules(spec: LLMServingSpec) -> TuningRules:

@@ -19,6 +19,12 @@ def register(subparsers: Any) -> None:
         help="print kopf's peering CRDs instead (KopfPeering, ClusterKopfPeering) for running several replicas",
     )
     parser.add_argument(
+        "--requester-policy",
+        action="store_true",
+        help="print the ValidatingAdmissionPolicy that makes writers of admin-gated LLMServing fields prove "
+        "they could create such a pod themselves",
+    )
+    parser.add_argument(
         "--chart",
         action="store_true",
         help="print it as the Helm chart's template (charts/batchknee/templates/crds/; gated by crds.enabled)",
@@ -27,9 +33,18 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from batchknee.api.crd import chart_crd_template, chart_peering_crd_template, crd_yaml, peering_crd_yaml
+    from batchknee.api.crd import (
+        chart_crd_template,
+        chart_peering_crd_template,
+        chart_requester_policy_template,
+        crd_yaml,
+        peering_crd_yaml,
+        requester_policy_yaml,
+    )
 
-    if args.chart:
+    if args.requester_policy:
+        print(chart_requester_policy_template() if args.chart else requester_policy_yaml(), end="")
+    elif args.chart:
         print(chart_peering_crd_template() if args.peering else chart_crd_template(), end="")
     else:
         print(peering_crd_yaml() if args.peering else crd_yaml(), end="")

@@ -1,0 +1,175 @@
+"""What an LLMServing may ask of its engine pod beyond the allow-list, and whether this cluster lets it.
+
+The CRD schema (the same for every cluster) types the admin-gated pod fields so that an admin can
+enable them; this pure check refuses each one at reconcile time unless the operator's settings do,
+naming the field and the setting. Nothing is rendered or applied for a refused spec.
+
+Admin-gated: a chosen ServiceAccount, Secret references (volumes, env, envFrom, image pull secrets),
+hostPath and PersistentVolumeClaim volumes, a securityContext that loosens the restricted Pod
+Security Standard, and an image outside the allowed patterns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+
+from batchknee.api.models import ContainerSecurityContext, LLMServingSpec, PodSecurityContext
+from batchknee.api.resolve import SpecError
+
+# The repositories of the default engine images, any tag or digest.
+DEFAULT_ALLOWED_IMAGES = (
+    "vllm/vllm-openai:*",
+    "vllm/vllm-openai@sha256:*",
+    "docker.io/vllm/vllm-openai:*",
+    "docker.io/vllm/vllm-openai@sha256:*",
+    "nvcr.io/nvidia/tensorrt-llm/release:*",
+    "nvcr.io/nvidia/tensorrt-llm/release@sha256:*",
+)
+# Capabilities the restricted Pod Security Standard lets a container add.
+RESTRICTED_CAPABILITIES = frozenset({"NET_BIND_SERVICE"})
+
+
+@dataclass(frozen=True)
+class Setting:
+    """An operator setting that enables a gated field: its Helm value and environment variable."""
+
+    value: str  # allowServiceAccount (Helm: operator.admission.<value>)
+    env: str  # BATCHKNEE_ALLOW_SERVICE_ACCOUNT
+
+    def __str__(self) -> str:
+        return f"operator.admission.{self.value} in the Helm values ({self.env})"
+
+
+SERVICE_ACCOUNT = Setting("allowServiceAccount", "BATCHKNEE_ALLOW_SERVICE_ACCOUNT")
+SECRETS = Setting("allowSecretReferences", "BATCHKNEE_ALLOW_SECRET_REFERENCES")
+HOST_PATHS = Setting("allowHostPaths", "BATCHKNEE_ALLOW_HOST_PATHS")
+CLAIMS = Setting("allowPersistentVolumeClaims", "BATCHKNEE_ALLOW_PERSISTENT_VOLUME_CLAIMS")
+SECURITY_CONTEXT = Setting(
+    "allowUnrestrictedSecurityContext", "BATCHKNEE_ALLOW_UNRESTRICTED_SECURITY_CONTEXT"
+)
+IMAGES = Setting("allowedImages", "BATCHKNEE_ALLOWED_IMAGES")
+
+
+@dataclass(frozen=True)
+class AdmissionRules:
+    """What the cluster admin allows LLMServings beyond the allow-list (operator settings)."""
+
+    allowed_images: tuple[str, ...] = DEFAULT_ALLOWED_IMAGES
+    allow_service_account: bool = False
+    allow_secret_references: bool = False
+    allow_host_paths: bool = False
+    allow_persistent_volume_claims: bool = False
+    allow_unrestricted_security_context: bool = False
+
+    def allows(self, setting: Setting) -> bool:
+        return {
+            SERVICE_ACCOUNT: self.allow_service_account,
+            SECRETS: self.allow_secret_references,
+            HOST_PATHS: self.allow_host_paths,
+            CLAIMS: self.allow_persistent_volume_claims,
+            SECURITY_CONTEXT: self.allow_unrestricted_security_context,
+        }.get(setting, False)
+
+
+@dataclass(frozen=True)
+class GatedUse:
+    """One admin-gated field an LLMServing uses."""
+
+    field: str  # spec.template.volumes[0].hostPath
+    what: str  # a hostPath volume
+    setting: Setting
+
+
+class Forbidden(SpecError):
+    """A spec that asks for what this cluster's operator does not allow: Degraded, reason Forbidden."""
+
+    def __init__(self, field: str, message: str, setting: Setting) -> None:
+        super().__init__(field, message)
+        self.setting = setting
+
+
+def _security_context(
+    context: PodSecurityContext | ContainerSecurityContext | None, path: str
+) -> Iterator[GatedUse]:
+    if context is None:
+        return
+    if context.run_as_user == 0:
+        yield GatedUse(f"{path}.runAsUser", "running as root (user 0)", SECURITY_CONTEXT)
+    if context.run_as_non_root is False:
+        yield GatedUse(f"{path}.runAsNonRoot", "runAsNonRoot false", SECURITY_CONTEXT)
+    if context.seccomp_profile is not None and context.seccomp_profile.type == "Unconfined":
+        yield GatedUse(f"{path}.seccompProfile.type", "an Unconfined seccomp profile", SECURITY_CONTEXT)
+    if isinstance(context, ContainerSecurityContext):
+        if context.allow_privilege_escalation:
+            yield GatedUse(f"{path}.allowPrivilegeEscalation", "privilege escalation", SECURITY_CONTEXT)
+        added = (
+            set((context.capabilities.add or []) if context.capabilities else []) - RESTRICTED_CAPABILITIES
+        )
+        if added:
+            yield GatedUse(
+                f"{path}.capabilities.add", f"capabilities {', '.join(sorted(added))}", SECURITY_CONTEXT
+            )
+
+
+def gated_uses(spec: LLMServingSpec) -> list[GatedUse]:
+    """Every admin-gated field the spec uses, in field order."""
+    t, base = spec.pod_template, "spec.template"
+    uses: list[GatedUse] = []
+    if t.service_account_name is not None:
+        uses.append(GatedUse(f"{base}.serviceAccountName", "a chosen ServiceAccount", SERVICE_ACCOUNT))
+    for i, env in enumerate(t.env or []):
+        if env.value_from is not None and env.value_from.secret_key_ref is not None:
+            uses.append(
+                GatedUse(f"{base}.env[{i}].valueFrom.secretKeyRef", "a Secret in the environment", SECRETS)
+            )
+    for i, source in enumerate(t.env_from or []):
+        if source.secret_ref is not None:
+            uses.append(GatedUse(f"{base}.envFrom[{i}].secretRef", "a Secret in the environment", SECRETS))
+    for i, volume in enumerate(t.volumes or []):
+        if volume.secret is not None:
+            uses.append(GatedUse(f"{base}.volumes[{i}].secret", "a Secret volume", SECRETS))
+        if volume.host_path is not None:
+            uses.append(GatedUse(f"{base}.volumes[{i}].hostPath", "a hostPath volume", HOST_PATHS))
+        if volume.persistent_volume_claim is not None:
+            uses.append(
+                GatedUse(
+                    f"{base}.volumes[{i}].persistentVolumeClaim", "a PersistentVolumeClaim volume", CLAIMS
+                )
+            )
+    if t.image_pull_secrets:
+        uses.append(GatedUse(f"{base}.imagePullSecrets", "image pull Secrets", SECRETS))
+    uses.extend(_security_context(t.security_context, f"{base}.securityContext"))
+    uses.extend(_security_context(t.container_security_context, f"{base}.containerSecurityContext"))
+    return uses
+
+
+def image_allowed(image: str, patterns: tuple[str, ...]) -> bool:
+    """Whether `image` matches one of the patterns (shell wildcards, case-sensitive)."""
+    return any(fnmatchcase(image, pattern) for pattern in patterns)
+
+
+def _short(text: str, limit: int = 256) -> str:
+    """Bounded for status and Events (an image may be 1024 characters, the patterns many)."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def check_admission(spec: LLMServingSpec, rules: AdmissionRules) -> None:
+    """Raise Forbidden for the first thing the spec asks that the rules do not allow."""
+    if spec.image is not None and not image_allowed(spec.image, rules.allowed_images):
+        raise Forbidden(
+            "spec.image",
+            f"image {_short(spec.image)!r} matches none of the operator's allowed images "
+            f"({_short(', '.join(rules.allowed_images)) or 'none'}); leave spec.image unset for the default image, "
+            f"use an allowed one, or ask the cluster admin to add a pattern to {IMAGES}",
+            IMAGES,
+        )
+    for use in gated_uses(spec):
+        if not rules.allows(use.setting):
+            raise Forbidden(
+                use.field,
+                f"{use.what} is not allowed for LLMServings in this cluster; remove it, or ask the cluster "
+                f"admin to set {use.setting}",
+                use.setting,
+            )

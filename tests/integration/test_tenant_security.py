@@ -1,0 +1,228 @@
+"""A hostile tenant on the local control plane: a user whose Role allows LLMServings in their
+namespace and nothing else (no pods, no Deployments, no Secrets) must not get through the operator
+what RBAC denies them.
+
+Each hostile spec of the issue is refused at admission by the apiserver (the CRD schema and CEL, or
+the requester ValidatingAdmissionPolicy from crds/), or by the operator with Degraded reason
+Forbidden naming the field; either way no Deployment and no pod. The operator's pods pass the
+`restricted` Pod Security Standard, enforced on the namespace by the apiserver's PodSecurity plugin.
+The tenant is the user "tenant", reached through impersonation (`kubectl --as`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+pytest.importorskip("batchknee.devcluster", reason="the local control plane has not landed on this branch")
+
+from test_operator import ROOT, Harness, crds, wait_for, world
+
+from batchknee.api.crd import REQUESTER_POLICY_FILE, REQUESTER_POLICY_NAME
+from batchknee.api.models import MAX_NAME_LENGTH
+from batchknee.devcluster import DevCluster
+
+__all__ = ["crds", "world"]  # the fixtures of test_operator.py, shared
+
+TENANT = "tenant"
+
+
+@pytest.fixture(scope="module")
+def requester_policy(crds: None, cluster: DevCluster) -> None:
+    # the same policy may be there from the chart's install (field manager helm): take it over
+    path = str(ROOT / REQUESTER_POLICY_FILE)
+    done = cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", path, check=False)
+    assert done.returncode == 0, done.stderr
+    # the apiserver compiles a new policy a moment after it is stored: wait until it denies
+    wait_for(
+        lambda: (
+            cluster.kubectl("get", "validatingadmissionpolicy", REQUESTER_POLICY_NAME, check=False).returncode
+            == 0
+        ),
+        30,
+        "the requester policy",
+    )
+
+
+@pytest.fixture
+def tenant(world: Harness, requester_policy: None) -> Harness:
+    """The namespace's tenant: LLMServings only."""
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": "llmserving-author"},
+        "rules": [
+            {
+                "apiGroups": ["batchknee.io"],
+                "resources": ["llmservings"],
+                "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"],
+            }
+        ],
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": "llmserving-author"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "llmserving-author"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": TENANT}],
+    }
+    for obj in (role, binding):
+        world.kubectl("apply", "-f", "-", input=json.dumps(obj))
+    for verb, resource in (("create", "pods"), ("create", "deployments.apps"), ("get", "secrets")):
+        assert (
+            world.kubectl("auth", "can-i", verb, resource, f"--as={TENANT}", check=False).stdout.strip()
+            == "no"
+        )
+    assert (
+        world.kubectl("auth", "can-i", "create", "llmservings.batchknee.io", f"--as={TENANT}").stdout.strip()
+        == "yes"
+    )
+    return world
+
+
+def manifest(world: Harness, name: str, **spec: Any) -> str:
+    body: dict[str, Any] = {
+        "engine": "VLLM",
+        "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+        "gpu": {"type": "a100-80gb", "count": 1},
+        "args": ["--state", str(world.state)],
+        "tuning": {"evaluationIntervalSeconds": 5, "windowSeconds": 30},
+        **spec,
+    }
+    return json.dumps(
+        {
+            "apiVersion": "batchknee.io/v1alpha1",
+            "kind": "LLMServing",
+            "metadata": {"name": name},
+            "spec": body,
+        }
+    )
+
+
+def apply_as(world: Harness, user: str | None, name: str, *flags: str, **spec: Any) -> Any:
+    who = [f"--as={user}"] if user else []
+    return world.kubectl("apply", *who, *flags, "-f", "-", input=manifest(world, name, **spec), check=False)
+
+
+SECRET_VOLUME = {
+    "volumes": [{"name": "creds", "secret": {"secretName": "db"}}],
+    "volumeMounts": [{"name": "creds", "mountPath": "/creds"}],
+}
+HOST_PATH = {
+    "volumes": [{"name": "root", "hostPath": {"path": "/"}}],
+    "volumeMounts": [{"name": "root", "mountPath": "/host"}],
+}
+SECRET_ENV = {"env": [{"name": "PASSWORD", "valueFrom": {"secretKeyRef": {"name": "db", "key": "password"}}}]}
+ROOT_USER = {"securityContext": {"runAsUser": 0, "runAsNonRoot": False}}
+# (name, template, the field the operator names when an admin writes it)
+GATED = [
+    ("sa", {"serviceAccountName": "admin"}, "spec.template.serviceAccountName"),
+    ("hostpath", HOST_PATH, "spec.template.volumes[0].hostPath"),
+    ("secretvol", SECRET_VOLUME, "spec.template.volumes[0].secret"),
+    ("secretenv", SECRET_ENV, "spec.template.env[0].valueFrom.secretKeyRef"),
+    ("root", ROOT_USER, "spec.template.securityContext.runAsUser"),
+]
+
+
+def test_hostile_specs_are_refused_and_nothing_runs(tenant: Harness) -> None:
+    world = tenant
+    world.kubectl("create", "secret", "generic", "db", "--from-literal=password=hunter2")
+    world.kubectl("create", "serviceaccount", "admin")
+    world.start_operator()
+
+    # The requester policy: the tenant may not write what they could not run as a pod themselves.
+    for name, template, _ in GATED:
+        done = apply_as(world, TENANT, f"t-{name}", template=template)
+        assert done.returncode != 0, name
+        assert "must be allowed to create pods" in done.stderr and TENANT in done.stderr, done.stderr
+
+    # The schema and CEL: never expressible, for anyone.
+    done = apply_as(world, TENANT, "priv", template={"containerSecurityContext": {"privileged": True}})
+    assert done.returncode != 0 and "never runs privileged containers" in done.stderr, done.stderr
+    done = apply_as(world, TENANT, "envnum", template={"env": [{"name": "WORKERS", "value": 5}]})
+    assert done.returncode != 0 and "spec.template.env[0].value" in done.stderr, done.stderr
+    done = apply_as(world, TENANT, "x" * (MAX_NAME_LENGTH + 1))
+    assert done.returncode != 0 and f"at most {MAX_NAME_LENGTH} characters" in done.stderr, done.stderr
+    done = apply_as(world, TENANT, "args", args=["--x"] * 65)
+    assert done.returncode != 0 and "spec.args" in done.stderr, done.stderr
+    done = apply_as(world, TENANT, "pinned", tuning={"mode": "Pinned", "pinnedMaxNumSeqs": 4})
+    assert done.returncode != 0 and "spec.tuning.pinnedMaxNumSeqs" in done.stderr, done.stderr
+    # host namespaces are not in the schema: a strict client is refused, a lax one is pruned
+    done = apply_as(world, TENANT, "hostnet", template={"hostNetwork": True, "hostPID": True})
+    assert done.returncode != 0 and "hostNetwork" in done.stderr, done.stderr
+    assert (
+        apply_as(world, TENANT, "hostnet", "--validate=false", template={"hostNetwork": True}).returncode == 0
+    )
+
+    # The operator: an image outside the allowed list (the tenant), and the gated fields written by a
+    # namespace admin (admitted by the policy, refused by the operator's default settings).
+    assert apply_as(world, TENANT, "image", image="evil.example/miner:latest").returncode == 0
+    for name, template, _ in GATED:
+        done = apply_as(world, None, f"a-{name}", template=template)
+        assert done.returncode == 0, done.stderr
+    forbidden = [("image", "spec.image")] + [(f"a-{name}", field) for name, _, field in GATED]
+    for name, field in forbidden:
+        degraded = wait_for(
+            lambda n=name: (c := world.condition(n, "Degraded")).get("reason") == "Forbidden" and c,
+            60,
+            f"{name} Degraded/Forbidden",
+            world.log,
+        )
+        assert degraded["status"] == "True" and degraded["message"].startswith(f"{field}:"), degraded
+    assert {e["involvedObject"]["name"] for e in world.events("Forbidden")} >= {n for n, _ in forbidden}
+
+    # The allow-list still works for the tenant; its pod runs without host namespaces.
+    assert wait_for(lambda: world.get("deployment", "hostnet"), 60, "the pruned spec's Deployment", world.log)
+    stored = world.get("llmserving", "hostnet")
+    assert stored is not None and "hostNetwork" not in stored["spec"]["template"]
+    pod_spec = world.get("deployment", "hostnet")["spec"]["template"]["spec"]  # type: ignore[index]
+    assert "hostNetwork" not in pod_spec and pod_spec["automountServiceAccountToken"] is False
+
+    deployments = json.loads(world.kubectl("get", "deployments", "-o", "json").stdout)["items"]
+    assert [d["metadata"]["name"] for d in deployments] == ["hostnet"]
+    pods = json.loads(world.kubectl("get", "pods", "-o", "json").stdout)["items"]
+    assert all(p["metadata"]["labels"].get("batchknee.io/llmserving") == "hostnet" for p in pods)
+
+
+def test_an_enabled_field_still_needs_a_requester_who_could_create_the_pod(
+    tenant: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world = tenant
+    world.kubectl("create", "serviceaccount", "engine")
+    monkeypatch.setenv("BATCHKNEE_ALLOW_SERVICE_ACCOUNT", "true")
+    world.start_operator()
+    done = apply_as(world, TENANT, "sa", template={"serviceAccountName": "engine"})
+    assert done.returncode != 0 and "must be allowed to create pods" in done.stderr, done.stderr
+    assert apply_as(world, None, "sa", template={"serviceAccountName": "engine"}).returncode == 0
+    dep = wait_for(lambda: world.get("deployment", "sa"), 60, "the Deployment", world.log)
+    assert dep["spec"]["template"]["spec"]["serviceAccountName"] == "engine"
+    # any edit of that spec by the tenant asks for the same pod again: refused
+    patch = json.dumps({"spec": {"replicas": 2}})
+    done = world.kubectl("patch", "llms", "sa", f"--as={TENANT}", "--type=merge", "-p", patch, check=False)
+    assert done.returncode != 0 and "must be allowed to create pods" in done.stderr, done.stderr
+
+
+def test_engine_pods_are_admitted_in_a_restricted_namespace(world: Harness) -> None:
+    world.kubectl(
+        "label",
+        "namespace",
+        world.ns,
+        "pod-security.kubernetes.io/enforce=restricted",
+        "pod-security.kubernetes.io/enforce-version=latest",
+    )
+    world.start_operator()
+    assert world.apply("chat").returncode == 0
+
+    def pods() -> list[dict[str, Any]]:
+        done = world.kubectl("get", "pods", "-l", "batchknee.io/llmserving=chat", "-o", "json")
+        return list(json.loads(done.stdout)["items"])
+
+    def refusals() -> str:
+        done = world.kubectl("get", "events", "--field-selector", "reason=FailedCreate", "-o", "json")
+        return "\n".join(e["message"] for e in json.loads(done.stdout)["items"])
+
+    wait_for(pods, 90, "an engine pod admitted under the restricted profile", refusals)
+    wait_for(lambda: world.condition("chat", "Ready").get("status") == "True", 90, "Ready", world.log)
+    assert refusals() == ""

@@ -1,0 +1,326 @@
+"""What an LLMServing may put into its engine pod: the typed allow-list, the admin-gated fields, the
+image allow-list, the bounds on names, args and pinned values, and the restricted pods render makes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from batchknee.api.admission import (
+    DEFAULT_ALLOWED_IMAGES,
+    AdmissionRules,
+    Forbidden,
+    check_admission,
+    gated_uses,
+    image_allowed,
+)
+from batchknee.api.crd import (
+    CHART_REQUESTER_POLICY_FILE,
+    REQUESTER_POLICY_FILE,
+    chart_requester_policy_template,
+    crd_manifest,
+    requester_policy,
+    requester_policy_yaml,
+)
+from batchknee.api.models import MAX_ARGS, MAX_NAME_LENGTH, LLMServing
+from batchknee.api.resolve import SpecError, kv_pool_bytes, parse_llmserving, resolve_roofline
+from batchknee.core.engine_args import ENGINE_CONFIG_FILE
+from batchknee.render import (
+    Desired,
+    RenderDefaults,
+    config_map,
+    deployment,
+)
+from batchknee.settings import OperatorSettings
+
+
+def manifest(name: str = "chat", **spec: Any) -> dict[str, Any]:
+    body = {"engine": "VLLM", "model": {"name": "llama-3-8b"}, "gpu": {"type": "a100-80gb"}, **spec}
+    return {"metadata": {"name": name, "namespace": "ml", "uid": "u1", "generation": 1}, "spec": body}
+
+
+def parse(**spec: Any) -> LLMServing:
+    return parse_llmserving(manifest(**spec))
+
+
+def spec_error(**spec: Any) -> SpecError:
+    with pytest.raises(SpecError) as caught:
+        parse(**spec)
+    return caught.value
+
+
+# The hostile specs of the issue, each with the field the refusal must name and the setting that allows it.
+HOSTILE: list[tuple[dict[str, Any], str, str]] = [
+    ({"serviceAccountName": "admin"}, "spec.template.serviceAccountName", "allowServiceAccount"),
+    (
+        {
+            "volumes": [{"name": "root", "hostPath": {"path": "/"}}],
+            "volumeMounts": [{"name": "root", "mountPath": "/host"}],
+        },
+        "spec.template.volumes[0].hostPath",
+        "allowHostPaths",
+    ),
+    (
+        {"volumes": [{"name": "creds", "secret": {"secretName": "db"}}]},
+        "spec.template.volumes[0].secret",
+        "allowSecretReferences",
+    ),
+    (
+        {"env": [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "db", "key": "password"}}}]},
+        "spec.template.env[0].valueFrom.secretKeyRef",
+        "allowSecretReferences",
+    ),
+    (
+        {"envFrom": [{"secretRef": {"name": "db"}}]},
+        "spec.template.envFrom[0].secretRef",
+        "allowSecretReferences",
+    ),
+    ({"imagePullSecrets": [{"name": "regcred"}]}, "spec.template.imagePullSecrets", "allowSecretReferences"),
+    (
+        {"volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "other-team"}}]},
+        "spec.template.volumes[0].persistentVolumeClaim",
+        "allowPersistentVolumeClaims",
+    ),
+    ({"securityContext": {"runAsUser": 0}}, "spec.template.securityContext.runAsUser", "allowUnrestricted"),
+    (
+        {"securityContext": {"seccompProfile": {"type": "Unconfined"}}},
+        "spec.template.securityContext.seccompProfile.type",
+        "allowUnrestricted",
+    ),
+    (
+        {"containerSecurityContext": {"allowPrivilegeEscalation": True}},
+        "spec.template.containerSecurityContext.allowPrivilegeEscalation",
+        "allowUnrestricted",
+    ),
+    (
+        {"containerSecurityContext": {"capabilities": {"add": ["SYS_ADMIN"]}}},
+        "spec.template.containerSecurityContext.capabilities.add",
+        "allowUnrestricted",
+    ),
+    (
+        {"containerSecurityContext": {"runAsNonRoot": False}},
+        "spec.template.containerSecurityContext.runAsNonRoot",
+        "allowUnrestricted",
+    ),
+]
+ALL_ALLOWED = AdmissionRules(
+    allow_service_account=True,
+    allow_secret_references=True,
+    allow_host_paths=True,
+    allow_persistent_volume_claims=True,
+    allow_unrestricted_security_context=True,
+)
+
+
+@pytest.mark.parametrize(("template", "field", "setting"), HOSTILE)
+def test_each_gated_field_is_refused_by_default_naming_it_and_the_setting(
+    template: dict[str, Any], field: str, setting: str
+) -> None:
+    obj = parse(template=template)
+    with pytest.raises(Forbidden) as caught:
+        check_admission(obj.spec, AdmissionRules())
+    assert caught.value.field == field
+    assert setting in str(caught.value) and "BATCHKNEE_ALLOW" in str(caught.value)
+    check_admission(obj.spec, ALL_ALLOWED)  # what the admin enabled passes
+
+
+def test_the_allow_list_needs_no_setting() -> None:
+    obj = parse(
+        template={
+            "env": [
+                {"name": "HF_HOME", "value": "/cache"},
+                {"name": "CFG", "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": "k"}}},
+                {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            ],
+            "envFrom": [{"configMapRef": {"name": "cfg"}}],
+            "volumes": [
+                {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}},
+                {"name": "cfg", "configMap": {"name": "cfg"}},
+            ],
+            "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}],
+            "resources": {"limits": {"memory": "64Gi"}},
+            "nodeSelector": {"gpu": "h100"},
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            "affinity": {"nodeAffinity": {}},
+            "securityContext": {"runAsUser": 2000, "fsGroup": 2000},
+            "containerSecurityContext": {
+                "readOnlyRootFilesystem": True,
+                "capabilities": {"add": ["NET_BIND_SERVICE"]},
+            },
+        },
+        image="vllm/vllm-openai:v0.12.0",
+    )
+    assert gated_uses(obj.spec) == []
+    check_admission(obj.spec, AdmissionRules())
+
+
+def test_an_image_outside_the_allowed_patterns_is_refused_naming_spec_image() -> None:
+    obj = parse(image="evil.example/miner:latest")
+    with pytest.raises(Forbidden) as caught:
+        check_admission(obj.spec, AdmissionRules())
+    assert caught.value.field == "spec.image"
+    assert "allowedImages" in str(caught.value) and "BATCHKNEE_ALLOWED_IMAGES" in str(caught.value)
+    check_admission(obj.spec, AdmissionRules(allowed_images=("evil.example/*",)))
+    with pytest.raises(Forbidden) as caught:
+        check_admission(parse(image="r/" + "x" * 1020).spec, AdmissionRules(allowed_images=("p" * 900,) * 9))
+    assert len(str(caught.value)) < 1024  # bounded for status and Events
+    check_admission(parse().spec, AdmissionRules(allowed_images=()))  # the default image needs no pattern
+    assert image_allowed("nvcr.io/nvidia/tensorrt-llm/release:1.0.0", DEFAULT_ALLOWED_IMAGES)
+    assert image_allowed("vllm/vllm-openai@sha256:" + "0" * 64, DEFAULT_ALLOWED_IMAGES)
+    assert not image_allowed("vllm/vllm-openai-fork:v1", DEFAULT_ALLOWED_IMAGES)
+
+
+def test_settings_read_the_admission_rules_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert OperatorSettings().admission_rules() == AdmissionRules()
+    monkeypatch.setenv("BATCHKNEE_ALLOWED_IMAGES", "registry.local/*, vllm/vllm-openai:*")
+    monkeypatch.setenv("BATCHKNEE_ALLOW_HOST_PATHS", "true")
+    rules = OperatorSettings().admission_rules()
+    assert rules.allowed_images == ("registry.local/*", "vllm/vllm-openai:*")
+    assert rules.allow_host_paths and not rules.allow_service_account
+
+
+@pytest.mark.parametrize(
+    ("template", "field", "words"),
+    [
+        ({"env": [{"name": "N", "value": 5}]}, "spec.template.env[0].value", "string"),
+        (
+            {"containerSecurityContext": {"privileged": True}},
+            "spec.template.containerSecurityContext",
+            "privileged",
+        ),
+        ({"volumes": [{"name": "x", "nfs": {"server": "a"}}]}, "spec.template.volumes[0]", "exactly one"),
+        (
+            {"volumes": [{"name": "x", "emptyDir": {}, "secret": {"secretName": "s"}}]},
+            "spec.template.volumes[0]",
+            "exactly one",
+        ),
+        ({"volumeMounts": [{"name": "nowhere", "mountPath": "/x"}]}, "spec.template", "names no volume"),
+        (
+            {"volumes": [{"name": "batchknee-engine-config", "emptyDir": {}}]},
+            "spec.template.volumes[0]",
+            "operator's own",
+        ),
+    ],
+)
+def test_malformed_templates_name_the_field(template: dict[str, Any], field: str, words: str) -> None:
+    error = spec_error(template=template)
+    assert error.field == field and words in error.message
+
+
+def test_unknown_pod_fields_are_not_rendered() -> None:
+    """hostNetwork, hostPID and the like are not in the allow-list: the apiserver prunes them, and
+    the operator never reads them."""
+    obj = parse(template={"hostNetwork": True, "hostPID": True, "nodeName": "control-plane"})
+    pod = deployment(obj, Desired(64, 0), RenderDefaults())["spec"]["template"]["spec"]
+    assert not {"hostNetwork", "hostPID", "nodeName"} & pod.keys()
+
+
+def test_bounds_on_name_args_and_pinned() -> None:
+    assert parse_llmserving(manifest(name="a" * MAX_NAME_LENGTH)).metadata.name
+    error = spec_error_name("a" * (MAX_NAME_LENGTH + 1))
+    assert error.field == "metadata.name" and str(MAX_NAME_LENGTH) in error.message
+    assert spec_error_name("1chat").field == "metadata.name"  # the Service name must start with a letter
+    assert spec_error(args=["--x"] * (MAX_ARGS + 1)).field == "spec.args"
+    assert spec_error(args=["x" * 1025]).field == "spec.args[0]"
+    error = spec_error(tuning={"mode": "Pinned", "pinnedMaxNumSeqs": 4})
+    assert error.field == "spec.tuning" and "minMaxNumSeqs 8" in error.message
+    assert (
+        parse(
+            tuning={"mode": "Pinned", "pinnedMaxNumSeqs": 4, "minMaxNumSeqs": 4}
+        ).spec.tuning.pinned_max_num_seqs
+        == 4
+    )
+
+
+def spec_error_name(name: str) -> SpecError:
+    with pytest.raises(SpecError) as caught:
+        parse_llmserving(manifest(name=name))
+    return caught.value
+
+
+def test_the_crd_carries_the_same_bounds_in_cel_and_schema() -> None:
+    schema = crd_manifest()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    [name_rule] = schema["x-kubernetes-validations"]
+    assert f"self.metadata.name.size() <= {MAX_NAME_LENGTH}" in name_rule["rule"]
+    assert str(MAX_NAME_LENGTH) in name_rule["message"]
+    spec = schema["properties"]["spec"]["properties"]
+    assert spec["args"]["maxItems"] == MAX_ARGS and spec["args"]["items"]["maxLength"] == 1024
+    tuning_rules = [r["rule"] for r in spec["tuning"]["x-kubernetes-validations"]]
+    assert any("self.pinnedMaxNumSeqs <= self.maxMaxNumSeqs" in r for r in tuning_rules)
+    template = spec["template"]
+    assert "x-kubernetes-preserve-unknown-fields" not in str(
+        {k: v for k, v in template["properties"].items() if k != "affinity"}
+    )
+    assert template["properties"]["env"]["items"]["properties"]["value"]["type"] == "string"
+    privileged = template["properties"]["containerSecurityContext"]["x-kubernetes-validations"]
+    assert privileged[0]["rule"] == "!has(self.privileged) || !self.privileged"
+
+
+def test_each_resolution_error_names_its_cause() -> None:
+    def cause(**spec: Any) -> str:
+        obj = parse(**spec)
+        with pytest.raises(SpecError) as caught:
+            kv_pool_bytes(obj.spec, resolve_roofline(obj.spec))
+        return caught.value.field
+
+    assert cause(args=["--gpu-memory-utilization", "0.05"]) == "spec.args"
+    assert cause(model={"name": "llama-3-8b", "params": 10**15}) == "spec.model.params"
+    assert cause(model={"name": "llama-3-70b"}, gpu={"type": "l4"}) == "spec.gpu.count"
+    architecture = {"layers": 40, "attentionHeads": 40, "kvHeads": 8, "headDim": 128, "params": 10**15}
+    assert cause(model={"name": "x", "architecture": architecture}) == "spec.model.architecture.params"
+
+
+def test_rendered_pods_meet_the_restricted_pod_security_standard() -> None:
+    pod = deployment(parse(), Desired(64, 0), RenderDefaults())["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert pod["automountServiceAccountToken"] is False
+    assert "serviceAccountName" not in pod
+    # what the spec adds is merged in, ALL is still dropped
+    obj = parse(
+        template={
+            "securityContext": {"runAsUser": 2000},
+            "containerSecurityContext": {"capabilities": {"add": ["NET_BIND_SERVICE"], "drop": ["NET_RAW"]}},
+        }
+    )
+    pod = deployment(obj, Desired(64, 0), RenderDefaults())["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsUser"] == 2000 and pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["containers"][0]["securityContext"]["capabilities"] == {
+        "add": ["NET_BIND_SERVICE"],
+        "drop": ["ALL", "NET_RAW"],
+    }
+
+
+def test_tensorrt_llm_max_tokens_stays_within_int32() -> None:
+    """The operator leaves max_tokens to the user (max_batch_size carries the knee); a user value past
+    TensorRT-LLM's 32-bit range is refused naming the field, and no computed one is rendered."""
+    obj = parse(engine="TensorRTLLM")
+    text = config_map(obj, Desired(65536, 65536 * 10_000_000))["data"][ENGINE_CONFIG_FILE]
+    assert "max_tokens" not in text
+    too_big = parse(engine="TensorRTLLM", extraLlmApiOptions={"kv_cache_config": {"max_tokens": 2**31}})
+    with pytest.raises(SpecError, match=r"kv_cache_config\.max_tokens"):
+        kv_pool_bytes(too_big.spec, resolve_roofline(too_big.spec))
+
+
+def test_the_requester_policy_is_generated_and_checks_every_gated_field() -> None:
+    """crds/ and the chart carry the generated ValidatingAdmissionPolicy (`make crds`); its CEL names
+    each kind of gated field that batchknee.api.admission refuses (the integration tier runs it)."""
+    root = Path(__file__).resolve().parents[2]
+    assert (root / REQUESTER_POLICY_FILE).read_text() == requester_policy_yaml(), "run `make crds`"
+    assert (root / CHART_REQUESTER_POLICY_FILE).read_text() == chart_requester_policy_template(), (
+        "run `make crds`"
+    )
+    policy, binding = requester_policy()
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    gated = policy["spec"]["variables"][0]["expression"]
+    for _, field, _ in HOSTILE:
+        last = field.split(".")[-1].split("[")[0]
+        assert last in gated, field
+    [validation] = policy["spec"]["validations"]
+    assert "resource('pods')" in validation["expression"] and "check('create')" in validation["expression"]
