@@ -158,7 +158,7 @@ def observation(
         pods=pods,
         avg_context_tokens=reading(ctx),
         tpot_p99_s=reading(tpot_p99_ms / 1e3 if tpot_p99_ms is not None else None),
-        tpot_mean_s=reading(tpot_p99_ms / 2e3 if tpot_p99_ms is not None else None),
+        tpot_mean_s=reading(tpot_p99_ms * 0.9e-3 if tpot_p99_ms is not None else None),
         ttft_p99_s=reading(0.25),
         running=reading(running),
         waiting=reading(0.0),

@@ -34,12 +34,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal
 
-from batchknee.core.calibration import RooflineCalibration, StepSample, fit_roofline
+from batchknee.core.calibration import RooflineCalibration, fit_step_times, unit_roofline
 from batchknee.core.observation import Observation, Reading
-from batchknee.core.recommend import Recommendation, recommend, round_down_under_cap
-from batchknee.core.roofline import DecodeRoofline
+from batchknee.core.recommend import Recommendation, recommend, round_down_under_cap, round_up
+from batchknee.core.roofline import DecodeRoofline, PrefillMix
 
 Mode = Literal["Auto", "Recommend", "Pinned"]
+Goal = Literal["Knee", "SLO"]
 Action = Literal["roll", "hold", "recommend"]
 Hold = Literal[
     "metrics-unavailable",
@@ -55,6 +56,7 @@ Hold = Literal[
     "recommend-mode",
 ]
 GuardSource = Literal["calibrated", "step-down", "no-raise"]
+SloSource = Literal["calibrated", "start", "climb", "step-down", "hold"]
 
 STEP_DOWN_NUMERATOR, STEP_DOWN_DENOMINATOR = 3, 4  # uncalibrated guard: ×3/4 per evaluation over target
 NO_RAISE_FRACTION = 0.9  # uncalibrated guard: no raise while p99 is within 10 % of the target
@@ -62,6 +64,9 @@ MIN_CALIBRATION_SAMPLES = 6
 MAX_CALIBRATION_RELATIVE_RMSE = 0.2  # a fit worse than this is noise, not a model
 CALIBRATION_SAMPLES_KEPT = 32
 HISTORY_KEPT = 10  # rollouts remembered; maxRolloutsPerHour may not exceed it
+SLO_CLIMB_NUMERATOR, SLO_CLIMB_DENOMINATOR = 5, 4  # goal SLO, uncalibrated: ×5/4 per settled window
+SLO_CLIMB_MIN_FILL = 0.9  # climb only while the running batch fills the limit (it binds)
+TPOT_QUANTILE = 0.99
 HOUR = timedelta(hours=1)
 
 
@@ -85,6 +90,10 @@ class TuningRules:
     initial_context_length: int = 2048
     pinned_max_num_seqs: int | None = None
     granularity: int = 8
+    goal: Goal = "Knee"
+    slo_margin_percent: int = 10
+    ttft_p99_target_ms: int | None = None
+    max_num_batched_tokens: int = 2048
 
     def __post_init__(self) -> None:
         if not 100 <= self.knee_factor_percent <= 200:
@@ -107,10 +116,25 @@ class TuningRules:
             raise ValueError("pinnedMaxNumSeqs must be positive")
         if self.granularity < 1:
             raise ValueError("granularity must be positive")
+        if self.goal == "SLO" and self.tpot_p99_target_ms is None:
+            raise ValueError("goal SLO needs tpotP99TargetMilliseconds")
+        if not 0 <= self.slo_margin_percent <= 90:
+            raise ValueError("sloMarginPercent must be within 0–90")
+        if self.ttft_p99_target_ms is not None and self.ttft_p99_target_ms < 1:
+            raise ValueError("ttftP99TargetMilliseconds must be positive")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_batched_tokens must be positive")
 
     @property
     def knee_factor(self) -> float:
         return self.knee_factor_percent / 100.0
+
+    @property
+    def slo_tpot_s(self) -> float | None:
+        """Goal SLO's working target: the TPOT p99 target less the margin."""
+        if self.tpot_p99_target_ms is None:
+            return None
+        return self.tpot_p99_target_ms / 1e3 * (1.0 - self.slo_margin_percent / 100.0)
 
 
 @dataclass(frozen=True)
@@ -152,12 +176,34 @@ class CalibrationPoint:
     batch: float
     context_tokens: float
     tpot_p99_s: float
+    # The exact per-request mean (histogram sum / count; the p99 is interpolated within coarse
+    # buckets), and the request mix that sets how much prefill shares the decode steps.
+    tpot_mean_s: float | None = None
+    prompt_tokens: float | None = None
+    output_tokens: float | None = None
+    prefix_hit_ratio: float = 0.0
+
+    def mix(self, max_num_batched_tokens: int) -> PrefillMix | None:
+        if self.prompt_tokens is None or self.output_tokens is None or self.output_tokens < 1:
+            return None
+        return PrefillMix(
+            self.prompt_tokens, self.output_tokens, max_num_batched_tokens, self.prefix_hit_ratio
+        )
 
 
 @dataclass(frozen=True)
 class TpotGuard:
     cap: int
     source: GuardSource
+    text: str
+
+
+@dataclass(frozen=True)
+class SloBound:
+    """Goal SLO's bound on the batch limit and where it came from."""
+
+    cap: int
+    source: SloSource
     text: str
 
 
@@ -175,6 +221,7 @@ class Decision:
     limited_by: str | None = None
     guard: TpotGuard | None = None
     calibration: RooflineCalibration | None = field(default=None, compare=False)
+    slo_bound: int | None = None  # the largest batch the TPOT target allows (None: no target or unknown)
 
     @property
     def rolls(self) -> bool:
@@ -196,7 +243,34 @@ def calibration_point(observation: Observation) -> CalibrationPoint | None:
     batch = running / observation.pods
     if not (batch > 0 and ctx > 0 and tpot > 0):
         return None
-    return CalibrationPoint(observation.sampled_at, batch, ctx, tpot)
+    mean = observation.tpot_mean_s.value
+    prompt, output = observation.prompt_tokens_mean.value, observation.output_tokens_mean.value
+    hits = observation.prefix_hit_ratio.value
+    return CalibrationPoint(
+        observation.sampled_at,
+        batch,
+        ctx,
+        tpot,
+        tpot_mean_s=mean if mean is not None and mean > 0 else None,
+        prompt_tokens=prompt if prompt is not None and output is not None and output >= 1 else None,
+        output_tokens=output if prompt is not None and output is not None and output >= 1 else None,
+        prefix_hit_ratio=min(1.0, max(0.0, hits)) if hits is not None else 0.0,
+    )
+
+
+def current_mix(
+    observation: Observation | None, points: Sequence[CalibrationPoint], max_num_batched_tokens: int
+) -> PrefillMix | None:
+    """The request mix now: the observation's, else the newest calibration sample's, else None
+    (then TPOT is modelled by decode steps alone)."""
+    if observation is not None:
+        point = calibration_point(observation)
+        if point is not None and (mix := point.mix(max_num_batched_tokens)) is not None:
+            return mix
+    for point in reversed(points):
+        if (mix := point.mix(max_num_batched_tokens)) is not None:
+            return mix
+    return None
 
 
 def add_calibration_point(
@@ -207,20 +281,31 @@ def add_calibration_point(
 
 
 def calibrate(
-    roofline: DecodeRoofline, points: Sequence[CalibrationPoint]
+    roofline: DecodeRoofline, points: Sequence[CalibrationPoint], max_num_batched_tokens: int = 2048
 ) -> tuple[RooflineCalibration | None, str]:
-    """Fit per-step overhead and bandwidth efficiency to the observed p99 steps: the TPOT the
-    target constrains. None (and why) until there are enough, varied, consistent samples."""
+    """Fit per-step overhead and bandwidth efficiency (within their bounds) to the observed TPOT.
+    When every sample carries the exact per-request mean, the fit is to the mean, modelled with the
+    sample's prefill mix; the p99 is then predicted by the same model (a bucketed p99 is
+    interpolated within 25 ms-wide buckets: too coarse to fit). Older samples without the mean fit
+    the p99 to decode steps alone. None (and why) until there are enough, varied, consistent samples."""
     if len(points) < MIN_CALIBRATION_SAMPLES:
         return None, f"uncalibrated, {len(points)}/{MIN_CALIBRATION_SAMPLES} samples"
-    samples = [
-        StepSample(p.batch, roofline.kv_bytes_read(p.batch, p.context_tokens), p.tpot_p99_s) for p in points
-    ]
+    unit = unit_roofline(roofline)
+    on_mean = all(p.tpot_mean_s is not None for p in points)
+    xs: list[float] = []
+    ys: list[float] = []
+    for p in points:
+        mix = p.mix(max_num_batched_tokens) if on_mean else None
+        if mix is not None:
+            xs.append(unit.tpot_with_prefill_s(p.batch, p.context_tokens, mix))
+        else:
+            xs.append(unit.tpot_s(p.batch, p.context_tokens))
+        ys.append(p.tpot_mean_s if on_mean and p.tpot_mean_s is not None else p.tpot_p99_s)
     try:
-        fit = fit_roofline(roofline, samples)
+        fit = fit_step_times(xs, ys)
     except ValueError as error:
         return None, f"uncalibrated: {error}"
-    mean = sum(p.tpot_p99_s for p in points) / len(points)
+    mean = sum(ys) / len(ys)
     if fit.rmse_s > MAX_CALIBRATION_RELATIVE_RMSE * mean:
         return None, f"uncalibrated: fit residual {fit.rmse_s / mean:.0%} of TPOT"
     return fit, f"calibrated on {fit.samples} samples"
@@ -276,6 +361,22 @@ class _Target:
     limited_by: str
     text: str
     calibration: RooflineCalibration | None
+    slo_bound: int | None = None
+
+
+def _calibrated_bound(
+    rules: TuningRules,
+    roofline: DecodeRoofline,
+    fit: RooflineCalibration,
+    target_s: float,
+    context_tokens: float,
+    mix: PrefillMix | None,
+) -> int:
+    """The largest batch whose calibrated TPOT p99 meets `target_s` at this context and mix."""
+    model = fit.apply(roofline)
+    if mix is None:
+        return model.max_batch_for_tpot(target_s, context_tokens)
+    return model.max_batch_for_tpot_quantile(target_s, context_tokens, mix, TPOT_QUANTILE)
 
 
 def _target(
@@ -289,13 +390,27 @@ def _target(
 ) -> _Target:
     fit, calibration_text = (None, "")
     calibrated_cap: int | None = None
+    mix = current_mix(observation, calibration, rules.max_num_batched_tokens)
     if rules.tpot_p99_target_ms is not None:
-        fit, calibration_text = calibrate(roofline, calibration)
+        fit, calibration_text = calibrate(roofline, calibration, rules.max_num_batched_tokens)
         if fit is not None:
-            calibrated_cap = fit.apply(roofline).max_batch_for_tpot(
-                rules.tpot_p99_target_ms / 1e3, context_tokens
+            calibrated_cap = _calibrated_bound(
+                rules, roofline, fit, rules.tpot_p99_target_ms / 1e3, context_tokens, mix
             )
     rec = _knee(rules, roofline, kv_pool_bytes, context_tokens)
+    if rules.goal == "SLO":
+        return _slo_target(
+            rules,
+            roofline,
+            kv_pool_bytes,
+            context_tokens,
+            observation,
+            applied,
+            rec,
+            fit,
+            calibration_text,
+            mix,
+        )
     guard = _guard(rules, observation, applied, calibrated_cap, calibration_text)
     value, limited_by, text = rec.max_num_seqs, str(rec.limited_by), rec.explain()
     if guard is not None:
@@ -305,7 +420,97 @@ def _target(
             text += f" → {value} ({guard.text})"
             if capped == rules.min_max_num_seqs and guard.cap < capped:
                 text += f" (minimum bound {rules.min_max_num_seqs})"
-    return _Target(value, rec, guard, limited_by, text, fit)
+    return _Target(value, rec, guard, limited_by, text, fit, calibrated_cap)
+
+
+def _slo_bound(
+    rules: TuningRules,
+    roofline: DecodeRoofline,
+    context_tokens: float,
+    observation: Observation | None,
+    applied: int | None,
+    knee: Recommendation,
+    fit: RooflineCalibration | None,
+    calibration_text: str,
+    mix: PrefillMix | None,
+) -> SloBound:
+    """Goal SLO's bound: calibrated, the largest batch whose modelled TPOT p99 stays under the
+    target less the margin; uncalibrated, start at the knee and climb ×5/4 per settled window while
+    the observed p99 has headroom and the limit binds, step down ×3/4 when it is over the target."""
+    assert rules.tpot_p99_target_ms is not None
+    assert rules.slo_tpot_s is not None
+    goal_ms = rules.slo_tpot_s * 1e3
+    target_ms = rules.tpot_p99_target_ms
+    if fit is not None:
+        cap = _calibrated_bound(rules, roofline, fit, rules.slo_tpot_s, context_tokens, mix)
+        return SloBound(cap, "calibrated", f"TPOT p99 ≤ {goal_ms:g} ms allows {cap} ({calibration_text})")
+    p99 = observation.tpot_p99_s.value if observation is not None else None
+    if applied is None or p99 is None or observation is None:
+        return SloBound(knee.max_num_seqs, "start", f"start at the knee ({calibration_text})")
+    p99_ms = p99 * 1e3
+    if p99_ms > target_ms:
+        stepped = max(1, applied * STEP_DOWN_NUMERATOR // STEP_DOWN_DENOMINATOR)
+        return SloBound(
+            stepped,
+            "step-down",
+            f"TPOT p99 {p99_ms:.0f} ms > target {target_ms} ms: step {applied} → {stepped} ({calibration_text})",
+        )
+    running = observation.running.value
+    binds = running is not None and running / max(1, observation.pods) >= SLO_CLIMB_MIN_FILL * applied
+    ttft = observation.ttft_p99_s.value
+    ttft_over = (
+        rules.ttft_p99_target_ms is not None and ttft is not None and ttft * 1e3 > rules.ttft_p99_target_ms
+    )
+    if p99_ms < goal_ms and binds and not ttft_over:
+        climbed = round_up(applied * SLO_CLIMB_NUMERATOR / SLO_CLIMB_DENOMINATOR, rules.granularity)
+        return SloBound(
+            climbed,
+            "climb",
+            f"TPOT p99 {p99_ms:.0f} ms < {goal_ms:g} ms: climb {applied} → {climbed} ({calibration_text})",
+        )
+    why = (
+        "the limit does not bind"
+        if not binds
+        else "TTFT p99 over its target"
+        if ttft_over
+        else f"TPOT p99 {p99_ms:.0f} ms has no headroom under {goal_ms:g} ms"
+    )
+    return SloBound(applied, "hold", f"{why}: stay at {applied} ({calibration_text})")
+
+
+def _slo_target(
+    rules: TuningRules,
+    roofline: DecodeRoofline,
+    kv_pool_bytes: float,
+    context_tokens: float,
+    observation: Observation | None,
+    applied: int | None,
+    knee: Recommendation,
+    fit: RooflineCalibration | None,
+    calibration_text: str,
+    mix: PrefillMix | None,
+) -> _Target:
+    """Goal SLO: the SLO bound itself (past the knee when the target allows), under the KV pool
+    and the spec's bounds."""
+    bound = _slo_bound(
+        rules, roofline, context_tokens, observation, applied, knee, fit, calibration_text, mix
+    )
+    value = round_down_under_cap(bound.cap, rules.granularity)
+    limited_by = "knee" if bound.source == "start" else "tpot-target"
+    text = f"{knee.explain()}; goal SLO: {bound.text}"
+    if knee.capacity_batch < value:
+        value, limited_by = round_down_under_cap(knee.capacity_batch, rules.granularity), "kv-capacity"
+        text += f" → {value} (KV pool holds {knee.capacity_batch})"
+    if value < rules.min_max_num_seqs:
+        value, limited_by = rules.min_max_num_seqs, "minimum"
+        text += f" → {value} (minimum bound)"
+    elif value > rules.max_max_num_seqs:
+        value, limited_by = rules.max_max_num_seqs, "maximum"
+        text += f" → {value} (maximum bound)"
+    else:
+        text += f" → {value}"
+    slo_cap = bound.cap if bound.source == "calibrated" else None
+    return _Target(value, knee, None, limited_by, text, fit, slo_cap)
 
 
 def _knee(
@@ -382,6 +587,7 @@ def decide(
             limited_by=target.limited_by if target else None,
             guard=target.guard if target else None,
             calibration=target.calibration if target else None,
+            slo_bound=target.slo_bound if target else None,
         )
 
     explain = target.text if target is not None else ""

@@ -1,0 +1,107 @@
+"""Goal SLO: the largest batch limit whose TPOT p99 meets the target less the margin — past the knee
+when the target allows — calibrated from samples, climbing from the knee before there are enough."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from batchknee.core import DecodeRoofline, find_gpu, find_model
+from batchknee.core.observation import Observation, Reading
+from batchknee.core.policy import Applied, CalibrationPoint, TuningRules, decide
+from batchknee.core.roofline import PrefillMix
+
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+NAIVE = DecodeRoofline(find_model("llama-3-8b"), find_gpu("a100-80gb"))
+REAL = DecodeRoofline(NAIVE.model, NAIVE.gpu, bandwidth_efficiency=0.8, overhead_s=0.002)
+POOL = NAIVE.kv_pool_bytes(0.9)
+SLO = TuningRules(goal="SLO", tpot_p99_target_ms=30, max_max_num_seqs=1024, cooldown_s=0)
+
+
+def seen(
+    ctx: float, tpot_p99_ms: float, running: float, *, prompt: float = 1024, output: float = 2048
+) -> Observation:
+    def reading(value: float | None) -> Reading:
+        return Reading.of(value) if value is not None else Reading.unavailable("series empty")
+
+    return Observation(
+        T0, 1, reading(ctx), reading(tpot_p99_ms / 1e3), reading(None), reading(0.2), reading(running),
+        reading(0.0), reading(0.5), reading(0.0), reading(0.0), reading(900.0),
+        prompt_tokens_mean=reading(prompt), output_tokens_mean=reading(output),
+    )  # fmt: skip
+
+
+def test_goal_slo_needs_a_tpot_target() -> None:
+    with pytest.raises(ValueError, match="goal SLO needs tpotP99TargetMilliseconds"):
+        TuningRules(goal="SLO")
+
+
+def test_uncalibrated_it_starts_at_the_knee() -> None:
+    d = decide(SLO, NAIVE, POOL, None, Applied(None), (), T0)
+    assert d.rolls and d.value == 64 and d.limited_by == "knee"  # ctx 2048 → B_knee 59.8 → 64
+
+
+def test_uncalibrated_it_climbs_by_a_quarter_while_p99_has_headroom_and_the_limit_binds() -> None:
+    d = decide(SLO, NAIVE, POOL, seen(2048, 20.0, running=64), Applied(64), (), T0)
+    assert d.rolls and d.value == 80 and d.limited_by == "tpot-target"
+    assert "climb 64 → 80" in d.reason
+
+
+@pytest.mark.parametrize(
+    ("p99_ms", "running", "value"),
+    [(28.0, 64, 64), (20.0, 30, 64), (40.0, 64, 48)],  # no headroom · the limit does not bind · over target
+)
+def test_uncalibrated_it_holds_or_steps_down(p99_ms: float, running: float, value: int) -> None:
+    d = decide(SLO, NAIVE, POOL, seen(2048, p99_ms, running), Applied(64), (), T0)
+    assert d.value == value
+
+
+def calibration_points() -> tuple[CalibrationPoint, ...]:
+    """Settled windows of the real engine at several batches: exact mean TPOTs, coarse p99s."""
+    points = []
+    for i, batch in enumerate((32, 48, 64, 80, 96, 112)):
+        mix = PrefillMix(1024, 2048)
+        mean = REAL.tpot_with_prefill_s(batch, 2048, mix)
+        points.append(
+            CalibrationPoint(
+                T0 + timedelta(minutes=5 * i),
+                batch,
+                2048,
+                0.05,
+                tpot_mean_s=mean,
+                prompt_tokens=1024,
+                output_tokens=2048,
+            )
+        )
+    return tuple(points)
+
+
+def test_calibrated_it_runs_the_slo_bound_past_the_knee() -> None:
+    d = decide(SLO, NAIVE, POOL, seen(2048, 25.0, 64), Applied(64), calibration_points(), T0)
+    assert d.calibration is not None
+    assert d.calibration.bandwidth_efficiency == pytest.approx(0.8, rel=1e-6)
+    assert d.calibration.overhead_s == pytest.approx(0.002, rel=1e-6)
+    assert SLO.slo_tpot_s is not None
+    expected = REAL.max_batch_for_tpot_quantile(SLO.slo_tpot_s, 2048, PrefillMix(1024, 2048))
+    assert d.slo_bound == expected
+    assert d.value == expected // 8 * 8 > 64  # past the knee
+    assert d.rolls and d.limited_by == "tpot-target"
+    assert REAL.tpot_with_prefill_s(d.value, 2048, PrefillMix(1024, 2048), 0.99) <= SLO.slo_tpot_s
+
+
+def test_calibrated_it_is_bounded_by_the_kv_pool_and_the_maximum() -> None:
+    short = seen(256, 10.0, 64, prompt=128, output=256)
+    bounded = TuningRules(goal="SLO", tpot_p99_target_ms=200, max_max_num_seqs=4096, cooldown_s=0)
+    d = decide(bounded, NAIVE, POOL, short, Applied(64), calibration_points(), T0)
+    assert d.limited_by == "kv-capacity"
+    assert d.value <= NAIVE.kv_capacity_batch(256, POOL)
+    capped = TuningRules(goal="SLO", tpot_p99_target_ms=200, max_max_num_seqs=256, cooldown_s=0)
+    assert decide(capped, NAIVE, POOL, short, Applied(64), calibration_points(), T0).value == 256
+
+
+def test_goal_knee_keeps_the_knee_and_reports_the_slo_bound() -> None:
+    knee = TuningRules(tpot_p99_target_ms=30, cooldown_s=0)
+    d = decide(knee, NAIVE, POOL, seen(2048, 25.0, 64), Applied(64), calibration_points(), T0)
+    assert d.value == 64 and d.limited_by == "knee"
+    assert d.slo_bound is not None and d.slo_bound > 64
