@@ -614,7 +614,8 @@ class LLMServingStatus(_Model):
     limited_by: str | None = Field(
         None,
         max_length=64,
-        description="What set the recommendation: knee, tpot-target, kv-capacity, minimum, maximum.",
+        description="What set the recommendation: knee, tpot-target, slo-target (goal SLO's bound), "
+        "kv-capacity, minimum, maximum.",
     )
     slo_bound_max_num_seqs: int | None = Field(
         None,

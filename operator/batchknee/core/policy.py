@@ -64,7 +64,7 @@ MIN_CALIBRATION_SAMPLES = 6
 MAX_CALIBRATION_RELATIVE_RMSE = 0.2  # a fit worse than this is noise, not a model
 CALIBRATION_SAMPLES_KEPT = 32
 HISTORY_KEPT = 10  # rollouts remembered; maxRolloutsPerHour may not exceed it
-SLO_CLIMB_NUMERATOR, SLO_CLIMB_DENOMINATOR = 5, 4  # goal SLO, uncalibrated: ×5/4 per settled window
+SLO_CLIMB_NUMERATOR, SLO_CLIMB_DENOMINATOR = 3, 2  # goal SLO, uncalibrated: at most ×3/2 per settled window
 SLO_CLIMB_MIN_FILL = 0.9  # climb only while the running batch fills the limit (it binds)
 TPOT_QUANTILE = 0.99
 HOUR = timedelta(hours=1)
@@ -205,6 +205,7 @@ class SloBound:
     cap: int
     source: SloSource
     text: str
+    urgent: bool = False  # the current limit breaks the target itself, not only the margin
 
 
 @dataclass(frozen=True)
@@ -435,47 +436,97 @@ def _slo_bound(
     mix: PrefillMix | None,
 ) -> SloBound:
     """Goal SLO's bound: calibrated, the largest batch whose modelled TPOT p99 stays under the
-    target less the margin; uncalibrated, start at the knee and climb ×5/4 per settled window while
-    the observed p99 has headroom and the limit binds, step down ×3/4 when it is over the target."""
+    target less the margin; uncalibrated, start at the knee, then move towards the bound one window's
+    mean TPOT implies — climbing to at most the larger of the knee and ×3/2 per settled window while
+    it has headroom, the limit binds and TTFT p99 meets its target; stepping down straight to it."""
     assert rules.tpot_p99_target_ms is not None
     assert rules.slo_tpot_s is not None
     goal_ms = rules.slo_tpot_s * 1e3
     target_ms = rules.tpot_p99_target_ms
     if fit is not None:
         cap = _calibrated_bound(rules, roofline, fit, rules.slo_tpot_s, context_tokens, mix)
-        return SloBound(cap, "calibrated", f"TPOT p99 ≤ {goal_ms:g} ms allows {cap} ({calibration_text})")
-    p99 = observation.tpot_p99_s.value if observation is not None else None
-    if applied is None or p99 is None or observation is None:
-        return SloBound(knee.max_num_seqs, "start", f"start at the knee ({calibration_text})")
-    p99_ms = p99 * 1e3
-    if p99_ms > target_ms:
-        stepped = max(1, applied * STEP_DOWN_NUMERATOR // STEP_DOWN_DENOMINATOR)
+        urgent = applied is not None and _breaks(fit.apply(roofline), applied, target_ms, context_tokens, mix)
         return SloBound(
-            stepped,
-            "step-down",
-            f"TPOT p99 {p99_ms:.0f} ms > target {target_ms} ms: step {applied} → {stepped} ({calibration_text})",
+            cap, "calibrated", f"TPOT p99 ≤ {goal_ms:g} ms allows {cap} ({calibration_text})", urgent
         )
+    if applied is None or observation is None:
+        return SloBound(knee.max_num_seqs, "start", f"start at the knee ({calibration_text})")
     running = observation.running.value
     binds = running is not None and running / max(1, observation.pods) >= SLO_CLIMB_MIN_FILL * applied
     ttft = observation.ttft_p99_s.value
     ttft_over = (
         rules.ttft_p99_target_ms is not None and ttft is not None and ttft * 1e3 > rules.ttft_p99_target_ms
     )
-    if p99_ms < goal_ms and binds and not ttft_over:
-        climbed = round_up(applied * SLO_CLIMB_NUMERATOR / SLO_CLIMB_DENOMINATOR, rules.granularity)
+    point = calibration_point(observation)
+    if point is None or point.tpot_mean_s is None:
+        p99 = observation.tpot_p99_s.value
+        if p99 is None:
+            return SloBound(applied, "hold", f"no TPOT observed: stay at {applied} ({calibration_text})")
+        if p99 * 1e3 > target_ms:
+            stepped = max(1, applied * STEP_DOWN_NUMERATOR // STEP_DOWN_DENOMINATOR)
+            return SloBound(
+                stepped,
+                "step-down",
+                f"TPOT p99 {p99 * 1e3:.0f} ms > target {target_ms} ms: step {applied} → {stepped} "
+                f"({calibration_text})",
+            )
+        return SloBound(applied, "hold", f"no TPOT mean observed: stay at {applied} ({calibration_text})")
+    # One window fixes one parameter: all of the observed time above the roofline is taken as lost
+    # bandwidth (overhead on its bound, 0). That over-predicts TPOT at any larger batch — a safe
+    # estimate to climb on (in bounded steps) and to step down on.
+    one = _one_point_fit(roofline, point, rules.max_num_batched_tokens)
+    estimate = _calibrated_bound(rules, roofline, one, rules.slo_tpot_s, context_tokens, mix)
+    seen = f"TPOT mean {point.tpot_mean_s * 1e3:.1f} ms at {point.batch:.0f} running"
+    if estimate < applied:
+        return SloBound(
+            estimate,
+            "step-down",
+            f"{seen}: p99 ≤ {goal_ms:g} ms allows about {estimate}: step {applied} → {estimate} ({calibration_text})",
+            _breaks(one.apply(roofline), applied, target_ms, context_tokens, mix),
+        )
+    if estimate > applied and binds and not ttft_over:
+        step = round_up(applied * SLO_CLIMB_NUMERATOR / SLO_CLIMB_DENOMINATOR, rules.granularity)
+        climbed = min(estimate, max(knee.max_num_seqs, step))
         return SloBound(
             climbed,
             "climb",
-            f"TPOT p99 {p99_ms:.0f} ms < {goal_ms:g} ms: climb {applied} → {climbed} ({calibration_text})",
+            f"{seen}: p99 ≤ {goal_ms:g} ms allows about {estimate}: climb {applied} → {climbed} ({calibration_text})",
         )
     why = (
-        "the limit does not bind"
+        f"{seen}: p99 ≤ {goal_ms:g} ms allows about {estimate}"
+        if estimate <= applied
+        else "the limit does not bind"
         if not binds
         else "TTFT p99 over its target"
-        if ttft_over
-        else f"TPOT p99 {p99_ms:.0f} ms has no headroom under {goal_ms:g} ms"
     )
     return SloBound(applied, "hold", f"{why}: stay at {applied} ({calibration_text})")
+
+
+def _breaks(
+    model: DecodeRoofline, batch: int, target_ms: int, context: float, mix: PrefillMix | None
+) -> bool:
+    """Whether `model` puts the TPOT p99 at `batch` over the target itself."""
+    p99 = (
+        model.tpot_s(batch, context)
+        if mix is None
+        else model.tpot_with_prefill_s(batch, context, mix, TPOT_QUANTILE)
+    )
+    return p99 * 1e3 > target_ms
+
+
+def _one_point_fit(
+    roofline: DecodeRoofline, point: CalibrationPoint, max_num_batched_tokens: int
+) -> RooflineCalibration:
+    """The efficiency one window's mean TPOT implies with no per-step overhead (capped at 1)."""
+    assert point.tpot_mean_s is not None
+    unit = unit_roofline(roofline)
+    mix = point.mix(max_num_batched_tokens)
+    modelled = (
+        unit.tpot_with_prefill_s(point.batch, point.context_tokens, mix)
+        if mix is not None
+        else unit.tpot_s(point.batch, point.context_tokens)
+    )
+    return RooflineCalibration(0.0, min(1.0, modelled / point.tpot_mean_s), 0.0, 1, "overhead")
 
 
 def _slo_target(
@@ -491,12 +542,15 @@ def _slo_target(
     mix: PrefillMix | None,
 ) -> _Target:
     """Goal SLO: the SLO bound itself (past the knee when the target allows), under the KV pool
-    and the spec's bounds."""
-    bound = _slo_bound(
-        rules, roofline, context_tokens, observation, applied, knee, fit, calibration_text, mix
-    )
+    and the spec's bounds. While traffic shifts to longer contexts the bound is taken at the
+    window's last third: the stricter one, where traffic is going (one rollout, not two)."""
+    recent = observation.recent_avg_context_tokens.value if observation is not None else None
+    bound_context = max(context_tokens, recent) if recent is not None and recent > 0 else context_tokens
+    bound = _slo_bound(rules, roofline, bound_context, observation, applied, knee, fit, calibration_text, mix)
     value = round_down_under_cap(bound.cap, rules.granularity)
-    limited_by = "knee" if bound.source == "start" else "tpot-target"
+    # A bound that only trims the margin is an optimisation (dead band and trend checks apply); one
+    # the current limit breaks the target by is a safety decrease, like the Knee goal's TPOT guard.
+    limited_by = "knee" if bound.source == "start" else "tpot-target" if bound.urgent else "slo-target"
     text = f"{knee.explain()}; goal SLO: {bound.text}"
     if knee.capacity_batch < value:
         value, limited_by = round_down_under_cap(knee.capacity_batch, rules.granularity), "kv-capacity"
