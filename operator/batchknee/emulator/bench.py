@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -483,6 +483,7 @@ class PolicyFigures:
     rollouts: int
     restart_gpu_s: float
     values: str
+    wall_s: float = math.nan  # the slowest single simulation of the trace behind this figure
 
     def to_json(self) -> dict[str, Any]:
         def finite(x: float) -> float | None:
@@ -512,16 +513,30 @@ def _values_text(values: Iterable[tuple[float, int]]) -> str:
 
 
 def bench_trace(
-    setup: BenchSetup, trace: Trace, *, knee_rules: TuningRules, slo_rules: TuningRules
+    setup: BenchSetup,
+    trace: Trace,
+    *,
+    knee_rules: TuningRules,
+    slo_rules: TuningRules,
+    clock: Callable[[], float] | None = None,
 ) -> TraceResult:
-    """Every policy on one trace, on the same arrivals."""
+    """Every policy on one trace, on the same arrivals. `clock` (wall seconds) times each run."""
     stream = arrivals(setup, trace)
-    knee = run_policy(setup, trace, stream, "knee", rules=knee_rules)
-    slo = run_policy(setup, trace, stream, "slo", rules=slo_rules)
+    walls: dict[str, float] = {}
+
+    def timed(name: str, rules: TuningRules | None = None, static: int | None = None) -> RunResult:
+        started = clock() if clock else math.nan
+        result = run_policy(setup, trace, stream, name, rules=rules, static=static)
+        walls[name] = (clock() - started) if clock else math.nan
+        return result
+
+    knee = timed("knee", rules=knee_rules)
+    slo = timed("slo", rules=slo_rules)
     values = sorted(
         {*setup.candidates, VLLM_DEFAULT, *(v for _, v in knee.values), *(v for _, v in slo.values)}
     )
-    statics = {v: run_policy(setup, trace, stream, f"static-{v}", static=v) for v in values}
+    statics = {v: timed(f"static-{v}", static=v) for v in values}
+    static_wall = max(walls[f"static-{v}"] for v in values)
     phases = range(len(trace.phases))
     per_phase = {v: [run.good(trace, p) for p in phases] for v, run in statics.items()}
     best_value = max(values, key=lambda v: sum(per_phase[v]))
@@ -535,7 +550,7 @@ def bench_trace(
     ]
     oracle = RunResult("oracle", served=oracle_served)
 
-    def figures(run: RunResult, goodput: float, values_text: str) -> PolicyFigures:
+    def figures(run: RunResult, goodput: float, values_text: str, wall: float) -> PolicyFigures:
         f = run.figures()
         return PolicyFigures(
             goodput,
@@ -545,6 +560,7 @@ def bench_trace(
             run.rollouts,
             run.restart_gpu_s,
             values_text,
+            wall,
         )
 
     default = statics[VLLM_DEFAULT]
@@ -552,10 +568,12 @@ def bench_trace(
     return TraceResult(
         trace,
         {
-            "vllm-default": figures(default, default.good(trace), str(VLLM_DEFAULT)),
-            "best-static": figures(best, best.good(trace), str(best_value)),
-            "oracle": figures(oracle, oracle_goodput, " | ".join(str(v) for v in oracle_picks)),
-            "knee": figures(knee, knee.good(trace), _values_text(knee.values)),
-            "slo": figures(slo, slo.good(trace), _values_text(slo.values)),
+            "vllm-default": figures(
+                default, default.good(trace), str(VLLM_DEFAULT), walls[f"static-{VLLM_DEFAULT}"]
+            ),
+            "best-static": figures(best, best.good(trace), str(best_value), static_wall),
+            "oracle": figures(oracle, oracle_goodput, " | ".join(str(v) for v in oracle_picks), static_wall),
+            "knee": figures(knee, knee.good(trace), _values_text(knee.values), walls["knee"]),
+            "slo": figures(slo, slo.good(trace), _values_text(slo.values), walls["slo"]),
         },
     )
