@@ -149,6 +149,7 @@ def observation(
     running: float | None = 48,
     pods: int = 1,
     reason: str = "no samples in the window",
+    with_mean: bool = True,
 ) -> Observation:
     def reading(value: float | None) -> Reading:
         return Reading.of(value) if value is not None else Reading.unavailable(reason)
@@ -158,7 +159,7 @@ def observation(
         pods=pods,
         avg_context_tokens=reading(ctx),
         tpot_p99_s=reading(tpot_p99_ms / 1e3 if tpot_p99_ms is not None else None),
-        tpot_mean_s=reading(tpot_p99_ms * 0.9e-3 if tpot_p99_ms is not None else None),
+        tpot_mean_s=reading(tpot_p99_ms * 0.9e-3 if tpot_p99_ms is not None and with_mean else None),
         ttft_p99_s=reading(0.25),
         running=reading(running),
         waiting=reading(0.0),

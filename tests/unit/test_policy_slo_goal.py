@@ -20,16 +20,26 @@ SLO = TuningRules(goal="SLO", tpot_p99_target_ms=30, max_max_num_seqs=1024, cool
 
 
 def seen(
-    ctx: float, tpot_p99_ms: float, running: float, *, prompt: float = 1024, output: float = 2048
+    ctx: float,
+    tpot_p99_ms: float,
+    running: float,
+    *,
+    mean_ms: float | None = None,
+    prompt: float = 1024,
+    output: float = 2048,
 ) -> Observation:
     def reading(value: float | None) -> Reading:
         return Reading.of(value) if value is not None else Reading.unavailable("series empty")
 
     return Observation(
-        T0, 1, reading(ctx), reading(tpot_p99_ms / 1e3), reading(None), reading(0.2), reading(running),
-        reading(0.0), reading(0.5), reading(0.0), reading(0.0), reading(900.0),
+        T0, 1, reading(ctx), reading(tpot_p99_ms / 1e3), reading(None if mean_ms is None else mean_ms / 1e3),
+        reading(0.2), reading(running), reading(0.0), reading(0.5), reading(0.0), reading(0.0), reading(900.0),
         prompt_tokens_mean=reading(prompt), output_tokens_mean=reading(output),
     )  # fmt: skip
+
+
+def real_mean_ms(batch: int, ctx: int = 2048) -> float:
+    return REAL.tpot_with_prefill_s(batch, ctx, PrefillMix(1024, 2048)) * 1e3
 
 
 def test_goal_slo_needs_a_tpot_target() -> None:
@@ -42,18 +52,35 @@ def test_uncalibrated_it_starts_at_the_knee() -> None:
     assert d.rolls and d.value == 64 and d.limited_by == "knee"  # ctx 2048 → B_knee 59.8 → 64
 
 
-def test_uncalibrated_it_climbs_by_a_quarter_while_p99_has_headroom_and_the_limit_binds() -> None:
-    d = decide(SLO, NAIVE, POOL, seen(2048, 20.0, running=64), Applied(64), (), T0)
-    assert d.rolls and d.value == 80 and d.limited_by == "tpot-target"
-    assert "climb 64 → 80" in d.reason
+def test_uncalibrated_it_climbs_in_a_bounded_step_towards_what_one_window_implies() -> None:
+    # The bucketed p99 reads 49 ms (inside the 25–50 ms bucket); the exact mean says there is room.
+    d = decide(SLO, NAIVE, POOL, seen(2048, 49.0, running=64, mean_ms=real_mean_ms(64)), Applied(64), (), T0)
+    assert d.rolls and d.limited_by == "slo-target" and "climb 64 →" in d.reason
+    assert 64 < d.value <= 96  # at most ×3/2 per settled window
+    # One window's estimate puts all of the time above the roofline into bandwidth: safe, the
+    # climbed value meets the working target on the real engine.
+    assert REAL.tpot_with_prefill_s(d.value, 2048, PrefillMix(1024, 2048), 0.99) <= 0.027
+
+
+def test_uncalibrated_it_steps_down_to_what_one_window_implies() -> None:
+    d = decide(
+        SLO, NAIVE, POOL, seen(2048, 49.0, running=160, mean_ms=real_mean_ms(160)), Applied(160), (), T0
+    )
+    assert d.rolls and d.value < 160 and d.limited_by == "tpot-target"  # over the target itself: urgent
+    assert REAL.tpot_with_prefill_s(d.value, 2048, PrefillMix(1024, 2048), 0.99) <= 0.027
 
 
 @pytest.mark.parametrize(
-    ("p99_ms", "running", "value"),
-    [(28.0, 64, 64), (20.0, 30, 64), (40.0, 64, 48)],  # no headroom · the limit does not bind · over target
+    ("p99_ms", "running", "mean", "value"),
+    [
+        (20.0, 30, True, 64),  # the limit does not bind: hold
+        (40.0, 64, False, 48),  # no mean, bucketed p99 over the target: step ×3/4
+        (20.0, 64, False, 64),  # no mean: no climb on a bucketed p99
+    ],
 )
-def test_uncalibrated_it_holds_or_steps_down(p99_ms: float, running: float, value: int) -> None:
-    d = decide(SLO, NAIVE, POOL, seen(2048, p99_ms, running), Applied(64), (), T0)
+def test_uncalibrated_it_holds_or_steps_down(p99_ms: float, running: float, mean: bool, value: int) -> None:
+    observation = seen(2048, p99_ms, running, mean_ms=real_mean_ms(int(running)) if mean else None)
+    d = decide(SLO, NAIVE, POOL, observation, Applied(64), (), T0)
     assert d.value == value
 
 
@@ -78,7 +105,15 @@ def calibration_points() -> tuple[CalibrationPoint, ...]:
 
 
 def test_calibrated_it_runs_the_slo_bound_past_the_knee() -> None:
-    d = decide(SLO, NAIVE, POOL, seen(2048, 25.0, 64), Applied(64), calibration_points(), T0)
+    d = decide(
+        SLO,
+        NAIVE,
+        POOL,
+        seen(2048, 25.0, 64, mean_ms=real_mean_ms(64)),
+        Applied(64),
+        calibration_points(),
+        T0,
+    )
     assert d.calibration is not None
     assert d.calibration.bandwidth_efficiency == pytest.approx(0.8, rel=1e-6)
     assert d.calibration.overhead_s == pytest.approx(0.002, rel=1e-6)
@@ -86,7 +121,7 @@ def test_calibrated_it_runs_the_slo_bound_past_the_knee() -> None:
     expected = REAL.max_batch_for_tpot_quantile(SLO.slo_tpot_s, 2048, PrefillMix(1024, 2048))
     assert d.slo_bound == expected
     assert d.value == expected // 8 * 8 > 64  # past the knee
-    assert d.rolls and d.limited_by == "tpot-target"
+    assert d.rolls and d.limited_by == "slo-target"
     assert REAL.tpot_with_prefill_s(d.value, 2048, PrefillMix(1024, 2048), 0.99) <= SLO.slo_tpot_s
 
 

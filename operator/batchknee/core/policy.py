@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Literal
 
@@ -55,7 +55,7 @@ Hold = Literal[
     "pinned",
     "recommend-mode",
 ]
-GuardSource = Literal["calibrated", "step-down", "no-raise"]
+GuardSource = Literal["calibrated", "estimated", "step-down", "no-raise"]
 SloSource = Literal["calibrated", "start", "climb", "step-down", "hold"]
 
 STEP_DOWN_NUMERATOR, STEP_DOWN_DENOMINATOR = 3, 4  # uncalibrated guard: ×3/4 per evaluation over target
@@ -412,7 +412,17 @@ def _target(
             calibration_text,
             mix,
         )
+    estimated = None
+    if calibrated_cap is None and rules.tpot_p99_target_ms is not None:
+        estimated = _estimated_bound(
+            rules, roofline, observation, rules.tpot_p99_target_ms / 1e3, context_tokens, mix
+        )
+        if estimated is not None:
+            calibrated_cap = estimated[0]
+            calibration_text = f"estimated from {estimated[1]}; {calibration_text}"
     guard = _guard(rules, observation, applied, calibrated_cap, calibration_text)
+    if guard is not None and estimated is not None:
+        guard = replace(guard, source="estimated")
     value, limited_by, text = rec.max_num_seqs, str(rec.limited_by), rec.explain()
     if guard is not None:
         capped = max(rules.min_max_num_seqs, round_down_under_cap(guard.cap, rules.granularity))
@@ -512,6 +522,25 @@ def _breaks(
         else model.tpot_with_prefill_s(batch, context, mix, TPOT_QUANTILE)
     )
     return p99 * 1e3 > target_ms
+
+
+def _estimated_bound(
+    rules: TuningRules,
+    roofline: DecodeRoofline,
+    observation: Observation | None,
+    target_s: float,
+    context_tokens: float,
+    mix: PrefillMix | None,
+) -> tuple[int, str] | None:
+    """Before calibration: the TPOT cap one window's exact mean TPOT implies (`_one_point_fit`),
+    rather than the p99 Prometheus interpolates within 25 ms-wide buckets (a p99 of 26 ms reads
+    ~49 ms); None when the window has no mean."""
+    point = calibration_point(observation) if observation is not None else None
+    if point is None or point.tpot_mean_s is None:
+        return None
+    one = _one_point_fit(roofline, point, rules.max_num_batched_tokens)
+    cap = _calibrated_bound(rules, roofline, one, target_s, context_tokens, mix)
+    return cap, f"TPOT mean {point.tpot_mean_s * 1e3:.1f} ms at {point.batch:.0f} running"
 
 
 def _one_point_fit(
