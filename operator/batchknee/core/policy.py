@@ -21,9 +21,18 @@ Rules, in the order they are checked (the first that applies names the hold):
   budget (both count retunes, not the creation): hold; otherwise roll.
 
 The TPOT guard, with a p99 target: once enough calibration samples exist, the calibrated cap
-(`fit_roofline` on observed p99 steps, `max_batch_for_tpot` on the fitted roofline); until then,
-a multiplicative step down (×3/4) while p99 is over the target and no raise while it is within
-10 % of it.
+(overhead and efficiency fitted within their bounds to the windows' exact mean TPOT, the TPOT p99
+modelled with the prefill chunks the request mix brings: `max_batch_for_tpot_quantile`); before,
+the cap one window's mean implies (all excess time taken as lost bandwidth: a safe estimate), and
+without a mean a multiplicative step down (×3/4) while the bucketed p99 is over the target and no
+raise while it is within 10 % of it.
+
+Goal SLO (`goal="SLO"`): the target is that cap itself at the target less `slo_margin_percent` —
+past the knee when the target allows —, under the KV pool and the bounds; before calibration it
+starts at the knee and climbs towards the one-window estimate by at most ×3/2 per settled window
+while the limit binds and TTFT p99 meets its target. A bound the current limit breaks the target
+itself by is a safety decrease (`tpot-target`); one that only trims the margin is an optimisation
+(`slo-target`) that the dead band and the trend checks still hold back.
 """
 
 from __future__ import annotations
