@@ -8,7 +8,7 @@ export PATH := $(BIN):$(PATH)
 
 .PHONY: help venv wheelhouse lint test test-unit test-component test-contract contract-wheels test-package \
 	test-integration test-e2e tools \
-	system-deps dev-cluster demo demo-fast clean crds chart-docs
+	system-deps dev-cluster demo demo-fast bench clean crds chart-docs
 
 help:
 	@echo "make demo   - the closed loop on an embedded local cluster"
@@ -17,6 +17,7 @@ help:
 	@echo "make tools  - build the local control plane (kube-apiserver, etcd, kubectl, ...) and helm into bin/"
 	@echo "make system-deps - install Prometheus (Debian package) when it is missing"
 	@echo "make dev-cluster - a local cluster in the foreground; Ctrl-C stops it"
+	@echo "make bench  - batchknee vs vLLM's default, best static and the oracle, in simulated time"
 	@echo "make crds   - regenerate crds/ and the chart's CRD templates from the API models"
 	@echo "make chart-docs - regenerate the README's chart values reference from values.yaml"
 	@echo "make test-contract - metric names against the engines' pinned releases (downloads their wheels once)"
@@ -119,5 +120,12 @@ demo: venv tools system-deps
 demo-fast: venv tools system-deps
 	batchknee demo --fast --out demo-out
 
+# batchknee's closed loop against vLLM's default, the best static value and the per-phase oracle on
+# four one-hour traces, in simulated time (no cluster; several minutes). Not part of `make test`.
+BENCH_ENGINE := --model llama-3-8b --gpu a100-80gb --overhead-ms 2 --bandwidth-efficiency 0.8
+bench: venv
+	mkdir -p bench-out
+	batchknee bench $(BENCH_ENGINE) --plot bench-out/bench.png --json-file bench-out/bench.json
+
 clean:
-	rm -rf $(VENV) bin build dist demo-out .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) bin build dist demo-out bench-out .pytest_cache .mypy_cache .ruff_cache .hypothesis

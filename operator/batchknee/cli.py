@@ -23,11 +23,12 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 def _registrars() -> list[Registrar]:
-    from batchknee.commands import crd, demo, devcluster, emulate, operator, plan, simulate
+    from batchknee.commands import bench, crd, demo, devcluster, emulate, operator, plan, simulate
 
     return [
         plan.register,
         simulate.register,
+        bench.register,
         emulate.register,
         devcluster.register,
         crd.register,

@@ -815,7 +815,16 @@ class _Reconcile:
         if calibration is None or calibration.fingerprint != fingerprint:
             return ()
         return tuple(
-            CalibrationPoint(s.time, s.batch, float(s.context_length), s.tpot_p99_milliseconds / 1e3)
+            CalibrationPoint(
+                s.time,
+                s.batch,
+                float(s.context_length),
+                s.tpot_p99_milliseconds / 1e3,
+                tpot_mean_s=None if s.tpot_mean_milliseconds is None else s.tpot_mean_milliseconds / 1e3,
+                prompt_tokens=s.prompt_tokens,
+                output_tokens=s.output_tokens,
+                prefix_hit_ratio=(s.prefix_hit_percent or 0.0) / 100,
+            )
             for s in calibration.samples
         )
 
@@ -913,6 +922,10 @@ class _Reconcile:
                     batch=round(p.batch, 2),
                     context_length=round(p.context_tokens),
                     tpot_p99_milliseconds=round(p.tpot_p99_s * 1e3, 3),
+                    tpot_mean_milliseconds=None if p.tpot_mean_s is None else round(p.tpot_mean_s * 1e3, 3),
+                    prompt_tokens=None if p.prompt_tokens is None else round(p.prompt_tokens, 1),
+                    output_tokens=None if p.output_tokens is None else round(p.output_tokens, 1),
+                    prefix_hit_percent=round(p.prefix_hit_ratio * 100, 1),
                 )
                 for p in calibration
             ],
@@ -932,6 +945,7 @@ class _Reconcile:
             if obj.spec.engine == Engine.TensorRTLLM
             else None,
             limited_by=decision.limited_by or old.limited_by,
+            slo_bound_max_num_seqs=decision.slo_bound,
             action="roll" if rolled else ("hold" if decision.action == "roll" else decision.action),
             hold_reason=decision.hold,
             reason=decision.reason,

@@ -226,6 +226,7 @@ def observation(
     reason: str = "no samples in the window",
     tokens_per_s: float = 1000.0,
     preemptions_per_s: float = 0.0,
+    with_mean: bool = True,
 ) -> Observation:
     def reading(value: float | None) -> Reading:
         return Reading.of(value) if value is not None else Reading.unavailable(reason)
@@ -235,7 +236,7 @@ def observation(
         pods=pods,
         avg_context_tokens=reading(ctx),
         tpot_p99_s=reading(tpot_p99_ms / 1e3 if tpot_p99_ms is not None else None),
-        tpot_mean_s=reading(tpot_p99_ms / 2e3 if tpot_p99_ms is not None else None),
+        tpot_mean_s=reading(tpot_p99_ms * 0.9e-3 if tpot_p99_ms is not None and with_mean else None),
         ttft_p99_s=reading(0.25),
         running=reading(running),
         waiting=reading(0.0),

@@ -296,13 +296,30 @@ def test_pinned_runs_the_pinned_value(world: World) -> None:
 def test_tpot_over_target_steps_down_without_calibration(world: World) -> None:
     world.kube.create(llmserving(tuning={"tpotP99TargetMilliseconds": 25}))
     world.reconcile()
-    world.observer.set("default", "chat", observation(world.clock.now, ctx=2048, tpot_p99_ms=40))
+    world.observer.set(
+        "default", "chat", observation(world.clock.now, ctx=2048, tpot_p99_ms=40, with_mean=False)
+    )
     settle(world)
     world.clock.advance(600)
     world.reconcile()
     assert max_num_seqs(world) == 48
     assert "step 64 → 48" in world.kube.status("default", "chat")["reason"]
     assert world.kube.status("default", "chat")["limitedBy"] == "tpot-target"
+
+
+def test_tpot_mean_over_target_caps_at_the_one_window_estimate(world: World) -> None:
+    """With the exact mean TPOT (36 ms at 48 running), the cap is what that window implies for a
+    25 ms target — below the ×3/4 step — and status reports it as the SLO bound."""
+    world.kube.create(llmserving(tuning={"tpotP99TargetMilliseconds": 25}))
+    world.reconcile()
+    world.observer.set("default", "chat", observation(world.clock.now, ctx=2048, tpot_p99_ms=40))
+    settle(world)
+    world.clock.advance(600)
+    world.reconcile()
+    status = world.kube.status("default", "chat")
+    assert max_num_seqs(world) < 48
+    assert status["limitedBy"] == "tpot-target" and "estimated from TPOT mean 36.0 ms" in status["reason"]
+    assert status["sloBoundMaxNumSeqs"] < 48
 
 
 def test_a_spec_change_rerenders_without_a_retune(world: World) -> None:

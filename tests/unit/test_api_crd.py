@@ -138,6 +138,7 @@ def test_cel_rules_cover_the_catalog() -> None:
     assert "meta-llama/llama-3.1-8b-instruct" in catalog_model_names()
     rules = [r["rule"] for _, node in walk(schema()) for r in node.get("x-kubernetes-validations", [])]
     assert "self.minMaxNumSeqs <= self.maxMaxNumSeqs" in rules
+    assert "self.goal != 'SLO' || has(self.tpotP99TargetMilliseconds)" in rules
 
 
 def test_dtype_enums_follow_the_core() -> None:
@@ -151,6 +152,16 @@ def test_defaults_fill_in() -> None:
     assert obj.spec.rolling_update.max_surge == 0 and obj.spec.rolling_update.max_unavailable == 1
     assert obj.spec.replicas is None  # the Deployment's replicas are left to whoever scales it
     assert tuning_rules(obj.spec).mode == "Auto"
+    assert tuning_rules(obj.spec).goal == "Knee" and tuning_rules(obj.spec).slo_margin_percent == 10
+    assert tuning_rules(obj.spec).max_num_batched_tokens == 2048
+    slo = parse_llmserving(
+        manifest(
+            tuning={"goal": "SLO", "tpotP99TargetMilliseconds": 30, "sloMarginPercent": 5},
+            args=["--max-num-batched-tokens", "8192"],
+        )
+    )
+    rules = tuning_rules(slo.spec)
+    assert (rules.goal, rules.slo_margin_percent, rules.max_num_batched_tokens) == ("SLO", 5, 8192)
     assert resolve_roofline(obj.spec).b_knee(2048) == pytest.approx(59.8, abs=0.05)
 
 
@@ -168,6 +179,8 @@ def test_defaults_fill_in() -> None:
             "less than or equal to 200",
         ),
         ({"tuning": {"mode": "Pinned"}}, "spec.tuning", "pinnedMaxNumSeqs"),
+        ({"tuning": {"goal": "SLO"}}, "spec.tuning", "goal SLO needs tpotP99TargetMilliseconds"),
+        ({"tuning": {"goal": "Throughput"}}, "spec.tuning.goal", "Knee"),
         ({"gpu": {"type": "a100-80gb", "count": 0}}, "spec.gpu.count", "greater than or equal to 1"),
         ({"engine": "SGLang"}, "spec.engine", "VLLM"),
         ({"rollout": {"maxSurge": 0, "maxUnavailable": "0%"}}, "spec.rollout", "both be zero"),

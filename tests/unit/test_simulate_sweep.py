@@ -161,3 +161,15 @@ def test_prefix_sharing_is_a_fraction_of_the_prompt(capsys: pytest.CaptureFixtur
         prefix_sharing=512 / 1280,
     )  # fmt: skip
     assert json.loads(out)["bKnee"] == pytest.approx(planner.b_knee(1280))
+
+
+def test_goal_slo_adds_the_planners_pick_and_it_meets_the_target(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run(
+        capsys, "simulate", "--model", "llama-3-8b", "--gpu", "a100-80gb", "--overhead-ms", "2",
+        "--bandwidth-efficiency", "0.8", "--prompt-tokens", "1024", "--output-tokens", "2048", "--sweep", "64",
+        "--tpot-target-ms", "30", "--goal", "slo", "--duration", "400", "--output", "json",
+    )  # fmt: skip
+    assert status == 0
+    points = {p["maxNumSeqs"]: p for p in json.loads(out)["points"]}
+    [pick] = set(points) - {64}
+    assert pick > 64 and points[pick]["tpotP99Ms"] <= 30 * 0.9

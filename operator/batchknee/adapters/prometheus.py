@@ -301,15 +301,20 @@ class PrometheusObserver:
             if metrics.prefix_hits
             else {}
         )
-        length_fallback = (
-            self._per_target(
-                scope,
-                f"({self._mean(scope, metrics.prompt_length)}) + ({self._mean(scope, metrics.generation_length)}) / 2",
-                now,
-            )
+        prompt_mean = (
+            self._per_target(scope, self._mean(scope, metrics.prompt_length), now)
             if metrics.prompt_length
             else {}
         )
+        output_mean = (
+            self._per_target(scope, self._mean(scope, metrics.generation_length), now)
+            if metrics.generation_length
+            else {}
+        )
+        # Each request's KV grows from its prompt to prompt + output while it decodes.
+        length_fallback = {
+            key: prompt_mean[key] + output_mean[key] / 2 for key in prompt_mean.keys() & output_mean.keys()
+        }
 
         def mean_prompt(over: str) -> dict[Key, float]:
             ratio = (
@@ -392,6 +397,12 @@ class PrometheusObserver:
                 preemptions_per_s=_value(preemptions, key, "preemption rate", window_text),
                 generation_tokens_per_s=_value(generation, key, "generation token rate", window_text),
                 recent_avg_context_tokens=recent_context,
+                prompt_tokens_mean=_value(
+                    prompt_mean, key, "mean prompt length", window_text, empty="no requests finished"
+                ),
+                output_tokens_mean=_value(
+                    output_mean, key, "mean output length", window_text, empty="no requests finished"
+                ),
             )
         return observations
 

@@ -122,6 +122,11 @@ class TuningMode(StrEnum):
     Pinned = "Pinned"
 
 
+class TuningGoal(StrEnum):
+    Knee = "Knee"
+    SLO = "SLO"
+
+
 # The dtypes `batchknee.core.dtypes` knows (a unit test keeps these in step).
 WeightDtype = Literal["bf16", "fp16", "fp8", "int8", "int4"]
 KvCacheDtype = Literal["auto", "bf16", "fp16", "fp8", "fp8_e4m3", "fp8_e5m2"]
@@ -317,6 +322,12 @@ class TuningSpec(_Model):
                 "fieldPath": ".pinnedMaxNumSeqs",
                 "reason": "FieldValueInvalid",
             },
+            {
+                "rule": "self.goal != 'SLO' || has(self.tpotP99TargetMilliseconds)",
+                "message": "spec.tuning.goal SLO needs spec.tuning.tpotP99TargetMilliseconds",
+                "fieldPath": ".tpotP99TargetMilliseconds",
+                "reason": "FieldValueRequired",
+            },
         )
     )
 
@@ -338,6 +349,22 @@ class TuningSpec(_Model):
         le=100000,
         description="Time-per-output-token p99 target. Enables the SLO guard: a calibrated cap once enough "
         "samples exist, otherwise a step down while p99 is over the target.",
+    )
+    goal: TuningGoal = Field(
+        TuningGoal.Knee,
+        description="Knee: the memory-bandwidth knee, capped by the TPOT target when one is set. SLO (needs "
+        "tpotP99TargetMilliseconds): the largest batch limit whose calibrated TPOT p99 stays under the target "
+        "less sloMarginPercent — past the knee when the target allows; before calibration it starts at the "
+        "knee and climbs ×1.25 per settled window while the observed p99 has headroom.",
+    )
+    slo_margin_percent: int = Field(
+        10, ge=0, le=90, description="Goal SLO: headroom kept under the TPOT p99 target (percent)."
+    )
+    ttft_p99_target_milliseconds: int | None = Field(
+        None,
+        ge=1,
+        le=10_000_000,
+        description="Time-to-first-token p99 target. Goal SLO does not climb while TTFT p99 is over it.",
     )
     min_max_num_seqs: int = Field(8, ge=1, le=65536, description="Lower bound of the batch limit.")
     max_max_num_seqs: int = Field(512, ge=1, le=65536, description="Upper bound of the batch limit.")
@@ -388,6 +415,8 @@ class TuningSpec(_Model):
                 f"pinnedMaxNumSeqs {pinned} must lie within minMaxNumSeqs {self.min_max_num_seqs} and "
                 f"maxMaxNumSeqs {self.max_max_num_seqs}; move it inside or widen the bounds"
             )
+        if self.goal == TuningGoal.SLO and self.tpot_p99_target_milliseconds is None:
+            raise ValueError("goal SLO needs tpotP99TargetMilliseconds")
         return self
 
 
@@ -1144,6 +1173,18 @@ class CalibrationSample(_Model):
     batch: float = Field(ge=0, description="Running sequences per pod.")
     context_length: int = Field(ge=0, description="Average context per running sequence (tokens).")
     tpot_p99_milliseconds: float = Field(ge=0, description="Time per output token, p99 (ms).")
+    tpot_mean_milliseconds: float | None = Field(
+        None, ge=0, description="Time per output token, mean over the window's requests (ms)."
+    )
+    prompt_tokens: float | None = Field(
+        None, ge=0, description="Mean prompt length of the requests (tokens)."
+    )
+    output_tokens: float | None = Field(
+        None, ge=0, description="Mean output length of the requests (tokens)."
+    )
+    prefix_hit_percent: float | None = Field(
+        None, ge=0, le=100, description="Prefix-cache hit ratio (percent): prompt tokens not prefilled."
+    )
 
 
 class RecentTarget(_Model):
@@ -1210,7 +1251,15 @@ class LLMServingStatus(_Model):
     )
     limited_by: KeywordText | None = Field(
         None,
-        description="What set the recommendation: knee, tpot-target, kv-capacity, minimum, maximum.",
+        max_length=64,
+        description="What set the recommendation: knee, tpot-target, slo-target (goal SLO's bound), "
+        "kv-capacity, minimum, maximum.",
+    )
+    slo_bound_max_num_seqs: int | None = Field(
+        None,
+        ge=0,
+        description="The largest batch limit whose calibrated TPOT p99 meets the target (goal SLO: less the "
+        "margin); absent without a target or before calibration.",
     )
     action: KeywordText | None = Field(None, description="The last decision: roll, hold or recommend.")
     hold_reason: KeywordText | None = Field(None, description="Why the last decision held, as a keyword.")

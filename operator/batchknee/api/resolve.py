@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from batchknee.api.models import Engine, LLMServing, LLMServingSpec
 from batchknee.core.catalog import GIB, CatalogError, GpuSpec, ModelArchitecture, find_gpu, find_model
-from batchknee.core.engine_args import float_flag, vllm_gpu_memory_utilization
+from batchknee.core.engine_args import float_flag, int_flag, vllm_gpu_memory_utilization
 from batchknee.core.observation import ObservationTarget
 from batchknee.core.policy import TuningRules
 from batchknee.core.roofline import DEFAULT_RESERVE_BYTES, DecodeRoofline
@@ -221,6 +221,14 @@ def _no_room_cause(spec: LLMServingSpec, roofline: DecodeRoofline) -> tuple[str,
     return "spec.gpu.count", "raise spec.gpu.count or use a larger GPU"
 
 
+def _step_token_budget(spec: LLMServingSpec) -> int:
+    """The engine's prefill + decode tokens per step: its flag in spec.args, else its default
+    (vLLM 2048, TensorRT-LLM 8192)."""
+    if spec.engine == Engine.VLLM:
+        return int_flag(spec.args, "--max-num-batched-tokens") or 2048
+    return int_flag(spec.args, "--max_num_tokens") or 8192
+
+
 def tuning_rules(spec: LLMServingSpec) -> TuningRules:
     tuning = spec.tuning
     try:
@@ -237,6 +245,10 @@ def tuning_rules(spec: LLMServingSpec) -> TuningRules:
             initial_context_length=tuning.initial_context_length,
             pinned_max_num_seqs=tuning.pinned_max_num_seqs,
             evaluation_interval_s=tuning.evaluation_interval_seconds,
+            goal=tuning.goal.value,
+            slo_margin_percent=tuning.slo_margin_percent,
+            ttft_p99_target_ms=tuning.ttft_p99_target_milliseconds,
+            max_num_batched_tokens=_step_token_budget(spec),
         )
     except ValueError as error:
         raise SpecError("spec.tuning", str(error)) from None

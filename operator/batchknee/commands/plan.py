@@ -6,7 +6,8 @@ import argparse
 import json
 from typing import Any
 
-from batchknee.argtypes import int_list, non_negative_float, positive_float
+from batchknee.argtypes import fraction, int_list, non_negative_float, positive_float, positive_int
+from batchknee.commands import UsageError
 from batchknee.commands._options import add_roofline_options, describe, resolve_roofline
 from batchknee.core.plan import ContextPlan, build_plan
 from batchknee.core.roofline import DecodeRoofline
@@ -38,6 +39,26 @@ def register(subparsers: Any) -> None:
         help="mean output tokens per request: with --prefix-sharing, the prompt is the context less half "
         "of it (default 0: the context is all prompt)",
     )
+    parser.add_argument(
+        "--goal",
+        choices=("knee", "slo"),
+        default="knee",
+        help="knee: the knee, capped by the TPOT target; slo: the largest batch whose TPOT p99 meets "
+        "the target less --slo-margin-percent (needs --tpot-target-ms)",
+    )
+    parser.add_argument(
+        "--slo-margin-percent", type=positive_float, default=10.0, help="headroom under the target (goal slo)"
+    )
+    parser.add_argument(
+        "--prompt-fraction",
+        type=fraction,
+        default=0.5,
+        help="share of the mean context that is prompt (the rest is half the output): the prefill "
+        "chunks it brings set the TPOT p99; 0 models decode steps only",
+    )
+    parser.add_argument(
+        "--max-num-batched-tokens", type=positive_int, default=2048, help="the engine's token budget per step"
+    )
     parser.add_argument("--output", choices=("table", "json"), default="table")
     parser.add_argument("--plot", metavar="FILE.png", help="write TPOT and throughput against batch")
     parser.set_defaults(handler=run)
@@ -46,6 +67,12 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     roofline = resolve_roofline(args)
     tpot_target_s = args.tpot_target_ms / 1e3 if args.tpot_target_ms else None
+    if args.goal == "slo":
+        if tpot_target_s is None:
+            raise UsageError("--goal slo: needs --tpot-target-ms")
+        if args.slo_margin_percent >= 100:
+            raise UsageError("--slo-margin-percent: must be below 100")
+        tpot_target_s *= 1.0 - args.slo_margin_percent / 100.0
     plans = build_plan(
         roofline,
         args.context,
@@ -54,6 +81,9 @@ def run(args: argparse.Namespace) -> int:
         tpot_target_s=tpot_target_s,
         prefix_sharing_of_prompt=args.prefix_sharing or None,
         output_tokens=args.output_tokens,
+        prompt_fraction=args.prompt_fraction,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        goal="SLO" if args.goal == "slo" else "Knee",
     )
     if args.output == "json":
         print(json.dumps([plan.to_json() for plan in plans], indent=2))
@@ -85,12 +115,14 @@ def render_table(roofline: DecodeRoofline, plans: list[ContextPlan]) -> str:
             f"B_knee {rec.b_knee:.1f}",
             f"  recommended --max-num-seqs {rec.max_num_seqs}   TensorRT-LLM max_tokens {rec.max_tokens:,}"
             f"   ({rec.explain()})",
-            f"  {'batch':>6} {'TPOT ms':>9} {'ΔTPOT':>7} {'tok/s':>9} {'Δtok/s':>7}",
+            f"  {'batch':>6} {'TPOT ms':>9} {'ΔTPOT':>7} {'tok/s':>9} {'Δtok/s':>7} {'p99 ms':>7}",
         ]
         for previous, row in zip((None, *plan.rows), plan.rows, strict=False):
             tpot_change = _change(row.tpot_s, previous.tpot_s if previous else None)
             tokens_change = _change(row.tokens_per_s, previous.tokens_per_s if previous else None)
             lines.append(
                 f"  {row.batch:>6} {row.tpot_s * 1e3:>9.1f} {tpot_change:>7} {row.tokens_per_s:>9,.0f} {tokens_change:>7}"
+                + ("" if row.tpot_p99_s is None else f" {row.tpot_p99_s * 1e3:>7.1f}")
             )
+        lines.append("  (TPOT: decode steps only; p99: with the prefill chunks interleaved, per request)")
     return "\n".join(lines)

@@ -19,7 +19,8 @@ from typing import Any
 from batchknee.argtypes import fraction, int_list, non_negative_float, positive_float, positive_int
 from batchknee.commands import UsageError
 from batchknee.commands._options import add_roofline_options, describe, resolve_roofline
-from batchknee.core.roofline import DecodeRoofline
+from batchknee.core.recommend import recommend
+from batchknee.core.roofline import DecodeRoofline, PrefillMix
 from batchknee.emulator.engine import Engine, EngineConfig, EngineConfigError, vllm_num_gpu_blocks
 from batchknee.emulator.engine_args import load_from_args
 from batchknee.emulator.sweep import SweepResult, default_duration_s, sweep
@@ -59,6 +60,18 @@ def register(subparsers: Any) -> None:
         "--concurrency", type=positive_int, help="closed loop with this many requests in flight"
     )
     parser.add_argument("--tpot-target-ms", type=positive_float, help="goodput counts requests meeting it")
+    parser.add_argument(
+        "--goal",
+        choices=("knee", "slo"),
+        help="also simulate the planner's pick for this goal (as `plan --goal`): knee, or slo — the largest "
+        "batch whose modelled TPOT p99 meets --tpot-target-ms less --slo-margin-percent",
+    )
+    parser.add_argument(
+        "--slo-margin-percent",
+        type=non_negative_float,
+        default=10.0,
+        help="headroom under the target (goal slo)",
+    )
     parser.add_argument(
         "--duration", type=positive_float, help="simulated seconds per point (default: 10 request lifetimes)"
     )
@@ -143,10 +156,15 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--warmup: {warmup:g} s leaves nothing of --duration {duration:g} s to measure")
     tpot_target_s = args.tpot_target_ms / 1e3 if args.tpot_target_ms else None
     config = replace(config, roofline=_planner_roofline(roofline, load))
+    batches = list(args.sweep)
+    goal_pick: int | None = None
+    if args.goal is not None:
+        goal_pick = goal_max_num_seqs(args, config, load, tpot_target_s)
+        batches = sorted({*batches, goal_pick})
     result = sweep(
         config,
         load,
-        args.sweep,
+        batches,
         duration_s=duration,
         warmup_s=warmup,
         seed=args.seed,
@@ -156,11 +174,41 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(result.to_json(), indent=2))
     else:
         print(render_table(roofline, load, result, duration, warmup, tpot_target_s))
+        if goal_pick is not None:
+            print(f"goal {args.goal}: the planner picks max-num-seqs {goal_pick}")
     if args.plot:
         from batchknee.emulator.plot import plot_sweep
 
         plot_sweep(result, describe(roofline), Path(args.plot))
     return 0
+
+
+def goal_max_num_seqs(
+    args: argparse.Namespace, config: EngineConfig, load: LoadSpec, tpot_target_s: float | None
+) -> int:
+    """What `plan --goal` recommends for this workload: its prefill mix is the load's own."""
+    if args.goal == "slo":
+        if tpot_target_s is None:
+            raise UsageError("--goal slo: needs --tpot-target-ms")
+        if args.slo_margin_percent >= 100:
+            raise UsageError("--slo-margin-percent: must be below 100")
+        tpot_target_s *= 1.0 - args.slo_margin_percent / 100.0
+    mix = PrefillMix(
+        load.prompt_tokens,
+        load.output_tokens,
+        config.max_num_batched_tokens,
+        load.prefix_sharing if config.enable_prefix_caching else 0.0,
+    )
+    pool = config.num_gpu_blocks * config.block_size * config.roofline.kv_bytes_per_token
+    return recommend(
+        config.roofline,
+        load.mean_context_tokens,
+        tpot_target_s=tpot_target_s,
+        kv_pool_bytes=pool,
+        maximum=4096,
+        prefill=mix,
+        goal="SLO" if args.goal == "slo" else "Knee",
+    ).max_num_seqs
 
 
 def _fmt_ms(value: float) -> str:

@@ -83,6 +83,10 @@ class Observation:
     # The average context over the last third of the window: when it disagrees with the whole
     # window's, traffic is mid-shift and the window's average is a blend of before and after.
     recent_avg_context_tokens: Reading = field(default_factory=lambda: Reading.unavailable("not measured"))
+    # Mean prompt and output lengths of the requests finished in the window: how much prefill
+    # shares the decode steps (the TPOT tail), for calibration and the SLO bound.
+    prompt_tokens_mean: Reading = field(default_factory=lambda: Reading.unavailable("not measured"))
+    output_tokens_mean: Reading = field(default_factory=lambda: Reading.unavailable("not measured"))
 
     @classmethod
     def unavailable(cls, sampled_at: datetime, reason: str, pods: int = 0) -> Observation:

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from batchknee.core.recommend import Recommendation, recommend
-from batchknee.core.roofline import DecodeRoofline
+from batchknee.core.recommend import Goal, Recommendation, recommend
+from batchknee.core.roofline import DecodeRoofline, PrefillMix
 
 
 @dataclass(frozen=True)
@@ -15,6 +15,7 @@ class BatchRow:
     batch: int
     tpot_s: float
     tokens_per_s: float
+    tpot_p99_s: float | None = None  # with the prefill chunks interleaved (None: decode only)
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,12 @@ class ContextPlan:
             "kvCapacityBatch": rec.capacity_batch,
             "explanation": rec.explain(),
             "rows": [
-                {"batch": r.batch, "tpotMs": r.tpot_s * 1e3, "tokensPerSecond": r.tokens_per_s}
+                {
+                    "batch": r.batch,
+                    "tpotMs": r.tpot_s * 1e3,
+                    "tpotP99Ms": None if r.tpot_p99_s is None else r.tpot_p99_s * 1e3,
+                    "tokensPerSecond": r.tokens_per_s,
+                }
                 for r in self.rows
             ],
         }
@@ -68,6 +74,9 @@ def build_plan(
     gpu_memory_utilization: float = 0.9,
     prefix_sharing_of_prompt: float | None = None,
     output_tokens: float = 0.0,
+    prompt_fraction: float = 0.0,
+    max_num_batched_tokens: int = 2048,
+    goal: Goal = "Knee",
 ) -> list[ContextPlan]:
     """One plan per context. With `prefix_sharing_of_prompt`, the roofline's prefix sharing (a
     fraction of the context) is set per context from it and the mean output length."""
@@ -78,7 +87,19 @@ def build_plan(
             planner = replace(
                 roofline, prefix_sharing=prefix_share_of_context(prefix_sharing_of_prompt, ctx, output_tokens)
             )
-        plans.extend(_plans(planner, [ctx], batches, knee_factor, tpot_target_s, gpu_memory_utilization))
+        plans.extend(
+            _plans(
+                planner,
+                [ctx],
+                batches,
+                knee_factor,
+                tpot_target_s,
+                gpu_memory_utilization,
+                prompt_fraction,
+                max_num_batched_tokens,
+                goal,
+            )
+        )
     return plans
 
 
@@ -89,7 +110,23 @@ def _plans(
     knee_factor: float,
     tpot_target_s: float | None,
     gpu_memory_utilization: float,
+    prompt_fraction: float,
+    max_num_batched_tokens: int,
+    goal: Goal,
 ) -> list[ContextPlan]:
+    """One plan per context. A positive `prompt_fraction` (the share of the mean context that is
+    prompt) models the prefill chunks interleaved with decoding: the rows gain a TPOT p99 and the
+    SLO batch keeps that p99 under the target."""
+
+    def mix(ctx: int) -> PrefillMix | None:
+        if prompt_fraction <= 0:
+            return None
+        return PrefillMix.for_context(ctx, prompt_fraction, max_num_batched_tokens)
+
+    def p99(batch: int, ctx: int) -> float | None:
+        prefill = mix(ctx)
+        return None if prefill is None else roofline.tpot_with_prefill_s(batch, ctx, prefill, 0.99)
+
     return [
         ContextPlan(
             context_tokens=ctx,
@@ -102,9 +139,11 @@ def _plans(
                 knee_factor=knee_factor,
                 tpot_target_s=tpot_target_s,
                 gpu_memory_utilization=gpu_memory_utilization,
+                prefill=mix(ctx),
+                goal=goal,
             ),
             rows=tuple(
-                BatchRow(b, roofline.tpot_s(b, ctx), roofline.throughput_tokens_per_s(b, ctx))
+                BatchRow(b, roofline.tpot_s(b, ctx), roofline.throughput_tokens_per_s(b, ctx), p99(b, ctx))
                 for b in batches
             ),
         )

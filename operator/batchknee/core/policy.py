@@ -33,25 +33,35 @@ rolls; a steady drift moves less than the band per interval, so it is not "movin
 it has held.
 
 The TPOT guard, with a p99 target: once enough calibration samples exist, the calibrated cap
-(`fit_roofline` on observed p99 steps, `max_batch_for_tpot` on the fitted roofline); until then,
-a multiplicative step down (×3/4) while p99 is over the target and no raise while it is within
-10 % of it.
+(overhead and efficiency fitted within their bounds to the windows' exact mean TPOT, the TPOT p99
+modelled with the prefill chunks the request mix brings: `max_batch_for_tpot_quantile`); before,
+the cap one window's mean implies (all excess time taken as lost bandwidth: a safe estimate), and
+without a mean a multiplicative step down (×3/4) while the bucketed p99 is over the target and no
+raise while it is within 10 % of it.
+
+Goal SLO (`goal="SLO"`): the target is that cap itself at the target less `slo_margin_percent` —
+past the knee when the target allows —, under the KV pool and the bounds; before calibration it
+starts at the knee and climbs towards the one-window estimate by at most ×3/2 per settled window
+while the limit binds and TTFT p99 meets its target. A bound the current limit breaks the target
+itself by is a safety decrease (`tpot-target`); one that only trims the margin is an optimisation
+(`slo-target`) that the dead band and the trend checks still hold back.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Literal
 
-from batchknee.core.calibration import RooflineCalibration, StepSample, fit_roofline
+from batchknee.core.calibration import RooflineCalibration, fit_step_times, unit_roofline
 from batchknee.core.observation import Observation, Reading
-from batchknee.core.recommend import Recommendation, recommend, round_down_under_cap
-from batchknee.core.roofline import DecodeRoofline
+from batchknee.core.recommend import Recommendation, recommend, round_down_under_cap, round_up
+from batchknee.core.roofline import DecodeRoofline, PrefillMix
 
 Mode = Literal["Auto", "Recommend", "Pinned"]
+Goal = Literal["Knee", "SLO"]
 Action = Literal["roll", "hold", "recommend"]
 Hold = Literal[
     "metrics-unavailable",
@@ -68,7 +78,8 @@ Hold = Literal[
     "single-replica",
     "quarantined",
 ]
-GuardSource = Literal["calibrated", "step-down", "no-raise"]
+GuardSource = Literal["calibrated", "estimated", "step-down", "no-raise"]
+SloSource = Literal["calibrated", "start", "climb", "step-down", "hold"]
 
 STEP_DOWN_NUMERATOR, STEP_DOWN_DENOMINATOR = 3, 4  # uncalibrated guard: ×3/4 per evaluation over target
 NO_RAISE_FRACTION = 0.9  # uncalibrated guard: no raise while p99 is within 10 % of the target
@@ -77,6 +88,9 @@ MAX_CALIBRATION_RELATIVE_RMSE = 0.2  # a fit worse than this is noise, not a mod
 CALIBRATION_SAMPLES_KEPT = 32
 HISTORY_KEPT = 10  # rollouts remembered; maxRolloutsPerHour may not exceed it
 RECENT_TARGETS_KEPT = 40  # recent unrounded targets remembered (status.recentTargets)
+SLO_CLIMB_NUMERATOR, SLO_CLIMB_DENOMINATOR = 3, 2  # goal SLO, uncalibrated: at most ×3/2 per settled window
+SLO_CLIMB_MIN_FILL = 0.9  # climb only while the running batch fills the limit (it binds)
+TPOT_QUANTILE = 0.99
 HOUR = timedelta(hours=1)
 
 
@@ -101,6 +115,10 @@ class TuningRules:
     pinned_max_num_seqs: int | None = None
     granularity: int = 8
     evaluation_interval_s: int = 30
+    goal: Goal = "Knee"
+    slo_margin_percent: int = 10
+    ttft_p99_target_ms: int | None = None
+    max_num_batched_tokens: int = 2048
 
     def __post_init__(self) -> None:
         if not 100 <= self.knee_factor_percent <= 200:
@@ -125,6 +143,14 @@ class TuningRules:
             raise ValueError("granularity must be positive")
         if self.evaluation_interval_s < 1:
             raise ValueError("evaluationIntervalSeconds must be positive")
+        if self.goal == "SLO" and self.tpot_p99_target_ms is None:
+            raise ValueError("goal SLO needs tpotP99TargetMilliseconds")
+        if not 0 <= self.slo_margin_percent <= 90:
+            raise ValueError("sloMarginPercent must be within 0–90")
+        if self.ttft_p99_target_ms is not None and self.ttft_p99_target_ms < 1:
+            raise ValueError("ttftP99TargetMilliseconds must be positive")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_batched_tokens must be positive")
 
     @property
     def knee_factor(self) -> float:
@@ -141,6 +167,13 @@ class TuningRules:
         """How far apart the remembered targets are, at the most (one evaluation interval, or
         coarser when the hold time spans more intervals than are kept)."""
         return max(float(self.evaluation_interval_s), self.hold_for_s / (RECENT_TARGETS_KEPT - 2))
+
+    @property
+    def slo_tpot_s(self) -> float | None:
+        """Goal SLO's working target: the TPOT p99 target less the margin."""
+        if self.tpot_p99_target_ms is None:
+            return None
+        return self.tpot_p99_target_ms / 1e3 * (1.0 - self.slo_margin_percent / 100.0)
 
 
 @dataclass(frozen=True)
@@ -212,6 +245,19 @@ class CalibrationPoint:
     batch: float
     context_tokens: float
     tpot_p99_s: float
+    # The exact per-request mean (histogram sum / count; the p99 is interpolated within coarse
+    # buckets), and the request mix that sets how much prefill shares the decode steps.
+    tpot_mean_s: float | None = None
+    prompt_tokens: float | None = None
+    output_tokens: float | None = None
+    prefix_hit_ratio: float = 0.0
+
+    def mix(self, max_num_batched_tokens: int) -> PrefillMix | None:
+        if self.prompt_tokens is None or self.output_tokens is None or self.output_tokens < 1:
+            return None
+        return PrefillMix(
+            self.prompt_tokens, self.output_tokens, max_num_batched_tokens, self.prefix_hit_ratio
+        )
 
 
 @dataclass(frozen=True)
@@ -219,6 +265,16 @@ class TpotGuard:
     cap: int
     source: GuardSource
     text: str
+
+
+@dataclass(frozen=True)
+class SloBound:
+    """Goal SLO's bound on the batch limit and where it came from."""
+
+    cap: int
+    source: SloSource
+    text: str
+    urgent: bool = False  # the current limit breaks the target itself, not only the margin
 
 
 @dataclass(frozen=True)
@@ -237,6 +293,7 @@ class Decision:
     calibration: RooflineCalibration | None = field(default=None, compare=False)
     target: float | None = None  # the unrounded target behind `recommended`
     recent_targets: tuple[RecentTarget, ...] = ()  # to remember for the next evaluation
+    slo_bound: int | None = None  # the largest batch the TPOT target allows (None: no target or unknown)
 
     @property
     def rolls(self) -> bool:
@@ -258,7 +315,34 @@ def calibration_point(observation: Observation) -> CalibrationPoint | None:
     batch = running / observation.pods
     if not (batch > 0 and ctx > 0 and tpot > 0):
         return None
-    return CalibrationPoint(observation.sampled_at, batch, ctx, tpot)
+    mean = observation.tpot_mean_s.value
+    prompt, output = observation.prompt_tokens_mean.value, observation.output_tokens_mean.value
+    hits = observation.prefix_hit_ratio.value
+    return CalibrationPoint(
+        observation.sampled_at,
+        batch,
+        ctx,
+        tpot,
+        tpot_mean_s=mean if mean is not None and mean > 0 else None,
+        prompt_tokens=prompt if prompt is not None and output is not None and output >= 1 else None,
+        output_tokens=output if prompt is not None and output is not None and output >= 1 else None,
+        prefix_hit_ratio=min(1.0, max(0.0, hits)) if hits is not None else 0.0,
+    )
+
+
+def current_mix(
+    observation: Observation | None, points: Sequence[CalibrationPoint], max_num_batched_tokens: int
+) -> PrefillMix | None:
+    """The request mix now: the observation's, else the newest calibration sample's, else None
+    (then TPOT is modelled by decode steps alone)."""
+    if observation is not None:
+        point = calibration_point(observation)
+        if point is not None and (mix := point.mix(max_num_batched_tokens)) is not None:
+            return mix
+    for point in reversed(points):
+        if (mix := point.mix(max_num_batched_tokens)) is not None:
+            return mix
+    return None
 
 
 def add_calibration_point(
@@ -269,20 +353,31 @@ def add_calibration_point(
 
 
 def calibrate(
-    roofline: DecodeRoofline, points: Sequence[CalibrationPoint]
+    roofline: DecodeRoofline, points: Sequence[CalibrationPoint], max_num_batched_tokens: int = 2048
 ) -> tuple[RooflineCalibration | None, str]:
-    """Fit per-step overhead and bandwidth efficiency to the observed p99 steps: the TPOT the
-    target constrains. None (and why) until there are enough, varied, consistent samples."""
+    """Fit per-step overhead and bandwidth efficiency (within their bounds) to the observed TPOT.
+    When every sample carries the exact per-request mean, the fit is to the mean, modelled with the
+    sample's prefill mix; the p99 is then predicted by the same model (a bucketed p99 is
+    interpolated within 25 ms-wide buckets: too coarse to fit). Older samples without the mean fit
+    the p99 to decode steps alone. None (and why) until there are enough, varied, consistent samples."""
     if len(points) < MIN_CALIBRATION_SAMPLES:
         return None, f"uncalibrated, {len(points)}/{MIN_CALIBRATION_SAMPLES} samples"
-    samples = [
-        StepSample(p.batch, roofline.kv_bytes_read(p.batch, p.context_tokens), p.tpot_p99_s) for p in points
-    ]
+    unit = unit_roofline(roofline)
+    on_mean = all(p.tpot_mean_s is not None for p in points)
+    xs: list[float] = []
+    ys: list[float] = []
+    for p in points:
+        mix = p.mix(max_num_batched_tokens) if on_mean else None
+        if mix is not None:
+            xs.append(unit.tpot_with_prefill_s(p.batch, p.context_tokens, mix))
+        else:
+            xs.append(unit.tpot_s(p.batch, p.context_tokens))
+        ys.append(p.tpot_mean_s if on_mean and p.tpot_mean_s is not None else p.tpot_p99_s)
     try:
-        fit = fit_roofline(roofline, samples)
+        fit = fit_step_times(xs, ys)
     except ValueError as error:
         return None, f"uncalibrated: {error}"
-    mean = sum(p.tpot_p99_s for p in points) / len(points)
+    mean = sum(ys) / len(ys)
     if fit.rmse_s > MAX_CALIBRATION_RELATIVE_RMSE * mean:
         return None, f"uncalibrated: fit residual {fit.rmse_s / mean:.0%} of TPOT"
     return fit, f"calibrated on {fit.samples} samples"
@@ -339,6 +434,22 @@ class _Target:
     limited_by: str
     text: str
     calibration: RooflineCalibration | None
+    slo_bound: int | None = None
+
+
+def _calibrated_bound(
+    rules: TuningRules,
+    roofline: DecodeRoofline,
+    fit: RooflineCalibration,
+    target_s: float,
+    context_tokens: float,
+    mix: PrefillMix | None,
+) -> int:
+    """The largest batch whose calibrated TPOT p99 meets `target_s` at this context and mix."""
+    model = fit.apply(roofline)
+    if mix is None:
+        return model.max_batch_for_tpot(target_s, context_tokens)
+    return model.max_batch_for_tpot_quantile(target_s, context_tokens, mix, TPOT_QUANTILE)
 
 
 def _target(
@@ -352,14 +463,38 @@ def _target(
 ) -> _Target:
     fit, calibration_text = (None, "")
     calibrated_cap: int | None = None
+    mix = current_mix(observation, calibration, rules.max_num_batched_tokens)
     if rules.tpot_p99_target_ms is not None:
-        fit, calibration_text = calibrate(roofline, calibration)
+        fit, calibration_text = calibrate(roofline, calibration, rules.max_num_batched_tokens)
         if fit is not None:
-            calibrated_cap = fit.apply(roofline).max_batch_for_tpot(
-                rules.tpot_p99_target_ms / 1e3, context_tokens
+            calibrated_cap = _calibrated_bound(
+                rules, roofline, fit, rules.tpot_p99_target_ms / 1e3, context_tokens, mix
             )
     rec = _knee(rules, roofline, kv_pool_bytes, context_tokens)
+    if rules.goal == "SLO":
+        return _slo_target(
+            rules,
+            roofline,
+            kv_pool_bytes,
+            context_tokens,
+            observation,
+            applied,
+            rec,
+            fit,
+            calibration_text,
+            mix,
+        )
+    estimated = None
+    if calibrated_cap is None and rules.tpot_p99_target_ms is not None:
+        estimated = _estimated_bound(
+            rules, roofline, observation, rules.tpot_p99_target_ms / 1e3, context_tokens, mix
+        )
+        if estimated is not None:
+            calibrated_cap = estimated[0]
+            calibration_text = f"estimated from {estimated[1]}; {calibration_text}"
     guard = _guard(rules, observation, applied, calibrated_cap, calibration_text)
+    if guard is not None and estimated is not None:
+        guard = replace(guard, source="estimated")
     value, limited_by, text = rec.max_num_seqs, str(rec.limited_by), rec.explain()
     unrounded = rec.unrounded
     if guard is not None:
@@ -370,7 +505,169 @@ def _target(
             text += f" → {value} ({guard.text})"
             if capped == rules.min_max_num_seqs and guard.cap < capped:
                 text += f" (minimum bound {rules.min_max_num_seqs})"
-    return _Target(value, unrounded, rec, guard, limited_by, text, fit)
+    return _Target(value, unrounded, rec, guard, limited_by, text, fit, calibrated_cap)
+
+
+def _slo_bound(
+    rules: TuningRules,
+    roofline: DecodeRoofline,
+    context_tokens: float,
+    observation: Observation | None,
+    applied: int | None,
+    knee: Recommendation,
+    fit: RooflineCalibration | None,
+    calibration_text: str,
+    mix: PrefillMix | None,
+) -> SloBound:
+    """Goal SLO's bound: calibrated, the largest batch whose modelled TPOT p99 stays under the
+    target less the margin; uncalibrated, start at the knee, then move towards the bound one window's
+    mean TPOT implies — climbing to at most the larger of the knee and ×3/2 per settled window while
+    it has headroom, the limit binds and TTFT p99 meets its target; stepping down straight to it."""
+    assert rules.tpot_p99_target_ms is not None
+    assert rules.slo_tpot_s is not None
+    goal_ms = rules.slo_tpot_s * 1e3
+    target_ms = rules.tpot_p99_target_ms
+    if fit is not None:
+        cap = _calibrated_bound(rules, roofline, fit, rules.slo_tpot_s, context_tokens, mix)
+        urgent = applied is not None and _breaks(fit.apply(roofline), applied, target_ms, context_tokens, mix)
+        return SloBound(
+            cap, "calibrated", f"TPOT p99 ≤ {goal_ms:g} ms allows {cap} ({calibration_text})", urgent
+        )
+    if applied is None or observation is None:
+        return SloBound(knee.max_num_seqs, "start", f"start at the knee ({calibration_text})")
+    running = observation.running.value
+    binds = running is not None and running / max(1, observation.pods) >= SLO_CLIMB_MIN_FILL * applied
+    ttft = observation.ttft_p99_s.value
+    ttft_over = (
+        rules.ttft_p99_target_ms is not None and ttft is not None and ttft * 1e3 > rules.ttft_p99_target_ms
+    )
+    point = calibration_point(observation)
+    if point is None or point.tpot_mean_s is None:
+        p99 = observation.tpot_p99_s.value
+        if p99 is None:
+            return SloBound(applied, "hold", f"no TPOT observed: stay at {applied} ({calibration_text})")
+        if p99 * 1e3 > target_ms:
+            stepped = max(1, applied * STEP_DOWN_NUMERATOR // STEP_DOWN_DENOMINATOR)
+            return SloBound(
+                stepped,
+                "step-down",
+                f"TPOT p99 {p99 * 1e3:.0f} ms > target {target_ms} ms: step {applied} → {stepped} "
+                f"({calibration_text})",
+            )
+        return SloBound(applied, "hold", f"no TPOT mean observed: stay at {applied} ({calibration_text})")
+    # One window fixes one parameter: all of the observed time above the roofline is taken as lost
+    # bandwidth (overhead on its bound, 0). That over-predicts TPOT at any larger batch — a safe
+    # estimate to climb on (in bounded steps) and to step down on.
+    one = _one_point_fit(roofline, point, rules.max_num_batched_tokens)
+    estimate = _calibrated_bound(rules, roofline, one, rules.slo_tpot_s, context_tokens, mix)
+    seen = f"TPOT mean {point.tpot_mean_s * 1e3:.1f} ms at {point.batch:.0f} running"
+    if estimate < applied:
+        return SloBound(
+            estimate,
+            "step-down",
+            f"{seen}: p99 ≤ {goal_ms:g} ms allows about {estimate}: step {applied} → {estimate} ({calibration_text})",
+            _breaks(one.apply(roofline), applied, target_ms, context_tokens, mix),
+        )
+    if estimate > applied and binds and not ttft_over:
+        step = round_up(applied * SLO_CLIMB_NUMERATOR / SLO_CLIMB_DENOMINATOR, rules.granularity)
+        climbed = min(estimate, max(knee.max_num_seqs, step))
+        return SloBound(
+            climbed,
+            "climb",
+            f"{seen}: p99 ≤ {goal_ms:g} ms allows about {estimate}: climb {applied} → {climbed} ({calibration_text})",
+        )
+    why = (
+        f"{seen}: p99 ≤ {goal_ms:g} ms allows about {estimate}"
+        if estimate <= applied
+        else "the limit does not bind"
+        if not binds
+        else "TTFT p99 over its target"
+    )
+    return SloBound(applied, "hold", f"{why}: stay at {applied} ({calibration_text})")
+
+
+def _breaks(
+    model: DecodeRoofline, batch: int, target_ms: int, context: float, mix: PrefillMix | None
+) -> bool:
+    """Whether `model` puts the TPOT p99 at `batch` over the target itself."""
+    p99 = (
+        model.tpot_s(batch, context)
+        if mix is None
+        else model.tpot_with_prefill_s(batch, context, mix, TPOT_QUANTILE)
+    )
+    return p99 * 1e3 > target_ms
+
+
+def _estimated_bound(
+    rules: TuningRules,
+    roofline: DecodeRoofline,
+    observation: Observation | None,
+    target_s: float,
+    context_tokens: float,
+    mix: PrefillMix | None,
+) -> tuple[int, str] | None:
+    """Before calibration: the TPOT cap one window's exact mean TPOT implies (`_one_point_fit`),
+    rather than the p99 Prometheus interpolates within 25 ms-wide buckets (a p99 of 26 ms reads
+    ~49 ms); None when the window has no mean."""
+    point = calibration_point(observation) if observation is not None else None
+    if point is None or point.tpot_mean_s is None:
+        return None
+    one = _one_point_fit(roofline, point, rules.max_num_batched_tokens)
+    cap = _calibrated_bound(rules, roofline, one, target_s, context_tokens, mix)
+    return cap, f"TPOT mean {point.tpot_mean_s * 1e3:.1f} ms at {point.batch:.0f} running"
+
+
+def _one_point_fit(
+    roofline: DecodeRoofline, point: CalibrationPoint, max_num_batched_tokens: int
+) -> RooflineCalibration:
+    """The efficiency one window's mean TPOT implies with no per-step overhead (capped at 1)."""
+    assert point.tpot_mean_s is not None
+    unit = unit_roofline(roofline)
+    mix = point.mix(max_num_batched_tokens)
+    modelled = (
+        unit.tpot_with_prefill_s(point.batch, point.context_tokens, mix)
+        if mix is not None
+        else unit.tpot_s(point.batch, point.context_tokens)
+    )
+    return RooflineCalibration(0.0, min(1.0, modelled / point.tpot_mean_s), 0.0, 1, "overhead")
+
+
+def _slo_target(
+    rules: TuningRules,
+    roofline: DecodeRoofline,
+    kv_pool_bytes: float,
+    context_tokens: float,
+    observation: Observation | None,
+    applied: int | None,
+    knee: Recommendation,
+    fit: RooflineCalibration | None,
+    calibration_text: str,
+    mix: PrefillMix | None,
+) -> _Target:
+    """Goal SLO: the SLO bound itself (past the knee when the target allows), under the KV pool
+    and the spec's bounds. While traffic shifts to longer contexts the bound is taken at the
+    window's last third: the stricter one, where traffic is going (one rollout, not two)."""
+    recent = observation.recent_avg_context_tokens.value if observation is not None else None
+    bound_context = max(context_tokens, recent) if recent is not None and recent > 0 else context_tokens
+    bound = _slo_bound(rules, roofline, bound_context, observation, applied, knee, fit, calibration_text, mix)
+    value = round_down_under_cap(bound.cap, rules.granularity)
+    # A bound that only trims the margin is an optimisation (dead band and trend checks apply); one
+    # the current limit breaks the target by is a safety decrease, like the Knee goal's TPOT guard.
+    limited_by = "knee" if bound.source == "start" else "tpot-target" if bound.urgent else "slo-target"
+    text = f"{knee.explain()}; goal SLO: {bound.text}"
+    if knee.capacity_batch < value:
+        value, limited_by = round_down_under_cap(knee.capacity_batch, rules.granularity), "kv-capacity"
+        text += f" → {value} (KV pool holds {knee.capacity_batch})"
+    if value < rules.min_max_num_seqs:
+        value, limited_by = rules.min_max_num_seqs, "minimum"
+        text += f" → {value} (minimum bound)"
+    elif value > rules.max_max_num_seqs:
+        value, limited_by = rules.max_max_num_seqs, "maximum"
+        text += f" → {value} (maximum bound)"
+    else:
+        text += f" → {value}"
+    slo_cap = bound.cap if bound.source == "calibrated" else None
+    return _Target(value, float(value), knee, None, limited_by, text, fit, slo_cap)
 
 
 def _knee(
@@ -493,6 +790,7 @@ def decide(
             calibration=target.calibration if target else None,
             target=target.unrounded if target else None,
             recent_targets=remembered,
+            slo_bound=target.slo_bound if target else None,
         )
 
     explain = target.text if target is not None else ""

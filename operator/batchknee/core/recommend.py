@@ -6,10 +6,11 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from batchknee.core.roofline import DEFAULT_RESERVE_BYTES, DecodeRoofline
+from batchknee.core.roofline import DEFAULT_RESERVE_BYTES, DecodeRoofline, PrefillMix
 
 VLLM_BATCH_GRANULARITY = 8  # vLLM captures CUDA graphs at multiples of 8
 LimitedBy = Literal["knee", "tpot-target", "kv-capacity", "minimum", "maximum"]
+Goal = Literal["Knee", "SLO"]
 
 
 @dataclass(frozen=True)
@@ -74,12 +75,20 @@ def recommend(
     minimum: int = 1,
     maximum: int = 1024,
     granularity: int = VLLM_BATCH_GRANULARITY,
+    prefill: PrefillMix | None = None,
+    goal: Goal = "Knee",
 ) -> Recommendation:
     """max-num-seqs = min(knee_factor · B_knee rounded up, SLO batch, KV-capacity batch), clamped to
     [minimum, maximum]. A cap below the rounded knee is rounded *down* to the granularity, so the
     result never exceeds it. The SLO batch comes from `roofline` itself: pass a calibrated one
-    (fitted overhead and efficiency) — the naive roofline overestimates it 1.6–2.3×.
+    (fitted overhead and efficiency) — the naive roofline overestimates it 1.6–2.3×. With a
+    `prefill` mix the SLO batch keeps the TPOT *p99* under the target, the prefill-chunk steps
+    included (`DecodeRoofline.tpot_with_prefill_s`); without one, the decode step alone.
+    Goal `SLO` (needs the target) runs the SLO batch itself — past the knee when the target allows
+    it — under the KV-capacity cap and the bounds.
     """
+    if goal == "SLO" and tpot_target_s is None:
+        raise ValueError("goal SLO needs a TPOT target")
     if context_tokens <= 0:
         raise ValueError("context_tokens must be positive")
     if knee_factor <= 0:
@@ -91,7 +100,13 @@ def recommend(
 
     b_knee = roofline.b_knee(context_tokens)
     knee_target = round_up(knee_factor * b_knee, granularity)
-    slo_batch = None if tpot_target_s is None else roofline.max_batch_for_tpot(tpot_target_s, context_tokens)
+    slo_batch: int | None = None
+    if tpot_target_s is not None:
+        slo_batch = (
+            roofline.max_batch_for_tpot(tpot_target_s, context_tokens)
+            if prefill is None
+            else roofline.max_batch_for_tpot_quantile(tpot_target_s, context_tokens, prefill)
+        )
     pool = (
         kv_pool_bytes
         if kv_pool_bytes is not None
@@ -100,6 +115,8 @@ def recommend(
     capacity_batch = roofline.kv_capacity_batch(context_tokens, pool)
 
     value, limited_by = knee_target, "knee"
+    if goal == "SLO" and slo_batch is not None:
+        value, limited_by = round_down_under_cap(slo_batch, granularity), "tpot-target"
     for cap, name in ((slo_batch, "tpot-target"), (capacity_batch, "kv-capacity")):
         if cap is not None and cap < value:
             value, limited_by = round_down_under_cap(cap, granularity), name

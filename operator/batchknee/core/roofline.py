@@ -13,12 +13,67 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
 
 from batchknee.core.catalog import GIB, GpuSpec, ModelArchitecture
 from batchknee.core.dtypes import dtype_bytes, kv_dtype_bytes
 
 DEFAULT_RESERVE_BYTES = 1 * GIB  # activations, CUDA graphs and non-torch memory outside the KV pool
 _MAX_SEARCH_BATCH = 1 << 20
+_EXACT_POISSON_MEAN = 500.0  # above it, the normal approximation of the Poisson quantile
+
+
+@dataclass(frozen=True)
+class PrefillMix:
+    """The prefill work chunked prefill interleaves with decoding. Every request that joins the
+    batch has its prompt computed (less what the prefix cache already holds) in chunks of at most
+    `max_num_batched_tokens` − B tokens that share steps with the decoding sequences: such a step
+    costs far more than a decode step, and the requests whose lifetimes catch more of them set the
+    TPOT tail. Token counts are means over requests."""
+
+    prompt_tokens: float
+    output_tokens: float
+    max_num_batched_tokens: int = 2048
+    cached_fraction: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.prompt_tokens >= 0 or not self.output_tokens >= 1:
+            raise ValueError("prompt tokens must be ≥ 0 and output tokens ≥ 1")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_batched_tokens must be positive")
+        if not 0.0 <= self.cached_fraction <= 1.0:
+            raise ValueError("cached_fraction must be within [0, 1]")
+
+    @property
+    def prefill_tokens_per_output_token(self) -> float:
+        return self.prompt_tokens * (1.0 - self.cached_fraction) / self.output_tokens
+
+    @classmethod
+    def for_context(
+        cls, context_tokens: float, prompt_fraction: float, max_num_batched_tokens: int = 2048
+    ) -> PrefillMix:
+        """The mix whose mean decoding context (prompt + half the output) is `context_tokens`, of
+        which `prompt_fraction` is prompt."""
+        if not 0.0 <= prompt_fraction < 1.0:
+            raise ValueError("prompt_fraction must be within [0, 1)")
+        prompt = prompt_fraction * context_tokens
+        output = max(1.0, 2.0 * (context_tokens - prompt))
+        return cls(prompt, output, max_num_batched_tokens)
+
+
+def poisson_quantile(mean: float, quantile: float) -> float:
+    """The `quantile` of a Poisson count with this mean (the normal approximation when large)."""
+    if mean <= 0:
+        return 0.0
+    if mean > _EXACT_POISSON_MEAN:
+        return mean + NormalDist().inv_cdf(quantile) * math.sqrt(mean)
+    term = math.exp(-mean)
+    total, k = term, 0
+    while total < quantile and k < 10 * _EXACT_POISSON_MEAN:
+        k += 1
+        term *= mean / k
+        total += term
+    return float(k)
 
 
 @dataclass(frozen=True)
@@ -213,6 +268,58 @@ class DecodeRoofline:
         return self.step_time_s(
             batch, self.kv_bytes_read(batch, context_tokens), attended_pairs=batch * context_tokens
         )
+
+    def chunk_step_s(self, batch: float, context_tokens: float, chunk_tokens: float) -> float:
+        """A step of `batch` decoding sequences that also computes a prefill chunk of `chunk_tokens`."""
+        pairs = batch * context_tokens + self.prefill_attended_pairs(0.0, chunk_tokens)
+        return self.step_time_s(batch + chunk_tokens, self.kv_bytes_read(batch, context_tokens), pairs)
+
+    def tpot_with_prefill_s(
+        self, batch: float, context_tokens: float, mix: PrefillMix, quantile: float | None = None
+    ) -> float:
+        """Per-request TPOT (decode time / output tokens, what vLLM's TPOT histogram records) of a
+        steady batch whose sequences are replaced as they finish: the mean (`quantile` None) or a
+        quantile over requests.
+
+        The batch admits B·r prefill tokens per decode step (r = prefill tokens per output token),
+        packed into chunks of C = max_num_batched_tokens − B, so a fraction f = min(1, B·r/C) of
+        the steps carry a full chunk and cost T_C instead of T_D. Costing every chunk as a full one
+        is the conservative side: step time is convex in the tokens (the larger of two roofs). A
+        request decoding n steps sees a Poisson number k of chunk steps with mean n·f, and its TPOT
+        is T_D + k/n · (T_C − T_D); the quantile takes k's quantile."""
+        decode = self.tpot_s(batch, context_tokens)
+        ratio = mix.prefill_tokens_per_output_token
+        if ratio <= 0:
+            return decode
+        chunk = max(1.0, mix.max_num_batched_tokens - batch)
+        fraction = min(1.0, batch * ratio / chunk)
+        extra = self.chunk_step_s(batch, context_tokens, chunk) - decode
+        if quantile is None:
+            return decode + fraction * extra
+        steps = max(1.0, mix.output_tokens - 1.0)
+        caught = min(steps, poisson_quantile(steps * fraction, quantile))
+        return decode + caught / steps * extra
+
+    def max_batch_for_tpot_quantile(
+        self, tpot_target_s: float, context_tokens: float, mix: PrefillMix, quantile: float = 0.99
+    ) -> int:
+        """The largest batch whose TPOT `quantile` under the prefill `mix` meets the target (0 when
+        even one sequence misses it); only batches below the step token budget are considered."""
+        if tpot_target_s <= 0:
+            raise ValueError("tpot target must be positive")
+
+        def meets(batch: int) -> bool:
+            return self.tpot_with_prefill_s(batch, context_tokens, mix, quantile) <= tpot_target_s
+
+        if not meets(1):
+            return 0
+        low, high = 1, max(2, mix.max_num_batched_tokens)
+        if meets(high):
+            return high
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (middle, high) if meets(middle) else (low, middle)
+        return low
 
     def throughput_tokens_per_s(self, batch: float, context_tokens: float) -> float:
         """Aggregate output tokens per second of that batch: B / TPOT(B)."""

@@ -1,0 +1,206 @@
+"""`batchknee bench`: batchknee's closed loop against static settings, in simulated time.
+
+For each trace the same Poisson arrivals are replayed against vLLM's default limit, every static
+value (the best in hindsight, and the best per phase: the oracle) and batchknee's goals Knee and
+SLO, each driving the engine simulation through the real `decide()` with a restart per rollout.
+`--output json` prints one JSON object on its last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from batchknee.argtypes import int_list, non_negative_float, positive_float, positive_int
+from batchknee.commands import UsageError
+from batchknee.commands._options import add_roofline_options, describe, resolve_roofline
+from batchknee.core.policy import TuningRules
+from batchknee.emulator.bench import POLICIES, BenchSetup, TraceResult, bench_trace, standard_traces
+
+# What `make bench` checks (printed, not asserted: benchmarks print figures).
+SLO_TO_ORACLE_TARGET = 0.95
+ONE_HOUR_WALL_LIMIT_S = 60.0
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "bench",
+        help="batchknee's closed loop against vLLM's default, the best static value and the per-phase oracle",
+        description=(
+            "Replay Poisson traffic traces on the engine simulation under each policy — vLLM's default "
+            "256, the best static value in hindsight, the best value per phase (oracle), and batchknee's "
+            "goals Knee and SLO through the real decision loop with a restart per rollout — and compare "
+            "their SLO goodput. --overhead-ms and --bandwidth-efficiency describe the simulated engine; "
+            "the operator is given the catalog's roofline, as in a cluster."
+        ),
+    )
+    add_roofline_options(parser)
+    traces = tuple(standard_traces())
+    parser.add_argument(
+        "--trace", type=_trace_list, default=list(traces), help=f"traces to run, of {', '.join(traces)}"
+    )
+    parser.add_argument("--duration", type=positive_float, default=3600.0, help="simulated seconds per trace")
+    parser.add_argument(
+        "--tpot-target-ms", type=positive_int, default=30, help="TPOT p99 target (goodput, goal SLO)"
+    )
+    parser.add_argument("--ttft-target-ms", type=positive_int, default=10_000, help="TTFT target (goodput)")
+    parser.add_argument(
+        "--slo-margin-percent", type=int, default=10, help="goal SLO's headroom under the target"
+    )
+    parser.add_argument(
+        "--restart-seconds", type=non_negative_float, default=120.0, help="a rollout's pod downtime"
+    )
+    parser.add_argument("--knee-factor-percent", type=int, default=100)
+    parser.add_argument("--dead-band-percent", type=int, default=10)
+    parser.add_argument("--cooldown-seconds", type=int, default=600)
+    parser.add_argument("--max-rollouts-per-hour", type=int, default=4)
+    parser.add_argument("--window-seconds", type=int, default=300)
+    parser.add_argument("--max-num-batched-tokens", type=positive_int, default=2048)
+    parser.add_argument(
+        "--candidates",
+        type=int_list,
+        help="static values tried for best-static and the oracle (default: 16 … 512)",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output", choices=("table", "json"), default="table")
+    parser.add_argument("--plot", metavar="FILE.png", help="write goodput per policy and trace")
+    parser.add_argument("--json-file", type=Path, metavar="FILE", help="also write the JSON document here")
+    parser.add_argument(
+        "--targets", action="store_true", help="also print whether the figures meet the issue's targets"
+    )
+    parser.set_defaults(handler=run)
+
+
+def _trace_list(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    known = standard_traces()
+    for name in names:
+        if name not in known:
+            raise argparse.ArgumentTypeError(f"unknown trace {name!r} (known: {', '.join(known)})")
+    return names
+
+
+def _rules(args: argparse.Namespace, goal: str) -> TuningRules:
+    try:
+        return TuningRules(
+            goal=goal,  # type: ignore[arg-type]
+            knee_factor_percent=args.knee_factor_percent,
+            tpot_p99_target_ms=args.tpot_target_ms,
+            ttft_p99_target_ms=args.ttft_target_ms,
+            slo_margin_percent=args.slo_margin_percent,
+            min_max_num_seqs=8,
+            max_max_num_seqs=1024,
+            dead_band_percent=args.dead_band_percent,
+            cooldown_s=args.cooldown_seconds,
+            max_rollouts_per_hour=args.max_rollouts_per_hour,
+            window_s=args.window_seconds,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+        )
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+
+
+def run(args: argparse.Namespace) -> int:
+    engine_roofline = resolve_roofline(args)
+    operator_roofline = replace(engine_roofline, bandwidth_efficiency=1.0, overhead_s=0.0)
+    knee_rules, slo_rules = _rules(args, "Knee"), _rules(args, "SLO")
+    setup = BenchSetup(
+        engine_roofline,
+        operator_roofline,
+        knee_rules,
+        restart_s=args.restart_seconds,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        seed=args.seed,
+    )
+    if args.candidates:
+        setup = replace(setup, candidates=tuple(sorted(set(args.candidates))))
+    traces = standard_traces(args.duration)
+    started = time.perf_counter()
+    results: list[TraceResult] = []
+    for name in args.trace:
+        trace = traces[name]
+        trace = replace(trace, tpot_target_ms=args.tpot_target_ms, ttft_target_ms=args.ttft_target_ms)
+        results.append(
+            bench_trace(setup, trace, knee_rules=knee_rules, slo_rules=slo_rules, clock=time.perf_counter)
+        )
+    wall = time.perf_counter() - started
+    if args.output == "table":
+        print(render_table(describe(engine_roofline), args, results, wall))
+    if args.targets or args.output == "table":
+        print(render_targets(results, args.duration))
+    if args.plot:
+        from batchknee.emulator.plot import plot_bench
+
+        plot_bench(results, Path(args.plot))
+    document = {"traces": {r.trace.name: r.to_json() for r in results}, "wallSeconds": round(wall, 2)}
+    if args.json_file:
+        args.json_file.write_text(json.dumps(document, indent=2) + "\n")
+    if args.output == "json":
+        print(json.dumps(document))
+    return 0
+
+
+def _ms(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:,.0f}"
+
+
+def render_table(title: str, args: argparse.Namespace, results: list[TraceResult], wall: float) -> str:
+    lines = [
+        f"engine: {title}, {args.overhead_ms:g} ms per step, {args.bandwidth_efficiency:g} of peak bandwidth",
+        f"targets: TPOT ≤ {args.tpot_target_ms} ms and TTFT ≤ {args.ttft_target_ms:,} ms per request; "
+        f"restart {args.restart_seconds:g} s per rollout; {args.duration:g} simulated s per trace",
+    ]
+    for result in results:
+        trace = result.trace
+        lines += [
+            "",
+            f"trace {trace.name}: "
+            + " → ".join(p.name for p in trace.phases[:6])
+            + (" …" if len(trace.phases) > 6 else ""),
+            f"  {'policy':<13} {'goodput tok/s':>13} {'÷oracle':>7} {'TPOT p99':>9} {'TTFT p99':>9} "
+            f"{'rollouts':>8} {'restart GPU·s':>13} {'wall s':>6}  max-num-seqs",
+        ]
+        for name in POLICIES:
+            f = result.policies[name]
+            lines.append(
+                f"  {name:<13} {f.slo_goodput:>13,.0f} {f.ratio_to_oracle:>7.2f} {_ms(f.tpot_p99_ms):>9} "
+                f"{_ms(f.ttft_p99_ms):>9} {f.rollouts:>8} {f.restart_gpu_s:>13,.0f} {f.wall_s:>6.1f}  {f.values}"
+            )
+    lines.append(
+        f"(latencies in ms; oracle: best static value per phase, switched for free; wall {wall:.0f} s)"
+    )
+    return "\n".join(lines)
+
+
+def render_targets(results: list[TraceResult], duration_s: float) -> str:
+    """The issue's targets, each MET or MISSED with its figure."""
+    lines = ["", "targets:"]
+
+    def line(ok: bool, text: str) -> None:
+        lines.append(f"  {'MET   ' if ok else 'MISSED'} {text}")
+
+    for r in results:
+        p = r.policies
+        name = r.trace.name
+        line(
+            p["slo"].ratio_to_oracle >= SLO_TO_ORACLE_TARGET,
+            f"{name}: slo ≥ {SLO_TO_ORACLE_TARGET} × oracle ({p['slo'].ratio_to_oracle:.2f})",
+        )
+        line(
+            p["knee"].slo_goodput >= p["vllm-default"].slo_goodput,
+            f"{name}: knee ≥ vllm-default ({p['knee'].slo_goodput:,.0f} vs {p['vllm-default'].slo_goodput:,.0f} tok/s)",
+        )
+        if name == "flapping":
+            rolls = p["knee"].rollouts + p["slo"].rollouts
+            line(rolls == 0, f"{name}: zero rollouts (knee {p['knee'].rollouts}, slo {p['slo'].rollouts})")
+        slowest = max(f.wall_s for f in p.values()) * 3600.0 / duration_s
+        line(
+            slowest < ONE_HOUR_WALL_LIMIT_S,
+            f"{name}: each policy's hour under a minute (slowest {slowest:.1f} s per hour)",
+        )
+    return "\n".join(lines)

@@ -1,0 +1,579 @@
+"""`batchknee bench`: the closed loop in simulated time, no cluster — batchknee against static
+settings on the same arrivals.
+
+One engine replica is simulated (`Engine`); a scraper snapshots what it exports every scrape
+interval, and every evaluation interval the snapshots of the last window become an `Observation`
+the way the Prometheus adapter builds one (gauges averaged over the window, the TPOT/TTFT p99
+interpolated within the engine's own histogram buckets, the TPOT mean from sum/count, the average
+context from KV usage, the recent third of the window for the trend). The real `decide()` picks the
+batch limit, with its dead band, settle window, cooldown and rollout budget; a rollout takes the pod
+down for `restart_s` (requests in flight are lost, arrivals meanwhile are turned away) and starts a
+fresh engine with the new limit.
+
+Arrivals are open-loop Poisson, drawn once per trace and replayed to every policy. The rate of each
+phase saturates vLLM's default limit (256): it is that limit's modelled request capacity. A
+gateway sheds load beyond a queue of max-num-seqs/16 requests (vLLM's `--max-num-queued-reqs`), so a
+limit too small loses the requests it cannot serve instead of queueing them for ever.
+
+Policies: `vllm-default` (256 throughout), `best-static` (the single value that did best over the
+whole trace, in hindsight), `oracle` (the best value per phase in hindsight, switched for free),
+`knee` and `slo` (batchknee's goals). SLO goodput counts the output tokens of requests that met
+both the TPOT and the TTFT target, per simulated second. Pure: simulated time only.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from batchknee.core.observation import Observation, Reading
+from batchknee.core.policy import (
+    Applied,
+    CalibrationPoint,
+    RecentTarget,
+    Rollout,
+    TuningRules,
+    add_calibration_point,
+    calibration_point,
+    decide,
+)
+from batchknee.core.roofline import DecodeRoofline, PrefillMix
+from batchknee.emulator.engine import FINISHED, Engine, EngineConfig, Request, vllm_num_gpu_blocks
+from batchknee.emulator.stats import TPOT_BUCKETS, TTFT_BUCKETS, Histogram, percentile
+from batchknee.emulator.workload import LoadGenerator, LoadSpec, Schedule
+
+VLLM_DEFAULT = 256
+POLICIES = ("vllm-default", "best-static", "oracle", "knee", "slo")
+CANDIDATES = (16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512)
+EPOCH = datetime(2026, 1, 1, tzinfo=UTC)  # simulated time 0, for the policy's datetimes
+OUTPUT_SPREAD = 0.5
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One stretch of traffic: its mean lengths, prefix sharing and the load relative to saturation."""
+
+    name: str
+    start_s: float
+    prompt_tokens: int
+    output_tokens: int
+    prefix_sharing: float = 0.0
+    load: float = 1.0  # × the default limit's request capacity
+
+
+@dataclass(frozen=True)
+class Trace:
+    name: str
+    phases: tuple[Phase, ...]
+    duration_s: float
+    tpot_target_ms: int = 30
+    ttft_target_ms: int = 10_000
+
+    def phase_at(self, time: float) -> int:
+        index = 0
+        for i, phase in enumerate(self.phases):
+            if phase.start_s <= time:
+                index = i
+        return index
+
+    def scaled(self, duration_s: float) -> Trace:
+        """The same trace compressed or stretched to `duration_s`."""
+        factor = duration_s / self.duration_s
+        phases = tuple(replace(p, start_s=p.start_s * factor) for p in self.phases)
+        return replace(self, phases=phases, duration_s=duration_s)
+
+
+def _ctx_phase(name: str, start_s: float, context: int, output: int, load: float = 1.0) -> Phase:
+    # Running sequences hold prompt + E[output²]/(2·E[output]) on average (uniform ±50 % outputs).
+    prompt = max(1, round(context - output * (0.5 + OUTPUT_SPREAD**2 / 6)))
+    return Phase(name, start_s, prompt, output, load=load)
+
+
+def standard_traces(duration_s: float = 3600.0) -> dict[str, Trace]:
+    """The demo's shift, a diurnal mix, a flapping mix and a prefix-heavy chat, each `duration_s` long."""
+    third = duration_s / 3
+    shift = Trace(
+        "shift",
+        (
+            _ctx_phase("ctx-512", 0.0, 512, 512),
+            _ctx_phase("ctx-2048", third, 2048, 2048),
+            _ctx_phase("ctx-8192", 2 * third, 8192, 6144),
+        ),
+        duration_s,
+    )
+    day = [(1024, 0.6), (2048, 0.9), (3072, 1.1), (2048, 1.2), (1024, 1.0), (512, 0.7)]
+    sixth = duration_s / len(day)
+    diurnal = Trace(
+        "diurnal",
+        tuple(
+            _ctx_phase(f"ctx-{ctx}×{load:g}", i * sixth, ctx, min(2048, ctx), load)
+            for i, (ctx, load) in enumerate(day)
+        ),
+        duration_s,
+    )
+    flap_s = 180.0 * duration_s / 3600.0
+    flapping = Trace(
+        "flapping",
+        tuple(
+            _ctx_phase(
+                "ctx-2048" if i % 2 == 0 else "ctx-2300", i * flap_s, 2048 if i % 2 == 0 else 2300, 1024
+            )
+            for i in range(max(1, math.ceil(duration_s / flap_s)))
+        ),
+        duration_s,
+    )
+    chat = Trace(
+        "prefix-chat",
+        (
+            Phase("system-prompt-75%", 0.0, 2048, 256, prefix_sharing=0.75),
+            Phase("system-prompt-90%", duration_s / 2, 3072, 256, prefix_sharing=0.9),
+        ),
+        duration_s,
+    )
+    return {t.name: t for t in (shift, diurnal, flapping, chat)}
+
+
+@dataclass(frozen=True)
+class BenchSetup:
+    """The engine as it really runs (`roofline`: fitted overhead and efficiency), the roofline the
+    operator is given (`operator_roofline`: the catalog's), and the loop's timing."""
+
+    roofline: DecodeRoofline
+    operator_roofline: DecodeRoofline
+    rules: TuningRules
+    restart_s: float = 120.0
+    evaluation_interval_s: float = 30.0
+    scrape_interval_s: float = 15.0
+    max_num_batched_tokens: int = 2048
+    gpu_memory_utilization: float = 0.9
+    block_size: int = 16
+    max_model_len: int = 16384
+    seed: int = 0
+    candidates: tuple[int, ...] = CANDIDATES
+
+    @property
+    def num_gpu_blocks(self) -> int:
+        return vllm_num_gpu_blocks(self.roofline, self.gpu_memory_utilization, self.block_size)
+
+    @property
+    def kv_pool_bytes(self) -> float:
+        return self.num_gpu_blocks * self.block_size * self.operator_roofline.kv_bytes_per_token
+
+    def engine_config(self, max_num_seqs: int, prefix_caching: bool) -> EngineConfig:
+        return EngineConfig(
+            roofline=self.roofline,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max(self.max_num_batched_tokens, max_num_seqs),
+            num_gpu_blocks=self.num_gpu_blocks,
+            block_size=self.block_size,
+            max_model_len=self.max_model_len,
+            enable_prefix_caching=prefix_caching,
+            max_waiting=max(1, max_num_seqs // 16),
+        )
+
+
+# --- arrivals --------------------------------------------------------------------------------------
+
+
+def phase_rate(setup: BenchSetup, phase: Phase) -> float:
+    """Requests per second that saturate the default limit in this phase: its modelled capacity."""
+    context = phase.prompt_tokens * (1 - phase.prefix_sharing) + phase.output_tokens / 2
+    mix = PrefillMix(
+        phase.prompt_tokens, phase.output_tokens, setup.max_num_batched_tokens, phase.prefix_sharing
+    )
+    tpot = setup.roofline.tpot_with_prefill_s(VLLM_DEFAULT, context, mix)
+    return phase.load * VLLM_DEFAULT / (phase.output_tokens * tpot)
+
+
+@dataclass(frozen=True)
+class Arrival:
+    time: float
+    prompt: int
+    output: int
+    shared: int
+
+
+def arrivals(setup: BenchSetup, trace: Trace) -> list[Arrival]:
+    """The trace's Poisson arrivals (deterministic for the seed), replayed to every policy."""
+    schedule = Schedule(
+        (
+            phase.start_s,
+            LoadSpec(
+                request_rate=phase_rate(setup, phase),
+                prompt_tokens=phase.prompt_tokens,
+                output_tokens=phase.output_tokens,
+                output_distribution="uniform",
+                output_spread=OUTPUT_SPREAD,
+                prefix_sharing=phase.prefix_sharing,
+            ),
+        )
+        for phase in trace.phases
+    )
+    generator = LoadGenerator(schedule, random.Random(f"{setup.seed}/{trace.name}"))
+    out: list[Arrival] = []
+    while generator.next_time < trace.duration_s and len(out) < 10_000_000:
+        a = generator.pop()
+        out.append(Arrival(a.time, a.prompt_tokens, a.output_tokens, a.shared_prefix_tokens))
+    return out
+
+
+# --- what Prometheus would hold --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One scrape of one engine: its gauges, and its counters and histograms (cumulative)."""
+
+    time: float
+    running: int
+    waiting: int
+    kv_usage: float
+    generation_tokens: int
+    prefix_queries: int
+    prefix_hits: int
+    preemptions: int
+    tpot: tuple[tuple[int, ...], float, int]
+    ttft: tuple[tuple[int, ...], float, int]
+    prompt_sum: float
+    prompt_count: int
+    output_sum: float
+    output_count: int
+
+
+def snapshot(engine: Engine) -> Snapshot:
+    s = engine.stats
+
+    def hist(h: Histogram) -> tuple[tuple[int, ...], float, int]:
+        return tuple(h.counts), h.sum, h.count
+
+    return Snapshot(
+        engine.now,
+        engine.num_running,
+        engine.num_waiting,
+        engine.kv_cache_usage,
+        s.generation_tokens,
+        s.prefix_cache_queries,
+        s.prefix_cache_hits,
+        s.preemptions,
+        hist(s.request_tpot),
+        hist(s.ttft),
+        s.request_prompt_tokens.sum,
+        s.request_prompt_tokens.count,
+        s.request_generation_tokens.sum,
+        s.request_generation_tokens.count,
+    )
+
+
+def _quantile(
+    bounds: Sequence[float],
+    new: tuple[tuple[int, ...], float, int],
+    old: tuple[tuple[int, ...], float, int],
+    q: float,
+) -> float:
+    h = Histogram(bounds)
+    h.counts = [a - b for a, b in zip(new[0], old[0], strict=True)]
+    h.count = new[2] - old[2]
+    return h.quantile(q)
+
+
+def observe(
+    snapshots: Sequence[Snapshot], kv_tokens: int, now: float, window_s: float, min_samples: int = 3
+) -> Observation:
+    """The Prometheus adapter's view of one pod at `now` from its scrapes (`rate`, `avg_over_time`,
+    `histogram_quantile` over the window; the recent third for the trend)."""
+    at = EPOCH + timedelta(seconds=now)
+    inside = [s for s in snapshots if now - window_s < s.time <= now]
+    if len(inside) < min_samples:
+        return Observation.unavailable(
+            at, f"only {len(inside)} samples per pod in the last {window_s:.0f}s", pods=1
+        )
+    before = [s for s in snapshots if s.time <= now - window_s]
+    base = before[-1] if before else inside[0]
+    last = inside[-1]
+    span = max(1e-9, last.time - base.time)
+
+    def reading(value: float, what: str) -> Reading:
+        return Reading.of(value) if math.isfinite(value) else Reading.unavailable(f"no {what} in the window")
+
+    def context_over(samples: Sequence[Snapshot]) -> Reading:
+        running = sum(s.running for s in samples) / len(samples)
+        usage = sum(s.kv_usage for s in samples) / len(samples)
+        if running <= 0:
+            return Reading.unavailable("no running sequences")
+        return Reading.of(usage * kv_tokens / running)
+
+    recent = [s for s in inside if s.time > now - window_s / 3] or inside[-1:]
+    finished = last.tpot[2] - base.tpot[2]
+    tpot_mean = (last.tpot[1] - base.tpot[1]) / finished if finished > 0 else math.nan
+    prompts = last.prompt_count - base.prompt_count
+    outputs = last.output_count - base.output_count
+    queries = last.prefix_queries - base.prefix_queries
+    return Observation(
+        sampled_at=at,
+        pods=1,
+        avg_context_tokens=context_over(inside),
+        tpot_p99_s=reading(_quantile(TPOT_BUCKETS, last.tpot, base.tpot, 0.99), "finished requests"),
+        tpot_mean_s=reading(tpot_mean, "finished requests"),
+        ttft_p99_s=reading(_quantile(TTFT_BUCKETS, last.ttft, base.ttft, 0.99), "started requests"),
+        running=Reading.of(sum(s.running for s in inside) / len(inside)),
+        waiting=Reading.of(sum(s.waiting for s in inside) / len(inside)),
+        kv_cache_usage=Reading.of(sum(s.kv_usage for s in inside) / len(inside)),
+        prefix_hit_ratio=reading(
+            (last.prefix_hits - base.prefix_hits) / queries if queries else math.nan, "prefix-cache queries"
+        ),
+        preemptions_per_s=Reading.of((last.preemptions - base.preemptions) / span),
+        generation_tokens_per_s=Reading.of((last.generation_tokens - base.generation_tokens) / span),
+        recent_avg_context_tokens=context_over(recent),
+        prompt_tokens_mean=reading(
+            (last.prompt_sum - base.prompt_sum) / prompts if prompts else math.nan, "finished requests"
+        ),
+        output_tokens_mean=reading(
+            (last.output_sum - base.output_sum) / outputs if outputs else math.nan, "finished requests"
+        ),
+    )
+
+
+# --- one run ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class RunResult:
+    """One policy on one trace."""
+
+    policy: str
+    served: list[tuple[float, int, float | None, float | None]] = field(
+        default_factory=list
+    )  # arrival, output, tpot, ttft
+    rollouts: int = 0
+    restart_gpu_s: float = 0.0
+    values: list[tuple[float, int]] = field(default_factory=list)  # (time, max-num-seqs) from then on
+
+    def good(self, trace: Trace, phase: int | None = None) -> float:
+        """SLO goodput: output tokens per second of requests meeting both targets (of one phase)."""
+        tpot_s, ttft_s = trace.tpot_target_ms / 1e3, trace.ttft_target_ms / 1e3
+        tokens = 0
+        for arrival, output, tpot, ttft in self.served:
+            if phase is not None and trace.phase_at(arrival) != phase:
+                continue
+            if ttft is not None and ttft <= ttft_s and (tpot is None or tpot <= tpot_s):
+                tokens += output
+        return tokens / trace.duration_s
+
+    def figures(self) -> dict[str, float]:
+        tpots = [t for _, _, t, _ in self.served if t is not None]
+        ttfts = [t for _, _, _, t in self.served if t is not None]
+        return {"tpotP99Ms": percentile(tpots, 0.99) * 1e3, "ttftP99Ms": percentile(ttfts, 0.99) * 1e3}
+
+
+def run_policy(
+    setup: BenchSetup,
+    trace: Trace,
+    stream: Sequence[Arrival],
+    policy: str,
+    rules: TuningRules | None = None,
+    static: int | None = None,
+) -> RunResult:
+    """Replay `stream` against one engine whose limit is `static`, or what `decide()` under `rules` says."""
+    result = RunResult(policy)
+    prefix_caching = any(p.prefix_sharing > 0 for p in trace.phases)
+    kv_tokens = setup.num_gpu_blocks * setup.block_size
+
+    def on_finish(request: Request) -> None:
+        if request.state == FINISHED:
+            result.served.append((request.arrival, request.output, request.tpot_s, request.ttft_s))
+
+    def start(value: int, at: float) -> Engine:
+        engine = Engine(setup.engine_config(value, prefix_caching), seed=setup.seed, on_finish=on_finish)
+        engine.now = at
+        result.values.append((at, value))
+        return engine
+
+    now = 0.0
+    applied = Applied(None)
+    calibration: tuple[CalibrationPoint, ...] = ()
+    recent_targets: tuple[RecentTarget, ...] = ()
+    if static is not None:
+        value = static
+    else:
+        assert rules is not None
+        first = decide(rules, setup.operator_roofline, setup.kv_pool_bytes, None, applied, (), EPOCH)
+        value = first.value
+        applied = Applied(value, settled_since=EPOCH, rollouts=(Rollout(EPOCH, None, value, first.reason),))
+    engine: Engine | None = start(value, 0.0)
+    snapshots: list[Snapshot] = []
+    down_until = -math.inf
+    next_arrival = 0
+    next_scrape = 0.0
+    next_evaluation = setup.evaluation_interval_s
+    horizon = trace.duration_s
+    ticks = 0
+    while now < horizon and ticks < 10_000_000:
+        ticks += 1
+        until = min(next_scrape, next_evaluation, horizon, down_until if down_until > now else math.inf)
+        while next_arrival < len(stream) and stream[next_arrival].time < until:
+            a = stream[next_arrival]
+            next_arrival += 1
+            if engine is not None:
+                engine.submit(a.prompt, a.output, at=a.time, shared_prefix_tokens=a.shared)
+        if engine is not None:
+            engine.run_until(until)
+        now = until
+        if engine is None and now >= down_until:  # the restarted pod is up
+            engine = start(value, now)
+            snapshots = []
+            settled = EPOCH + timedelta(seconds=now)
+            applied = replace(applied, settled_since=settled, rolling=False)
+        if now >= next_scrape:
+            if engine is not None:
+                snapshots.append(snapshot(engine))
+                snapshots = snapshots[-256:]
+            next_scrape += setup.scrape_interval_s
+        if now >= next_evaluation:
+            next_evaluation += setup.evaluation_interval_s
+            if static is not None or rules is None or engine is None:
+                continue
+            at = EPOCH + timedelta(seconds=now)
+            observation = observe(snapshots, kv_tokens, now, rules.window_s)
+            decision = decide(
+                rules,
+                setup.operator_roofline,
+                setup.kv_pool_bytes,
+                observation,
+                applied,
+                calibration,
+                at,
+                recent_targets=recent_targets,
+            )
+            recent_targets = decision.recent_targets
+            settled_since = applied.settled_since
+            if (
+                not decision.rolls
+                and settled_since is not None
+                and at >= settled_since + timedelta(seconds=rules.window_s)
+            ):
+                point = calibration_point(observation)
+                last = calibration[-1].time if calibration else None
+                if point is not None and (last is None or at - last >= timedelta(seconds=rules.window_s)):
+                    calibration = add_calibration_point(calibration, point)
+            if decision.rolls:
+                result.rollouts += 1
+                result.restart_gpu_s += setup.restart_s * setup.roofline.tensor_parallel
+                engine.drop_all()
+                engine = None
+                value = decision.value
+                down_until = now + setup.restart_s
+                rollout = Rollout(at, applied.max_num_seqs, value, decision.reason, decision.target)
+                applied = Applied(value, rolling=True, rollouts=(*applied.rollouts, rollout)[-10:])
+    return result
+
+
+# --- the comparison --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PolicyFigures:
+    slo_goodput: float
+    ratio_to_oracle: float
+    tpot_p99_ms: float
+    ttft_p99_ms: float
+    rollouts: int
+    restart_gpu_s: float
+    values: str
+    wall_s: float = math.nan  # the slowest single simulation of the trace behind this figure
+
+    def to_json(self) -> dict[str, Any]:
+        def finite(x: float) -> float | None:
+            return None if math.isnan(x) else round(x, 3)
+
+        return {
+            "sloGoodputTokensPerSecond": round(self.slo_goodput, 2),
+            "ratioToOracle": round(self.ratio_to_oracle, 4),
+            "tpotP99Ms": finite(self.tpot_p99_ms),
+            "ttftP99Ms": finite(self.ttft_p99_ms),
+            "rollouts": self.rollouts,
+            "restartGpuSeconds": self.restart_gpu_s,
+        }
+
+
+@dataclass(frozen=True)
+class TraceResult:
+    trace: Trace
+    policies: dict[str, PolicyFigures]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"policies": {name: figures.to_json() for name, figures in self.policies.items()}}
+
+
+def _values_text(values: Iterable[tuple[float, int]]) -> str:
+    return " → ".join(str(v) for _, v in values)
+
+
+def bench_trace(
+    setup: BenchSetup,
+    trace: Trace,
+    *,
+    knee_rules: TuningRules,
+    slo_rules: TuningRules,
+    clock: Callable[[], float] | None = None,
+) -> TraceResult:
+    """Every policy on one trace, on the same arrivals. `clock` (wall seconds) times each run."""
+    stream = arrivals(setup, trace)
+    walls: dict[str, float] = {}
+
+    def timed(name: str, rules: TuningRules | None = None, static: int | None = None) -> RunResult:
+        started = clock() if clock else math.nan
+        result = run_policy(setup, trace, stream, name, rules=rules, static=static)
+        walls[name] = (clock() - started) if clock else math.nan
+        return result
+
+    knee = timed("knee", rules=knee_rules)
+    slo = timed("slo", rules=slo_rules)
+    values = sorted(
+        {*setup.candidates, VLLM_DEFAULT, *(v for _, v in knee.values), *(v for _, v in slo.values)}
+    )
+    statics = {v: timed(f"static-{v}", static=v) for v in values}
+    static_wall = max(walls[f"static-{v}"] for v in values)
+    phases = range(len(trace.phases))
+    per_phase = {v: [run.good(trace, p) for p in phases] for v, run in statics.items()}
+    best_value = max(values, key=lambda v: sum(per_phase[v]))
+    oracle_picks = [max(values, key=lambda v, p=p: per_phase[v][p]) for p in phases]  # type: ignore[misc]
+    oracle_goodput = sum(per_phase[v][p] for p, v in zip(phases, oracle_picks, strict=True))
+    oracle_served = [
+        row
+        for p, v in zip(phases, oracle_picks, strict=True)
+        for row in statics[v].served
+        if trace.phase_at(row[0]) == p
+    ]
+    oracle = RunResult("oracle", served=oracle_served)
+
+    def figures(run: RunResult, goodput: float, values_text: str, wall: float) -> PolicyFigures:
+        f = run.figures()
+        return PolicyFigures(
+            goodput,
+            goodput / oracle_goodput if oracle_goodput > 0 else math.nan,
+            f["tpotP99Ms"],
+            f["ttftP99Ms"],
+            run.rollouts,
+            run.restart_gpu_s,
+            values_text,
+            wall,
+        )
+
+    default = statics[VLLM_DEFAULT]
+    best = statics[best_value]
+    return TraceResult(
+        trace,
+        {
+            "vllm-default": figures(
+                default, default.good(trace), str(VLLM_DEFAULT), walls[f"static-{VLLM_DEFAULT}"]
+            ),
+            "best-static": figures(best, best.good(trace), str(best_value), static_wall),
+            "oracle": figures(oracle, oracle_goodput, " | ".join(str(v) for v in oracle_picks), static_wall),
+            "knee": figures(knee, knee.good(trace), _values_text(knee.values), walls["knee"]),
+            "slo": figures(slo, slo.good(trace), _values_text(slo.values), walls["slo"]),
+        },
+    )

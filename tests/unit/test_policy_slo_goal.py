@@ -1,0 +1,168 @@
+"""Goal SLO: the largest batch limit whose TPOT p99 meets the target less the margin — past the knee
+when the target allows — calibrated from samples, climbing from the knee before there are enough."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from batchknee.core import DecodeRoofline, find_gpu, find_model
+from batchknee.core.observation import Observation, Reading
+from batchknee.core.policy import Applied, CalibrationPoint, Decision, RecentTarget, TuningRules, decide
+from batchknee.core.roofline import PrefillMix
+
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+NAIVE = DecodeRoofline(find_model("llama-3-8b"), find_gpu("a100-80gb"))
+REAL = DecodeRoofline(NAIVE.model, NAIVE.gpu, bandwidth_efficiency=0.8, overhead_s=0.002)
+POOL = NAIVE.kv_pool_bytes(0.9)
+SLO = TuningRules(goal="SLO", tpot_p99_target_ms=30, max_max_num_seqs=1024, cooldown_s=0)
+
+
+def seen(
+    ctx: float,
+    tpot_p99_ms: float,
+    running: float,
+    *,
+    mean_ms: float | None = None,
+    prompt: float = 1024,
+    output: float = 2048,
+) -> Observation:
+    def reading(value: float | None) -> Reading:
+        return Reading.of(value) if value is not None else Reading.unavailable("series empty")
+
+    return Observation(
+        T0, 1, reading(ctx), reading(tpot_p99_ms / 1e3), reading(None if mean_ms is None else mean_ms / 1e3),
+        reading(0.2), reading(running), reading(0.0), reading(0.5), reading(0.0), reading(0.0), reading(900.0),
+        prompt_tokens_mean=reading(prompt), output_tokens_mean=reading(output),
+    )  # fmt: skip
+
+
+def steady(
+    rules: TuningRules,
+    roofline: DecodeRoofline,
+    pool: float,
+    observation: Observation | None,
+    applied: Applied,
+    calibration: Sequence[CalibrationPoint],
+    now: datetime,
+) -> Decision:
+    """The decision at `now` after the same traffic was seen every evaluation for two windows (the
+    hysteresis lets a change roll only once it has held)."""
+    moment = now - timedelta(seconds=2 * rules.window_s)
+    recent: tuple[RecentTarget, ...] = ()
+    while True:
+        seen_now = replace(observation, sampled_at=moment) if observation is not None else None
+        decision = decide(
+            rules, roofline, pool, seen_now, applied, calibration, moment, recent_targets=recent
+        )
+        if moment >= now:
+            return decision
+        recent = decision.recent_targets
+        moment += timedelta(seconds=rules.evaluation_interval_s)
+
+
+def real_mean_ms(batch: int, ctx: int = 2048) -> float:
+    return REAL.tpot_with_prefill_s(batch, ctx, PrefillMix(1024, 2048)) * 1e3
+
+
+def test_goal_slo_needs_a_tpot_target() -> None:
+    with pytest.raises(ValueError, match="goal SLO needs tpotP99TargetMilliseconds"):
+        TuningRules(goal="SLO")
+
+
+def test_uncalibrated_it_starts_at_the_knee() -> None:
+    d = steady(SLO, NAIVE, POOL, None, Applied(None), (), T0)
+    assert d.rolls and d.value == 64 and d.limited_by == "knee"  # ctx 2048 → B_knee 59.8 → 64
+
+
+def test_uncalibrated_it_climbs_in_a_bounded_step_towards_what_one_window_implies() -> None:
+    # The bucketed p99 reads 49 ms (inside the 25–50 ms bucket); the exact mean says there is room.
+    d = steady(SLO, NAIVE, POOL, seen(2048, 49.0, running=64, mean_ms=real_mean_ms(64)), Applied(64), (), T0)
+    assert d.rolls and d.limited_by == "slo-target" and "climb 64 →" in d.reason
+    assert 64 < d.value <= 96  # at most ×3/2 per settled window
+    # One window's estimate puts all of the time above the roofline into bandwidth: safe, the
+    # climbed value meets the working target on the real engine.
+    assert REAL.tpot_with_prefill_s(d.value, 2048, PrefillMix(1024, 2048), 0.99) <= 0.027
+
+
+def test_uncalibrated_it_steps_down_to_what_one_window_implies() -> None:
+    d = steady(
+        SLO, NAIVE, POOL, seen(2048, 49.0, running=160, mean_ms=real_mean_ms(160)), Applied(160), (), T0
+    )
+    assert d.rolls and d.value < 160 and d.limited_by == "tpot-target"  # over the target itself: urgent
+    assert REAL.tpot_with_prefill_s(d.value, 2048, PrefillMix(1024, 2048), 0.99) <= 0.027
+
+
+@pytest.mark.parametrize(
+    ("p99_ms", "running", "mean", "value"),
+    [
+        (20.0, 30, True, 64),  # the limit does not bind: hold
+        (40.0, 64, False, 48),  # no mean, bucketed p99 over the target: step ×3/4
+        (20.0, 64, False, 64),  # no mean: no climb on a bucketed p99
+    ],
+)
+def test_uncalibrated_it_holds_or_steps_down(p99_ms: float, running: float, mean: bool, value: int) -> None:
+    observation = seen(2048, p99_ms, running, mean_ms=real_mean_ms(int(running)) if mean else None)
+    d = steady(SLO, NAIVE, POOL, observation, Applied(64), (), T0)
+    assert d.value == value
+
+
+def calibration_points() -> tuple[CalibrationPoint, ...]:
+    """Settled windows of the real engine at several batches: exact mean TPOTs, coarse p99s."""
+    points = []
+    for i, batch in enumerate((32, 48, 64, 80, 96, 112)):
+        mix = PrefillMix(1024, 2048)
+        mean = REAL.tpot_with_prefill_s(batch, 2048, mix)
+        points.append(
+            CalibrationPoint(
+                T0 + timedelta(minutes=5 * i),
+                batch,
+                2048,
+                0.05,
+                tpot_mean_s=mean,
+                prompt_tokens=1024,
+                output_tokens=2048,
+            )
+        )
+    return tuple(points)
+
+
+def test_calibrated_it_runs_the_slo_bound_past_the_knee() -> None:
+    d = steady(
+        SLO,
+        NAIVE,
+        POOL,
+        seen(2048, 25.0, 64, mean_ms=real_mean_ms(64)),
+        Applied(64),
+        calibration_points(),
+        T0,
+    )
+    assert d.calibration is not None
+    assert d.calibration.bandwidth_efficiency == pytest.approx(0.8, rel=1e-6)
+    assert d.calibration.overhead_s == pytest.approx(0.002, rel=1e-6)
+    assert SLO.slo_tpot_s is not None
+    expected = REAL.max_batch_for_tpot_quantile(SLO.slo_tpot_s, 2048, PrefillMix(1024, 2048))
+    assert d.slo_bound == expected
+    assert d.value == expected // 8 * 8 > 64  # past the knee
+    assert d.rolls and d.limited_by == "slo-target"
+    assert REAL.tpot_with_prefill_s(d.value, 2048, PrefillMix(1024, 2048), 0.99) <= SLO.slo_tpot_s
+
+
+def test_calibrated_it_is_bounded_by_the_kv_pool_and_the_maximum() -> None:
+    short = seen(256, 10.0, 64, prompt=128, output=256)
+    bounded = TuningRules(goal="SLO", tpot_p99_target_ms=200, max_max_num_seqs=4096, cooldown_s=0)
+    d = steady(bounded, NAIVE, POOL, short, Applied(64), calibration_points(), T0)
+    assert d.limited_by == "kv-capacity"
+    assert d.value <= NAIVE.kv_capacity_batch(256, POOL)
+    capped = TuningRules(goal="SLO", tpot_p99_target_ms=200, max_max_num_seqs=256, cooldown_s=0)
+    assert steady(capped, NAIVE, POOL, short, Applied(64), calibration_points(), T0).value == 256
+
+
+def test_goal_knee_keeps_the_knee_and_reports_the_slo_bound() -> None:
+    knee = TuningRules(tpot_p99_target_ms=30, cooldown_s=0)
+    d = steady(knee, NAIVE, POOL, seen(2048, 25.0, 64), Applied(64), calibration_points(), T0)
+    assert d.value == 64 and d.limited_by == "knee"
+    assert d.slo_bound is not None and d.slo_bound > 64

@@ -1,0 +1,66 @@
+"""The roofline's TPOT model with prefill chunks interleaved, against the engine simulation: the
+plan's SLO cap must hold on the simulation, where the decode-only cap did not."""
+
+from __future__ import annotations
+
+import pytest
+
+from batchknee.core import DecodeRoofline, find_gpu, find_model, recommend
+from batchknee.core.roofline import PrefillMix, poisson_quantile
+from batchknee.emulator import EngineConfig, LoadSpec, vllm_num_gpu_blocks
+from batchknee.emulator.sweep import run_point
+
+ROOFLINE = DecodeRoofline(
+    find_model("llama-3-8b"), find_gpu("a100-80gb"), bandwidth_efficiency=0.8, overhead_s=0.002
+)
+TARGET_S = 0.030
+
+
+def simulated_p99(batch: int, context: int) -> float:
+    """TPOT p99 on the simulation: prompt = context/2, output = context (mean context = context)."""
+    config = EngineConfig(
+        ROOFLINE,
+        max_num_seqs=batch,
+        max_num_batched_tokens=max(2048, batch),
+        num_gpu_blocks=vllm_num_gpu_blocks(ROOFLINE, 0.9, 16),
+    )
+    load = LoadSpec(prompt_tokens=context // 2, output_tokens=context, concurrency=batch)
+    lifetime = context * ROOFLINE.tpot_s(batch, context)
+    point = run_point(config, load, duration_s=6 * lifetime, warmup_s=2 * lifetime)
+    return point.tpot_p99_s
+
+
+@pytest.mark.parametrize("context", [512, 2048])
+def test_the_p99_cap_meets_the_target_on_the_simulation_and_the_decode_only_cap_misses_it(
+    context: int,
+) -> None:
+    mix = PrefillMix.for_context(context, 0.5)
+    decode_only = recommend(ROOFLINE, context, tpot_target_s=TARGET_S, maximum=4096).slo_batch
+    with_prefill = recommend(ROOFLINE, context, tpot_target_s=TARGET_S, prefill=mix).slo_batch
+    assert decode_only is not None and with_prefill is not None
+    assert with_prefill < decode_only
+    assert simulated_p99(decode_only, context) > TARGET_S
+    assert simulated_p99(with_prefill, context) <= TARGET_S
+
+
+@pytest.mark.parametrize(("batch", "context"), [(240, 512), (96, 2048), (64, 2048)])
+def test_the_mean_model_is_within_5_percent_of_the_simulation(batch: int, context: int) -> None:
+    mean = ROOFLINE.tpot_with_prefill_s(batch, context, PrefillMix.for_context(context, 0.5))
+    assert simulated_p99(batch, context) == pytest.approx(mean, rel=0.05)
+
+
+def test_the_tail_grows_with_the_prefill_and_vanishes_without_it() -> None:
+    mix = PrefillMix(prompt_tokens=1024, output_tokens=256)
+    mean = ROOFLINE.tpot_with_prefill_s(64, 2048, mix)
+    p99 = ROOFLINE.tpot_with_prefill_s(64, 2048, mix, 0.99)
+    assert ROOFLINE.tpot_s(64, 2048) < mean < p99
+    assert ROOFLINE.tpot_with_prefill_s(64, 2048, PrefillMix(0, 256), 0.99) == ROOFLINE.tpot_s(64, 2048)
+    cached = PrefillMix(prompt_tokens=1024, output_tokens=256, cached_fraction=0.9)
+    assert ROOFLINE.tpot_with_prefill_s(64, 2048, cached, 0.99) < p99
+
+
+@pytest.mark.parametrize("mean", [0.5, 3.0, 40.0, 400.0, 4000.0])
+def test_poisson_quantile_brackets_the_mean(mean: float) -> None:
+    q = poisson_quantile(mean, 0.99)
+    assert mean < q < mean + 4 * mean**0.5 + 3
+    assert poisson_quantile(mean, 0.5) <= q
