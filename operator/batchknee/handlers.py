@@ -22,6 +22,7 @@ from typing import Any
 
 import kopf
 
+from batchknee.adapters.engine_runtime import HttpEngineRuntime
 from batchknee.adapters.kubernetes import KubernetesAdapter, load_config
 from batchknee.adapters.observing import RoutedObserver
 from batchknee.api.models import GROUP, PLURAL, VERSION
@@ -113,7 +114,8 @@ def configure(settings: OperatorSettings) -> Runtime:
     if settings.peering != "standalone":
         kube.ensure_peering(settings.peering_name, settings.namespaces)
     defaults = RenderDefaults(vllm_image=settings.vllm_image, trtllm_image=settings.trtllm_image)
-    RUNTIME = Runtime(Ports(kube, router, defaults, settings.admission_rules()), router, metrics)
+    ports = Ports(kube, router, defaults, settings.admission_rules(), runtime=HttpEngineRuntime())
+    RUNTIME = Runtime(ports, router, metrics)
     return RUNTIME
 
 

@@ -7,6 +7,7 @@ dicts (Kubernetes JSON, camelCase) and the core's `Observation`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
@@ -75,4 +76,30 @@ class Observer(Protocol):
     def observation(self, target: ObservationTarget, now: datetime) -> Observation:
         """The engines of one LLMServing over its window. Never raises for missing data: an
         unavailable reading carries the reason (an exception is treated the same way)."""
+        ...
+
+
+@dataclass(frozen=True)
+class LiveCap:
+    """One engine pod's runtime batch cap, as its runtime endpoint reports it."""
+
+    api: Literal["runtime-config", "trimtab"]
+    cap: int | None  # None: the endpoint sets but does not report it (trimtab)
+    ceiling: int | None  # the startup --max-num-seqs, when reported
+
+
+class LiveCapError(Exception):
+    """The pod answered, but not with a cap (an error status, garbage): the message says what."""
+
+
+class EngineRuntime(Protocol):
+    """The engines' runtime endpoints (vLLM's proposed /v1/runtime_config, trimtab's
+    /trimtab/set_knobs) on each pod's address."""
+
+    def read_cap(self, address: str) -> LiveCap | None:
+        """The pod's live cap, or None when the engine has no runtime endpoint (404/501)."""
+        ...
+
+    def set_cap(self, address: str, api: str, value: int) -> None:
+        """Set the pod's live cap. Raises LiveCapError when the pod refuses it."""
         ...

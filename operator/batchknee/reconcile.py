@@ -24,6 +24,7 @@ from batchknee.api.models import (
     KIND,
     QUARANTINE_KEPT,
     TARGET_ENV_VAR,
+    Actuation,
     CalibrationSample,
     CalibrationStatus,
     Condition,
@@ -64,8 +65,18 @@ from batchknee.core.policy import (
     decide,
     record,
 )
+from batchknee.core.roofline import DecodeRoofline
 from batchknee.core.verify import Check, Figures, verify
-from batchknee.ports import ApplyConflict, ApplyError, EventType, KubernetesPort, Observer
+from batchknee.ports import (
+    ApplyConflict,
+    ApplyError,
+    EngineRuntime,
+    EventType,
+    KubernetesPort,
+    LiveCap,
+    LiveCapError,
+    Observer,
+)
 from batchknee.render import (
     DeploymentState,
     Desired,
@@ -93,6 +104,7 @@ class Ports:
     observer: Observer
     defaults: RenderDefaults = field(default_factory=RenderDefaults)
     admission: AdmissionRules = field(default_factory=AdmissionRules)
+    runtime: EngineRuntime | None = None  # the engines' runtime endpoints (actuation: Live)
 
 
 @dataclass(frozen=True)
@@ -147,7 +159,7 @@ def _key(raw: dict[str, Any]) -> tuple[str, str]:
 class _Conditions:
     """Conditions keyed by type, keeping lastTransitionTime when the status does not change."""
 
-    ORDER = ("Ready", "MetricsAvailable", "Progressing", "Degraded", "ArgsOverridden", "Wired")
+    ORDER = ("Ready", "MetricsAvailable", "Progressing", "Degraded", "ArgsOverridden", "Wired", "Actuation")
 
     def __init__(self, old: Sequence[Condition], generation: int | None, now: datetime) -> None:
         self.old: dict[str, Condition] = {c.type: c for c in old}
@@ -211,6 +223,24 @@ def observed_metrics(observation: Observation) -> ObservedMetrics:
         pods=observation.pods,
         sampled_at=observation.sampled_at,
     )
+
+
+def _ready_address(pod: dict[str, Any]) -> str | None:
+    """`ip:port` of a ready, running engine pod (its `http` container port, else 8000)."""
+    status = pod.get("status") or {}
+    ready = any(
+        c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
+    )
+    ip = status.get("podIP")
+    if not ready or not ip or pod.get("metadata", {}).get("deletionTimestamp"):
+        return None
+    port = 8000
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        for entry in container.get("ports") or []:
+            if entry.get("name") == "http" and entry.get("containerPort"):
+                port = int(entry["containerPort"])
+    host = f"[{ip}]" if ":" in ip else ip
+    return f"{host}:{port}"
 
 
 def window_figures(figures: Figures) -> WindowFigures:
@@ -330,12 +360,18 @@ class _Reconcile:
             history = self.recorded_rollouts()  # nothing but the one env value is kept on the workload
             if target.problem is not None or not target.wired:
                 rules = replace(rules, mode="Recommend")  # report only, write nothing
+        live = self.live_pods(obj, state, target)
         settled_since = self.settled_since(state, history)
         observation = self.observe(obj, state, target)
         fingerprint = calibration_fingerprint(obj.spec)
         calibration = self.calibration_points(fingerprint)
+        running = state.max_num_seqs if state else None
+        if obj.spec.tuning.actuation == Actuation.Live and target is None and state is not None and history:
+            # the cap last decided: live, the pods run it under their ceiling; when Live cannot work,
+            # rendering it restarts them with it (the fallback)
+            running = history[-1].to_value
         applied = Applied(
-            max_num_seqs=state.max_num_seqs if state else None,
+            max_num_seqs=running,
             max_tokens=state.max_tokens if state else None,
             rolling=state.rolling if state else False,
             settled_since=settled_since,
@@ -357,10 +393,13 @@ class _Reconcile:
         )
 
         decision, quarantine = self.rollout_safety(
-            obj, state, applied, decision, rules, observation, settled_since
+            obj, state, applied, decision, rules, observation, settled_since, live is not None
         )
         rollouts = record(applied, decision, self.now)
-        desired = Desired(decision.value, decision.max_tokens, rollouts)
+        rendered = decision.value
+        if live is not None:
+            rendered = self.ceiling(obj, state, decision, roofline, pool, rules)
+        desired = Desired(rendered, decision.max_tokens, rollouts)
         if target is None:
             objects = render(obj, desired, self.ports.defaults)
             foreign = self.claim(objects, found, uid)
@@ -388,6 +427,10 @@ class _Reconcile:
         rolled = decision.rolls and apply_error is None and bool(objects)
         if apply_error is None and target is None and obj.spec.engine == Engine.TensorRTLLM:
             self.prune_engine_configs(obj, desired)
+        if live is not None and apply_error is None:
+            enforced = decision.value if rolled else applied.max_num_seqs
+            if enforced is not None and state is not None and enforced <= (state.max_num_seqs or 0):
+                self.set_live_caps(live, enforced)
         if not rolled:
             rollouts = applied.rollouts
 
@@ -436,6 +479,13 @@ class _Reconcile:
             obj, state, observation, decision, rolled, rollouts, settled_since, calibration, fingerprint
         )
         status = status.model_copy(update={**self.scale_status(state, target), "quarantine": quarantine})
+        if live is not None:
+            status = status.model_copy(
+                update={
+                    "max_num_seqs": decision.value if rolled else applied.max_num_seqs,
+                    "ceiling_max_num_seqs": rendered if rolled or state is None else state.max_num_seqs,
+                }
+            )
         if target is not None and rules.mode == "Recommend":
             status = status.model_copy(update={"action": "recommend"})
         if apply_error is not None:
@@ -469,6 +519,7 @@ class _Reconcile:
         rules: TuningRules,
         observation: Observation | None,
         settled_since: datetime | None,
+        live: bool = False,
     ) -> tuple[Decision, list[QuarantineEntry]]:
         """What the math decided, made safe to roll: a rollout whose pods never became Ready is rolled
         back, and a settled change that did worse than before is reverted — either way its value is
@@ -559,6 +610,7 @@ class _Reconcile:
         rollout = obj.spec.rolling_update
         if (
             obj.spec.target_ref is None
+            and not (live and state is not None and decision.value <= (state.max_num_seqs or 0))
             and state is not None
             and state.replicas == 1
             and not rollout.surges
@@ -570,6 +622,104 @@ class _Reconcile:
                 "allow it with spec.rollout.maxSurge: 1 (a spare GPU) or spec.rollout.allowServingGap: true",
             ), quarantine
         return decision, quarantine
+
+    # -- live caps (spec.tuning.actuation: Live) ----------------------------------------------------
+
+    def live_pods(
+        self, obj: LLMServing, state: DeploymentState | None, target: Target | None
+    ) -> dict[str, tuple[str, LiveCap]] | None:
+        """Live actuation's pods: each ready engine pod's address and live cap. None when the spec
+        asks for restarts, or when Live cannot work — then the condition says why and restarts are
+        used (never a silent no-op)."""
+        if obj.spec.tuning.actuation != Actuation.Live:
+            return None
+        if target is not None or obj.spec.engine != Engine.VLLM or self.ports.runtime is None:
+            why = (
+                "spec.targetRef: the operator writes only the env value of an adopted workload"
+                if target is not None
+                else f"{obj.spec.engine.value} has no runtime batch-cap endpoint"
+                if obj.spec.engine != Engine.VLLM
+                else "this operator has no client for the engines' runtime endpoints"
+            )
+            self.conditions.set("Actuation", "False", "LiveUnsupported", f"{why}; retuning by restart")
+            return None
+        caps: dict[str, tuple[str, LiveCap]] = {}
+        missing: list[str] = []
+        if state is not None and state.replicas > 0:
+            for pod in self.pods:
+                name, address = pod["metadata"]["name"], _ready_address(pod)
+                if address is None:
+                    continue
+                try:
+                    cap = self.ports.runtime.read_cap(address)
+                except LiveCapError as error:
+                    log.info("%s/%s: %s: %s", self.namespace, self.name, name, error)
+                    continue  # not answering now: set again next evaluation
+                if cap is None:
+                    missing.append(name)
+                else:
+                    caps[name] = (address, cap)
+        if missing:
+            self.conditions.set(
+                "Actuation",
+                "False",
+                "LiveUnsupported",
+                f"pods {', '.join(sorted(missing)[:5])} answer neither /v1/runtime_config nor "
+                "/trimtab/set_knobs (an engine build without a runtime cap endpoint); retuning by restart",
+            )
+            return None
+        self.conditions.set(
+            "Actuation",
+            "True",
+            "Live",
+            f"{len(caps)} pods take their batch cap live, below the startup ceiling",
+        )
+        return caps
+
+    def ceiling(
+        self,
+        obj: LLMServing,
+        state: DeploymentState | None,
+        decision: Decision,
+        roofline: DecodeRoofline,
+        pool: float,
+        rules: TuningRules,
+    ) -> int:
+        """The startup --max-num-seqs under Live actuation: kept while the decided cap fits under it;
+        raised by a restart when it does not (the condition says so)."""
+        current = state.max_num_seqs if state is not None else None
+        if current is not None and decision.value <= current:
+            return current
+        capacity = int(pool / roofline.kv_bytes_per_seq(rules.initial_context_length)) if pool > 0 else 0
+        base = min(rules.max_max_num_seqs, max(capacity // rules.granularity * rules.granularity, 1))
+        ceiling = max(base, decision.value)
+        if current is not None:
+            message = (
+                f"max-num-seqs {decision.value} is above the pods' startup ceiling {current}: restarting them "
+                f"with a ceiling of {ceiling}"
+            )
+            self.conditions.set("Actuation", "False", "AboveCeiling", message)
+            self.event("Normal", "AboveCeiling", message)
+        return ceiling
+
+    def set_live_caps(self, live: dict[str, tuple[str, LiveCap]], value: int) -> None:
+        """Level-based: every ready pod whose cap differs (or cannot be read back) is set again."""
+        assert self.ports.runtime is not None
+        failed = []
+        for name, (address, cap) in sorted(live.items()):
+            if cap.cap == value or (cap.ceiling is not None and value > cap.ceiling):
+                continue  # already there, or an old pod the rollout to a higher ceiling replaces
+            try:
+                self.ports.runtime.set_cap(address, cap.api, value)
+            except LiveCapError as error:
+                failed.append(f"{name}: {error}")
+        if failed:
+            self.conditions.set(
+                "Actuation",
+                "False",
+                "LiveCapRefused",
+                f"could not set the cap to {value} on {'; '.join(failed[:3])}",
+            )
 
     # -- the check after every change ---------------------------------------------------------------
 

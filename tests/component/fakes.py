@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from batchknee.core.observation import Observation, ObservationTarget, Reading
-from batchknee.ports import ApplyConflict, ApplyError, EventType
+from batchknee.ports import ApplyConflict, ApplyError, EventType, LiveCap, LiveCapError
 
 START = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 
@@ -266,3 +266,26 @@ class MemoryObserver:
             )
         found = self.readings[target.key]
         return Observation(now, *[getattr(found, f) for f in list(found.__dataclass_fields__)[1:]])
+
+
+@dataclass
+class MemoryRuntime:
+    """Implements batchknee.ports.EngineRuntime: each pod address's runtime endpoint, as a test sets
+    it (None: the engine build has none)."""
+
+    pods: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    sets: list[tuple[str, int]] = field(default_factory=list)
+
+    def read_cap(self, address: str) -> LiveCap | None:
+        found = self.pods.get(address)
+        if found is None:
+            return None
+        return LiveCap(found["api"], found["cap"], found.get("ceiling"))
+
+    def set_cap(self, address: str, api: str, value: int) -> None:
+        found = self.pods[address]
+        assert found is not None and found["api"] == api
+        if value > found.get("ceiling", value):
+            raise LiveCapError(f"PATCH /v1/runtime_config {value} answered 400: above the ceiling")
+        found["cap"] = value
+        self.sets.append((address, value))

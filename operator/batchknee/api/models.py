@@ -37,7 +37,15 @@ KIND = "LLMServing"
 PLURAL = "llmservings"
 SINGULAR = "llmserving"
 SHORT_NAMES = ("llms",)
-CONDITION_TYPES = ("Ready", "MetricsAvailable", "Progressing", "Degraded", "ArgsOverridden", "Wired")
+CONDITION_TYPES = (
+    "Ready",
+    "MetricsAvailable",
+    "Progressing",
+    "Degraded",
+    "ArgsOverridden",
+    "Wired",
+    "Actuation",
+)
 # The env var an adopted workload's args reference: `--max-num-seqs=$(BATCHKNEE_MAX_NUM_SEQS)`.
 TARGET_ENV_VAR = "BATCHKNEE_MAX_NUM_SEQS"
 
@@ -120,6 +128,11 @@ class TuningMode(StrEnum):
     Auto = "Auto"
     Recommend = "Recommend"
     Pinned = "Pinned"
+
+
+class Actuation(StrEnum):
+    Restart = "Restart"
+    Live = "Live"
 
 
 class TuningGoal(StrEnum):
@@ -349,6 +362,13 @@ class TuningSpec(_Model):
         le=100000,
         description="Time-per-output-token p99 target. Enables the SLO guard: a calibrated cap once enough "
         "samples exist, otherwise a step down while p99 is over the target.",
+    )
+    actuation: Actuation = Field(
+        Actuation.Restart,
+        description="Restart: a new batch limit rolls the engine pods. Live: pods start with a ceiling "
+        "(maxMaxNumSeqs, bounded by the KV pool) and each ready pod's cap is set through the engine's runtime "
+        "endpoint (vLLM's /v1/runtime_config, trimtab's /trimtab/set_knobs) without a restart; a value above "
+        "the ceiling, or pods without such an endpoint, fall back to a restart (condition Actuation says why).",
     )
     goal: TuningGoal = Field(
         TuningGoal.Knee,
@@ -1105,9 +1125,11 @@ ConditionStatus = Literal["True", "False", "Unknown"]
 class Condition(_Model):
     """One aspect of the object's state, Kubernetes style."""
 
-    type: Literal["Ready", "MetricsAvailable", "Progressing", "Degraded", "ArgsOverridden", "Wired"] = Field(
-        description="Ready, MetricsAvailable, Progressing, Degraded, ArgsOverridden, or Wired (targetRef: the "
-        "workload's args reference the batch limit)."
+    type: Literal[
+        "Ready", "MetricsAvailable", "Progressing", "Degraded", "ArgsOverridden", "Wired", "Actuation"
+    ] = Field(
+        description="Ready, MetricsAvailable, Progressing, Degraded, ArgsOverridden, Wired (targetRef: the "
+        "workload's args reference the batch limit), or Actuation (Live: the caps are set live, or why not)."
     )
     status: ConditionStatus = Field(description="True, False or Unknown.")
     observed_generation: int | None = Field(
@@ -1279,6 +1301,11 @@ class LLMServingStatus(_Model):
         default_factory=list,
         max_length=QUARANTINE_KEPT,
         description=f"Batch limits that failed (rollout not Ready by its deadline), the newest {QUARANTINE_KEPT}.",
+    )
+    ceiling_max_num_seqs: int | None = Field(
+        None,
+        ge=0,
+        description="Live actuation: the pods' startup --max-num-seqs, the most a live cap can be.",
     )
     replicas: int | None = Field(None, ge=0, description="Engine pods (the scale subresource's status).")
     selector: str | None = Field(

@@ -1,0 +1,105 @@
+"""actuation: Live — pods start at a ceiling and each ready pod's cap is set through its runtime
+endpoint, level-based, without a restart; what cannot be done live falls back to a restart and
+says why."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from conftest import World, llmserving
+from fakes import MemoryRuntime, observation
+
+from batchknee.render import deployment_state
+
+
+def live_world(
+    world: World, *, supported: bool = True, pods: int = 2, tuning: dict[str, Any] | None = None
+) -> MemoryRuntime:
+    runtime = MemoryRuntime()
+    world.ports.runtime = runtime
+    world.kube.create(llmserving(tuning={"cooldownSeconds": 0, "actuation": "Live", **(tuning or {})}))
+    world.reconcile()  # creates the Deployment at the ceiling
+    ceiling = deployment_state(world.kube.get_deployment("default", "chat")).max_num_seqs  # type: ignore[union-attr]
+    for i in range(pods):
+        add_pod(world, runtime, f"chat-abc-{i}", f"127.0.9.{i + 1}", ceiling if supported else None)
+    world.kube.finish_rollout("default", "chat")
+    return runtime
+
+
+def add_pod(world: World, runtime: MemoryRuntime, name: str, ip: str, ceiling: int | None) -> None:
+    world.kube.objects[("Pod", "default", name)] = {
+        "metadata": {"name": name, "namespace": "default", "labels": {"batchknee.io/llmserving": "chat"}},
+        "spec": {"containers": [{"name": "engine", "ports": [{"name": "http", "containerPort": 8000}]}]},
+        "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]},
+    }
+    runtime.pods[f"{ip}:8000"] = (
+        {"api": "runtime-config", "cap": ceiling, "ceiling": ceiling} if ceiling is not None else None
+    )
+
+
+def generation(world: World) -> int:
+    return int(world.kube.deployment("default", "chat")["metadata"]["generation"])
+
+
+def shift(world: World, ctx: int, evaluations: int = 8) -> None:
+    for _ in range(evaluations):
+        world.observer.set("default", "chat", observation(world.clock.now, ctx=ctx, pods=2))
+        world.reconcile()
+        world.clock.advance(30)
+
+
+def test_caps_follow_the_knee_live_with_no_restart(world: World) -> None:
+    runtime = live_world(world)
+    dep = deployment_state(world.kube.get_deployment("default", "chat"))
+    assert dep is not None and dep.max_num_seqs == 224  # the KV pool's bound at the initial 2,048 tokens
+    world.reconcile()
+    assert {cap["cap"] for cap in runtime.pods.values() if cap} == {64}  # the knee, set live on both pods
+    status = world.kube.status("default", "chat")
+    assert status["maxNumSeqs"] == 64 and status["ceilingMaxNumSeqs"] == 224
+    assert world.kube.condition("default", "chat", "Actuation")["status"] == "True"
+    before = generation(world)
+
+    world.clock.advance(121)
+    shift(world, 8192)
+    assert {cap["cap"] for cap in runtime.pods.values() if cap} == {16}
+    assert generation(world) == before  # no pod template change: no restart
+    assert world.kube.status("default", "chat")["history"][-1]["to"] == 16
+    assert "Retuned" in [e["reason"] for e in world.kube.events]
+
+
+def test_a_restarted_pod_gets_its_cap_back_within_one_evaluation(world: World) -> None:
+    runtime = live_world(world)
+    world.reconcile()
+    runtime.pods["127.0.9.1:8000"]["cap"] = 224  # type: ignore[index]  # restarted: back at the ceiling
+    world.clock.advance(30)
+    world.reconcile()
+    assert runtime.pods["127.0.9.1:8000"]["cap"] == 64  # type: ignore[index]
+
+
+def test_pods_without_a_runtime_endpoint_fall_back_to_a_restart(world: World) -> None:
+    live_world(world, supported=False)
+    world.reconcile()
+    actuation = world.kube.condition("default", "chat", "Actuation")
+    assert actuation["status"] == "False" and actuation["reason"] == "LiveUnsupported"
+    assert "chat-abc-0" in actuation["message"] and "restart" in actuation["message"]
+    assert deployment_state(world.kube.get_deployment("default", "chat")).max_num_seqs == 64  # type: ignore[union-attr]
+
+
+def test_a_value_above_the_ceiling_restarts_with_a_higher_ceiling(world: World) -> None:
+    live_world(world)
+    world.reconcile()
+    before = generation(world)
+    world.clock.advance(121)
+    shift(world, 512)  # the knee at 512 tokens is 240, above the pods' ceiling of 224
+    assert deployment_state(world.kube.get_deployment("default", "chat")).max_num_seqs == 240  # type: ignore[union-attr]
+    assert generation(world) == before + 1  # one restart, to the higher ceiling
+    [raised] = [e for e in world.kube.events if e["reason"] == "AboveCeiling"]
+    assert "240 is above the pods' startup ceiling 224" in raised["message"]
+
+
+def test_tensorrt_llm_live_says_why_not_and_restarts(world: World) -> None:
+    world.ports.runtime = MemoryRuntime()
+    world.kube.create(llmserving(engine="TensorRTLLM", tuning={"actuation": "Live"}))
+    world.reconcile()
+    actuation = world.kube.condition("default", "chat", "Actuation")
+    assert actuation["reason"] == "LiveUnsupported" and "TensorRTLLM" in actuation["message"]
