@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from batchknee.argtypes import int_list, positive_float
+from batchknee.commands import require_extra
 from batchknee.commands._options import add_roofline_options, describe, resolve_roofline
 from batchknee.core.plan import ContextPlan, build_plan
 from batchknee.core.roofline import DecodeRoofline
@@ -37,6 +38,8 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.plot:
+        require_extra("plot", "--plot")
     roofline = resolve_roofline(args)
     tpot_target_s = args.tpot_target_ms / 1e3 if args.tpot_target_ms else None
     plans = build_plan(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from importlib import resources
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -113,6 +114,6 @@ def run_scenario(
 
 
 def default_examples() -> list[Path]:
-    from batchknee.demo.world import EXAMPLES
-
-    return [EXAMPLES / "llama-3-8b-a100.yaml", EXAMPLES / "llama-3-8b-a100-recommend.yaml"]
+    """The demo's LLMServings, shipped in the package (demo-timed: see the files' comments)."""
+    manifests = Path(str(resources.files("batchknee.demo") / "manifests"))
+    return [manifests / "llama-3-8b-a100.yaml", manifests / "llama-3-8b-a100-recommend.yaml"]

@@ -1,6 +1,7 @@
 """Everything the demo runs, started in order and torn down in reverse: the local control plane
 with the test kubelet running `batchknee emulate` for engine pods, a real Prometheus scraping them,
-the CRD, the operator as its own process, and the example LLMServings."""
+the CRD (generated from the API models, as `batchknee crd` prints it), the operator as its own
+process, and the demo's LLMServings (package data: nothing is read from a checkout)."""
 
 from __future__ import annotations
 
@@ -17,13 +18,11 @@ from typing import Any, Self
 import yaml
 
 from batchknee.adapters.kubernetes import KubernetesAdapter
+from batchknee.api.crd import crd_yaml, peering_crd_yaml
 from batchknee.devcluster import DevCluster, LocalPrometheus
 from batchknee.devcluster.cluster import free_port
 from batchknee.devcluster.procs import wait_until
 
-REPO = Path(__file__).resolve().parents[3]
-CRD_DIR = REPO / "crds"
-EXAMPLES = REPO / "examples"
 NAMESPACE = "demo"
 PLURAL_GROUP = "llmservings.batchknee.io"
 
@@ -71,7 +70,11 @@ class DemoWorld:
             LocalPrometheus(self.cluster.file_sd_path, scrape_interval_s=1)
         )
         self.kube = KubernetesAdapter(self.cluster.api_client())
-        self.cluster.kubectl("apply", "-f", str(CRD_DIR))
+        crds = self.out_dir / "crds"
+        crds.mkdir(exist_ok=True)
+        (crds / "batchknee.io_llmservings.yaml").write_text(crd_yaml())
+        (crds / "kopf.dev_peerings.yaml").write_text(peering_crd_yaml())
+        self.cluster.kubectl("apply", "-f", str(crds))
         self.cluster.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL_GROUP}", "--timeout=60s")
         self.cluster.kubectl("create", "namespace", NAMESPACE)
         wait_until(
