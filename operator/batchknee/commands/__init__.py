@@ -8,7 +8,7 @@ import importlib.util
 # the operator itself needs neither.
 EXTRAS = {
     "plot": ("matplotlib",),
-    "demo": ("aiohttp", "cryptography", "matplotlib"),
+    "demo": ("aiohttp", "cryptography", "matplotlib", "openai"),
 }
 
 

@@ -16,6 +16,8 @@ from types import TracebackType
 from typing import Any, Self
 
 import yaml
+from kubernetes import client
+from kubernetes.client import ApiClient
 
 from batchknee.adapters.kubernetes import KubernetesAdapter
 from batchknee.api.crd import crd_yaml, peering_crd_yaml
@@ -24,6 +26,7 @@ from batchknee.devcluster.cluster import free_port
 from batchknee.devcluster.procs import wait_until
 
 NAMESPACE = "demo"
+LLMSERVING_LABEL = "batchknee.io/llmserving"  # on every engine pod (render.LABEL)
 PLURAL_GROUP = "llmservings.batchknee.io"
 
 
@@ -40,6 +43,7 @@ class DemoWorld:
         self.operator: subprocess.Popen[bytes]
         self.kube: KubernetesAdapter
         self.names: list[str] = []
+        self._endpoints_api: ApiClient | None = None
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -134,6 +138,37 @@ class DemoWorld:
     def deployment(self, name: str) -> dict[str, Any] | None:
         """The engine Deployment as JSON, or None before the operator has created it."""
         return self.kube.get_deployment(NAMESPACE, name)
+
+    def ready_endpoints(self, name: str) -> list[tuple[str, str]]:
+        """(pod, base URL) of the LLMServing's pods that are Ready and not terminating — where a
+        Service would route. Called from the external client's thread: its own API client."""
+        if self._endpoints_api is None:  # one connection pool for the client's thread, kept
+            self._endpoints_api = self.cluster.api_client()
+            self._stack.callback(self._endpoints_api.close)
+        core: Any = client.CoreV1Api(self._endpoints_api)  # Any: the raw response (_preload_content=False)
+        raw = core.list_namespaced_pod(
+            NAMESPACE,
+            label_selector=f"{LLMSERVING_LABEL}={name}",
+            _preload_content=False,
+            _request_timeout=(5, 10),
+        )
+        found: list[tuple[str, str]] = []
+        for pod in json.loads(raw.data)["items"]:
+            status = pod.get("status") or {}
+            conditions = status.get("conditions") or []
+            ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+            ip = status.get("podIP")
+            if not ready or pod["metadata"].get("deletionTimestamp") or not ip:
+                continue
+            ports = [
+                p["containerPort"]
+                for c in pod["spec"]["containers"]
+                for p in c.get("ports") or []
+                if p.get("name") == "http"
+            ]
+            if ports:
+                found.append((pod["metadata"]["name"], f"http://{ip}:{ports[0]}"))
+        return sorted(found)
 
     def query(self, promql: str) -> float | None:
         """One number from Prometheus (the first series), or None when there is none."""
