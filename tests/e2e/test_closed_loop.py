@@ -167,6 +167,21 @@ def test_the_clients_tpot_agrees_with_what_prometheus_reports(run: Run, phase: s
     assert client_tpot * 1e3 <= operator_p99_ms * 1.2
 
 
+def test_the_readmes_kubectl_get_llms_has_the_columns_and_rows_of_a_real_run(run: Run) -> None:
+    """The README pastes `kubectl get llms -o wide` from a full demo; its figures vary by run, its
+    shape must not: the same columns, one row per LLMServing with its engine and mode."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = readme.split("$ kubectl get llms -o wide\n", 1)[1].split("```", 1)[0].splitlines()
+    live = run.world.cluster.kubectl("get", "llms", "-n", "demo", "-o", "wide").stdout.splitlines()
+    assert block[0].split() == live[0].split()
+    pasted = {line.split()[0]: line.split() for line in block[1:] if line.strip()}
+    rows = {line.split()[0]: line.split() for line in live[1:] if line.strip()}
+    assert pasted.keys() == rows.keys() == {AUTO, SHADOW}
+    for name, row in rows.items():
+        assert pasted[name][1:3] == row[1:3]  # engine, model
+        assert pasted[name][10] == row[10]  # mode
+
+
 def test_timeline_files(run: Run) -> None:
     out: Path = run.world.out_dir
     assert (out / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
