@@ -1,6 +1,8 @@
 # syntax=docker/dockerfile:1
 # The batchknee operator image. Two stages: build the wheels (batchknee's and its dependencies'), then
-# install them into a fresh virtual environment on a slim Python runtime. The image runs as a numeric
+# install them into a fresh virtual environment on a slim Python runtime. Only the operator's own
+# dependencies: the `plot` and `demo` extras (matplotlib, cryptography — the emulator's server, the
+# local control plane, the demo) stay out of the image. The image runs as a numeric
 # non-root user and needs nothing writable but /tmp (an emptyDir in the Helm chart), so it runs with a
 # read-only root filesystem. tests/package repeats these steps (no Docker engine needed) and runs the
 # result.
@@ -16,7 +18,7 @@ ENV PIP_NO_CACHE_DIR=1 \
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY operator/ operator/
-# Every wheel the runtime needs, batchknee's included: the runtime stage installs from here only.
+# Every wheel the runtime needs, batchknee's included (no extras): the runtime stage installs from here only.
 RUN python -m pip wheel --wheel-dir /wheels .
 
 FROM ${PYTHON_IMAGE} AS runtime
@@ -24,7 +26,7 @@ LABEL org.opencontainers.image.title="batchknee" \
       org.opencontainers.image.description="Kubernetes operator that keeps LLM engines' decode batch limit at the memory-bandwidth knee" \
       org.opencontainers.image.licenses="Apache-2.0"
 # PYTHONDONTWRITEBYTECODE: the bytecode is compiled at install time; nothing is written next to it at
-# run time. HOME, TMPDIR and MPLCONFIGDIR (matplotlib's cache) point at /tmp, the only writable path.
+# run time. HOME and TMPDIR point at /tmp, the only writable path.
 # The operator's /metrics and /healthz listen on all addresses in a container (they default to loopback).
 ENV PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
@@ -34,7 +36,6 @@ ENV PYTHONUNBUFFERED=1 \
     PATH=/opt/batchknee/bin:$PATH \
     HOME=/tmp \
     TMPDIR=/tmp \
-    MPLCONFIGDIR=/tmp/matplotlib \
     BATCHKNEE_METRICS_ADDRESS=0.0.0.0 \
     BATCHKNEE_METRICS_PORT=8081 \
     BATCHKNEE_HEALTH_ADDRESS=0.0.0.0 \

@@ -27,16 +27,17 @@ venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -e '.[dev,demo]'
 	touch $@
 
 # The dependencies' wheels, fetched at install time so that tests/package can install the operator's
-# wheel into a fresh venv offline, the way the Dockerfile's runtime stage does (--no-index --find-links).
+# wheel into a fresh venv offline, the way the Dockerfile's runtime stage does (--no-index --find-links),
+# and then the demo extra on top of it. The base wheel's set stays in the image; the extra's is only here.
 WHEELHOUSE := $(VENV)/wheelhouse
 wheelhouse: $(WHEELHOUSE)/.done
 $(WHEELHOUSE)/.done: pyproject.toml $(VENV)/.installed
 	rm -rf $(WHEELHOUSE)
-	$(BIN)/python -m pip wheel -q --wheel-dir $(WHEELHOUSE) --no-build-isolation .
+	$(BIN)/python -m pip wheel -q --wheel-dir $(WHEELHOUSE) --no-build-isolation '.[demo]'
 	rm -f $(WHEELHOUSE)/batchknee-*.whl
 	touch $@
 

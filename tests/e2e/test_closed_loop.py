@@ -8,9 +8,12 @@ process) retunes as traffic moves through 512, 2,048 and 8,192 tokens of context
 from __future__ import annotations
 
 import io
+import json
+import statistics
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -112,6 +115,71 @@ def test_no_request_was_dropped_while_pods_drained(run: Run) -> None:
     assert still == 0
     finished = query("sum(max_over_time(batchknee_emulator_requests_finished_total[1h]))")
     assert finished is not None and finished > 1000
+
+
+def client_report(run: Run) -> dict[str, Any]:
+    report: dict[str, Any] = json.loads((run.world.out_dir / "client.json").read_text())
+    return report
+
+
+def test_a_client_through_the_ready_pods_sees_no_error_across_every_rollout(run: Run) -> None:
+    """The external client (the `openai` client, streaming, routed by readiness like a Service)
+    kept requests in flight through every phase and every rollout and got every token."""
+    report = client_report(run)
+    records = report["records"]
+    rollouts = run.of(AUTO, "ctx-8192")[-1].rollouts
+    assert rollouts >= 3
+    for phase in FAST.phases:
+        assert report["byPhase"][phase.name]["requests"] >= 5, report["byPhase"]
+    assert report["errors"] == 0, [r["error"] for r in records if r["error"]][:5]
+    # It followed the rollouts: pods of several ReplicaSets served it, not just the first two.
+    replica_sets = {r["pod"].rsplit("-", 1)[0] for r in records}
+    assert len(replica_sets) >= 3, replica_sets
+
+
+def prometheus_tpot_s(run: Run, at: float, window_s: int) -> float | None:
+    """Mean per-request TPOT of the Auto engine's pods over `window_s` before `at`, from Prometheus."""
+    pods = f'namespace="demo",pod=~"{AUTO}-[a-z0-9]+-[a-z0-9]+"'
+    name = "vllm[:_]request_time_per_output_token_seconds"
+
+    def rate(suffix: str) -> str:
+        return f'sum(rate({{__name__=~"{name}_{suffix}",{pods}}}[{window_s}s] @ {at:.3f}))'
+
+    return run.world.query(f"{rate('sum')} / {rate('count')}")
+
+
+@pytest.mark.parametrize("phase", [p.name for p in FAST.phases])
+def test_the_clients_tpot_agrees_with_what_prometheus_reports(run: Run, phase: str) -> None:
+    """The client's own TPOT (wall × speedup) in the last 30 s of a phase against the engines'
+    histograms in Prometheus over the same window: the mean within 25 % (client jitter on a busy
+    machine, other requests' lengths); and never above the p99 the operator read (times 1.2)."""
+    records = [r for r in client_report(run)["records"] if r["phase"] == phase and r["tpot_s"]]
+    end = max(r["started_at"] for r in records)
+    recent = [r for r in records if r["started_at"] >= end - 30]
+    assert len(recent) >= 3
+    client_tpot = statistics.median(r["tpot_s"] for r in recent)
+    engines_tpot = prometheus_tpot_s(run, end, 30)
+    print(f"{phase}: TPOT client {client_tpot * 1e3:.1f} ms, Prometheus mean {engines_tpot} s")
+    assert engines_tpot is not None
+    assert client_tpot == pytest.approx(engines_tpot, rel=0.25)
+    operator_p99_ms = run.of(AUTO, phase)[-1].tpotP99Ms
+    assert operator_p99_ms is not None
+    assert client_tpot * 1e3 <= operator_p99_ms * 1.2
+
+
+def test_the_readmes_kubectl_get_llms_has_the_columns_and_rows_of_a_real_run(run: Run) -> None:
+    """The README pastes `kubectl get llms -o wide` from a full demo; its figures vary by run, its
+    shape must not: the same columns, one row per LLMServing with its engine and mode."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = readme.split("$ kubectl get llms -o wide\n", 1)[1].split("```", 1)[0].splitlines()
+    live = run.world.cluster.kubectl("get", "llms", "-n", "demo", "-o", "wide").stdout.splitlines()
+    assert block[0].split() == live[0].split()
+    pasted = {line.split()[0]: line.split() for line in block[1:] if line.strip()}
+    rows = {line.split()[0]: line.split() for line in live[1:] if line.strip()}
+    assert pasted.keys() == rows.keys() == {AUTO, SHADOW}
+    for name, row in rows.items():
+        assert pasted[name][1:3] == row[1:3]  # engine, model
+        assert pasted[name][10] == row[10]  # mode
 
 
 def test_timeline_files(run: Run) -> None:

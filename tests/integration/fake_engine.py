@@ -1,8 +1,8 @@
 """A stand-in engine the test kubelet runs as a pod's process.
 
 Serves on --host/--port: /health (200), /metrics (Prometheus text), /args (what it was started with:
-argv, selected env, cwd and the --config file's content). On SIGTERM it writes `sigterm` into its
-working directory (the pod folder) and exits 0. Exits by itself after --max-lifetime seconds.
+argv, selected env, cwd and the --config file's content). On SIGTERM it writes `sigterm` (the time, in
+epoch seconds) into its working directory (the pod folder) and exits 0. Exits by itself after --max-lifetime seconds.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def main() -> int:
     stop = threading.Event()
 
     def on_term(signum: int, frame: Any) -> None:
-        Path("sigterm").write_text(f"{time.time() - STARTED:.3f}\n")
+        Path("sigterm").write_text(f"{time.time():.6f}\n")  # when, on the wall clock
         stop.set()
 
     signal.signal(signal.SIGTERM, on_term)

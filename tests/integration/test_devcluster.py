@@ -314,6 +314,118 @@ def test_pod_process_gets_args_volumes_env_and_stops_gracefully(
     assert not pid_alive(pids[0])
 
 
+def pod_ready(core: client.CoreV1Api, name: str, namespace: str) -> bool | None:
+    """The pod's Ready condition; None once the pod is gone."""
+    try:
+        pod = core.read_namespaced_pod(name, namespace)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    return any(c.type == "Ready" and c.status == "True" for c in (pod.status.conditions or []))
+
+
+def test_deletion_drops_readiness_then_runs_the_prestop_hook_then_sigterm(
+    cluster: DevCluster, api: client.ApiClient, namespace: str
+) -> None:
+    """A kubelet's order on deletion: Ready=False at once (what routes by readiness stops), the
+    preStop exec hook, then SIGTERM, the process gone within the grace period."""
+    core = client.CoreV1Api(api)
+    hook = ["sh", "-c", "date +%s.%N > prestop-start; sleep 2; date +%s.%N > prestop-end"]
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "drained", "labels": {"app": "drained"}},
+        "spec": {
+            "terminationGracePeriodSeconds": 20,
+            "containers": [
+                engine_container(
+                    "engine", ["--port", "8000"], lifecycle={"preStop": {"exec": {"command": hook}}}
+                )
+            ],
+        },
+    }
+    core.create_namespaced_pod(namespace, pod)
+    wait_until(lambda: bool(pod_ready(core, "drained", namespace)), 60, "the pod Ready")
+    ip = core.read_namespaced_pod("drained", namespace).status.pod_ip
+    pod_dir = Path(json.loads(http_get(ip, 8000, "/args")[1])["cwd"])
+
+    core.delete_namespaced_pod("drained", namespace)
+    wait_until(lambda: pod_ready(core, "drained", namespace) is False, 10, "Ready=False after the delete")
+    not_ready_seen = time.time()
+    # Not ready while the hook still runs and before SIGTERM: the engine keeps serving meanwhile.
+    assert not (pod_dir / "sigterm").exists(), "SIGTERM came before readiness dropped"
+    assert not (pod_dir / "prestop-end").exists(), "the preStop hook ended before readiness dropped"
+    assert http_get(ip, 8000, "/health")[0] == 200
+
+    started = time.monotonic()
+    wait_until(lambda: pod_ready(core, "drained", namespace) is None, 30, "the pod deleted")
+    took = time.monotonic() - started
+    hook_start = float((pod_dir / "prestop-start").read_text())
+    hook_end = float((pod_dir / "prestop-end").read_text())
+    sigterm = float((pod_dir / "sigterm").read_text())
+    assert hook_start < hook_end <= sigterm, "SIGTERM before the preStop hook finished"
+    assert not_ready_seen < hook_end
+    assert took < 20, f"the pod outlived its grace period: {took:.1f} s"
+
+
+def test_the_grace_period_cuts_a_long_prestop_hook_and_sigterm_still_comes(
+    cluster: DevCluster, api: client.ApiClient, namespace: str
+) -> None:
+    core = client.CoreV1Api(api)
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "hasty"},
+        "spec": {
+            "terminationGracePeriodSeconds": 2,
+            "containers": [
+                engine_container(
+                    "engine",
+                    ["--port", "8000"],
+                    lifecycle={"preStop": {"exec": {"command": ["sleep", "120"]}}},
+                )
+            ],
+        },
+    }
+    core.create_namespaced_pod(namespace, pod)
+    wait_until(lambda: bool(pod_ready(core, "hasty", namespace)), 60, "the pod Ready")
+    ip = core.read_namespaced_pod("hasty", namespace).status.pod_ip
+    pod_dir = Path(json.loads(http_get(ip, 8000, "/args")[1])["cwd"])
+    started = time.monotonic()
+    core.delete_namespaced_pod("hasty", namespace)
+    wait_until(lambda: pod_ready(core, "hasty", namespace) is None, 60, "the pod deleted")
+    took = time.monotonic() - started
+    assert (pod_dir / "sigterm").is_file(), "the engine never saw SIGTERM"
+    # 2 s for the hook, at least 2 s more for SIGTERM (a kubelet's minimum), nowhere near 120 s.
+    assert took < 20, f"the 120 s preStop hook held the pod {took:.1f} s"
+
+
+def test_endpointslices_refuse_loopback_pod_addresses(
+    cluster: DevCluster, api: client.ApiClient, namespace: str
+) -> None:
+    """Why no controller publishes this cluster's pods: the apiserver validates EndpointSlice
+    addresses like Endpoints (no loopback), and the test kubelet's pod IPs are 127.N.x.y. If this
+    ever passes, enable the `endpointslice-controller` in DevCluster."""
+    discovery = client.DiscoveryV1Api(api)
+
+    def slice_with(address: str) -> dict[str, Any]:
+        return {
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {"generateName": "engine-", "labels": {"kubernetes.io/service-name": "engine"}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": [address], "conditions": {"ready": True}}],
+            "ports": [{"name": "http", "port": 8000, "protocol": "TCP"}],
+        }
+
+    with pytest.raises(ApiException) as refused:
+        discovery.create_namespaced_endpoint_slice(namespace, slice_with("127.1.0.5"))
+    assert refused.value.status == 422
+    assert "loopback" in refused.value.body
+    discovery.create_namespaced_endpoint_slice(namespace, slice_with("10.1.0.5"))
+
+
 def test_crashing_process_restarts_and_pod_not_ready_meanwhile(
     cluster: DevCluster, api: client.ApiClient, namespace: str
 ) -> None:

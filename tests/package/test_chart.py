@@ -138,7 +138,7 @@ def test_the_operator_pod_is_hardened(render: Render) -> None:
     assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
     assert c["resources"]["requests"]["cpu"] and c["resources"]["requests"]["memory"]
     assert c["resources"]["limits"]["memory"]
-    # the only writable path: an emptyDir on /tmp (HOME, TMPDIR and MPLCONFIGDIR in the image)
+    # the only writable path: an emptyDir on /tmp (HOME and TMPDIR in the image)
     assert c["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
     assert pod["volumes"] == [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}]
     assert pod["serviceAccountName"] == FULLNAME and pod["automountServiceAccountToken"] is True

@@ -4,13 +4,17 @@
 - the wheel is built from that copy (offline: --no-build-isolation);
 - the runtime stage's install: a venv without pip, filled by another pip from wheels only
   (--no-index --find-links; the dependencies come from the wheelhouse `make wheelhouse` fetched);
-- the image's ENV (HOME, TMPDIR, MPLCONFIGDIR under /tmp, PYTHONDONTWRITEBYTECODE, …) with /tmp and
+  the base wheel only — the operator, without the test world or plotting;
+- the image's ENV (HOME, TMPDIR under /tmp, PYTHONDONTWRITEBYTECODE, …) with /tmp and
   /opt/batchknee mapped to folders here; then the console script runs, and nothing under the
-  installed venv (the image's read-only root) changes.
+  installed venv (the image's read-only root) changes; commands that need an extra say which;
+- the same wheel plus the `demo` extra in another fresh venv: the demo's entry point and modules
+  import and find their data outside the repository.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -103,7 +107,7 @@ def test_the_image_runs_as_a_numeric_non_root_user_with_a_read_only_root() -> No
     assert int(uid) == 65532  # the chart's podSecurityContext.runAsUser
     env = image_env()
     assert env["PYTHONUNBUFFERED"] == "1" and env["PYTHONDONTWRITEBYTECODE"] == "1"
-    for writable in ("HOME", "TMPDIR", "MPLCONFIGDIR"):
+    for writable in ("HOME", "TMPDIR"):
         assert env[writable] == "/tmp" or env[writable].startswith("/tmp/"), writable
     assert runtime.all("WORKDIR") == ["/tmp"]
     assert runtime.all("ENTRYPOINT") == ['["batchknee"]'] and runtime.all("CMD") == ['["operator"]']
@@ -229,6 +233,8 @@ def test_the_wheel_holds_the_package_its_data_and_the_console_script(wheel: Path
     }
     assert sources <= names, sorted(sources - names)
     assert "batchknee/py.typed" in names  # package data: type information for users of the API
+    manifests = {p.name for p in (ROOT / "operator" / "batchknee" / "demo" / "manifests").glob("*.yaml")}
+    assert manifests and {f"batchknee/demo/manifests/{m}" for m in manifests} <= names  # the demo's own
     assert not any(n.startswith(("tests/", "operator/", "charts/")) for n in names)
     assert "[console_scripts]" in entry_points and "batchknee = batchknee.cli:main" in entry_points
     assert metadata["Requires-Python"] == project["requires-python"]
@@ -236,9 +242,15 @@ def test_the_wheel_holds_the_package_its_data_and_the_console_script(wheel: Path
     def name(requirement: str) -> str:
         return re.split(r"[<>=!~ ;\[]", requirement, maxsplit=1)[0].lower().replace("_", "-")
 
-    assert {name(r) for r in metadata.get_all("Requires-Dist") or [] if "extra ==" not in r} == {
-        name(r) for r in project["dependencies"]
-    }
+    requires = metadata.get_all("Requires-Dist") or []
+    assert {name(r) for r in requires if "extra ==" not in r} == {name(r) for r in project["dependencies"]}
+    for extra in ("plot", "demo"):
+        assert extra in (metadata.get_all("Provides-Extra") or [])
+        assert {name(r) for r in requires if f'extra == "{extra}"' in r} == {
+            name(r) for r in project["optional-dependencies"][extra]
+        }
+    # The operator's dependencies leave the test world and plotting out.
+    assert not {"matplotlib", "cryptography"} & {name(r) for r in project["dependencies"]}
 
 
 # --- installed the runtime stage's way, and run ----------------------------------------------------
@@ -270,23 +282,34 @@ def tree(folder: Path) -> dict[str, tuple[int, int]]:
     }
 
 
-@pytest.fixture(scope="session")
-def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Installed:
+def install(wheel: Path, root: Path, requirement: str) -> Path:
+    """A fresh venv without pip under root/opt/batchknee, filled from the wheelhouse only."""
     if not (WHEELHOUSE / ".done").exists():
         pytest.fail(
             f"no wheelhouse at {WHEELHOUSE}: run `make wheelhouse` (it fetches the dependencies' wheels)"
         )
-    root = tmp_path_factory.mktemp("image")
     venv = root / "opt" / "batchknee"
-    scratch = root / "tmp"
-    scratch.mkdir()
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     done = subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
-         "--no-index", "--find-links", str(WHEELHOUSE), "--find-links", str(wheel.parent), "batchknee"],
+         "--no-index", "--find-links", str(WHEELHOUSE), "--find-links", str(wheel.parent), requirement],
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
+    return venv
+
+
+def site_packages_mb(venv: Path) -> float:
+    [site] = venv.glob("lib/python3*/site-packages")
+    return sum(p.stat().st_size for p in site.rglob("*") if p.is_file()) / 1e6
+
+
+@pytest.fixture(scope="session")
+def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    root = tmp_path_factory.mktemp("image")
+    venv = install(wheel, root, "batchknee")
+    scratch = root / "tmp"
+    scratch.mkdir()
 
     def mapped(value: str) -> str:
         value = re.sub(r"(?<![\w/])/tmp(?=/|$|:)", str(scratch), value)  # first: scratch is under /tmp
@@ -317,25 +340,78 @@ def test_the_console_script_runs_from_the_fresh_venv(installed: Installed) -> No
     crd = installed.run("batchknee", "crd")
     assert crd.returncode == 0 and crd.stdout == (ROOT / "crds" / "batchknee.io_llmservings.yaml").read_text()
 
-    # matplotlib writes its cache under MPLCONFIGDIR (the image's /tmp), never next to the code
-    plot = installed.scratch / "knee.png"
     planned = installed.run(
-        "batchknee",
-        "plan",
-        "--model",
-        "llama-3-8b",
-        "--gpu",
-        "a100-80gb",
-        "--context",
-        "2048",
-        "--plot",
-        str(plot),
+        "batchknee", "plan", "--model", "llama-3-8b", "--gpu", "a100-80gb", "--context", "2048"
     )
     assert planned.returncode == 0, planned.stderr
-    assert "B_knee" in planned.stdout and plot.stat().st_size > 0
-    assert Path(installed.env["MPLCONFIGDIR"]).is_relative_to(installed.scratch)
+    assert "B_knee" in planned.stdout
+
+    # The image has neither plotting nor the test world: the commands that need them say so.
+    lean = installed.run("python", "-c", "import matplotlib")
+    assert lean.returncode != 0 and "No module named 'matplotlib'" in lean.stderr
+    plot = installed.run(
+        "batchknee", "plan", "--model", "llama-3-8b", "--gpu", "a100-80gb", "--plot", "k.png"
+    )
+    assert plot.returncode == 2, plot.stderr
+    assert "pip install 'batchknee[plot]'" in plot.stderr
+    for command in (["demo"], ["dev-cluster", "up"]):
+        refused = installed.run("batchknee", *command)
+        assert refused.returncode == 2, refused.stderr
+        assert f"batchknee {command[0]} needs the demo extra: pip install 'batchknee[demo]'" in refused.stderr
+        assert "Traceback" not in refused.stderr
 
     assert tree(installed.venv) == before, (
         "the run wrote under the installed venv (the image's read-only root)"
     )
     assert not list(installed.venv.rglob("__pycache__/*.cpython-*.pyc.*"))
+
+
+def test_the_demo_extra_runs_the_demo_entry_point_outside_the_repository(
+    wheel: Path, installed: Installed, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    root = tmp_path_factory.mktemp("demo-extra")
+    venv = install(wheel, root, "batchknee[demo]")
+    scratch = root / "tmp"
+    scratch.mkdir()
+    env = {**installed.env, "PATH": f"{venv / 'bin'}:/usr/local/bin:/usr/bin:/bin", "VIRTUAL_ENV": str(venv)}
+    env.update(HOME=str(scratch), TMPDIR=str(scratch), MPLCONFIGDIR=str(scratch / "matplotlib"))
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*args], env=env, cwd=scratch, capture_output=True, text=True, timeout=120, check=False
+        )
+
+    helped = run("batchknee", "demo", "--help")
+    assert helped.returncode == 0, helped.stderr
+    assert "--fast" in helped.stdout
+    probe = (
+        "import json, batchknee\n"
+        "from batchknee.demo.run import default_examples, run_scenario\n"
+        "from batchknee.demo.world import DemoWorld\n"
+        "from batchknee.demo.timeline import plot\n"
+        "import batchknee.devcluster.pki, batchknee.devcluster.kubelet\n"
+        "from batchknee.emulator.server import EmulatorServer\n"
+        "from batchknee.api.crd import crd_yaml\n"
+        "print(json.dumps({'package': batchknee.__file__, 'examples': [str(p) for p in default_examples()],\n"
+        "                  'crd': crd_yaml()}))\n"
+    )
+    imported = run("python", "-c", probe)
+    assert imported.returncode == 0, imported.stderr
+    found = json.loads(imported.stdout)
+    assert Path(found["package"]).is_relative_to(venv)
+    for example in map(Path, found["examples"]):
+        assert example.is_relative_to(venv) and example.is_file(), example  # package data, not the checkout
+        assert "kind: LLMServing" in example.read_text()
+    assert found["crd"] == (ROOT / "crds" / "batchknee.io_llmservings.yaml").read_text()
+
+    # Plotting works with the extra; matplotlib's cache goes to MPLCONFIGDIR, not next to the code.
+    knee = scratch / "knee.png"
+    planned = run("batchknee", "plan", "--model", "llama-3-8b", "--gpu", "a100-80gb", "--plot", str(knee))
+    assert planned.returncode == 0, planned.stderr
+    assert knee.stat().st_size > 0
+
+    # A proxy for the image size (no Docker here): what each install puts in site-packages.
+    print(
+        f"\nsite-packages: base {site_packages_mb(installed.venv):.0f} MB, "
+        f"with the demo extra {site_packages_mb(venv):.0f} MB"
+    )

@@ -1,5 +1,28 @@
 """Subcommands of the `batchknee` CLI."""
 
+from __future__ import annotations
+
+import importlib.util
+
+# What each optional extra of the distribution adds (pyproject's [project.optional-dependencies]):
+# the operator itself needs neither.
+EXTRAS = {
+    "plot": ("matplotlib",),
+    "demo": ("aiohttp", "cryptography", "matplotlib", "openai"),
+}
+
 
 class UsageError(Exception):
     """A user mistake: printed as one line naming the option, exit status 2, no traceback."""
+
+
+def require_extra(extra: str, what: str, modules: tuple[str, ...] | None = None) -> None:
+    """Raise a UsageError naming the extra to install when one of its modules (or of `modules`,
+    the part of it `what` uses) is missing."""
+    needed = EXTRAS[extra] if modules is None else modules
+    missing = [module for module in needed if importlib.util.find_spec(module) is None]
+    if missing:
+        raise UsageError(
+            f"{what} needs the {extra} extra: pip install 'batchknee[{extra}]' "
+            f"(not installed: {', '.join(missing)})"
+        )

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from batchknee.argtypes import int_list, non_negative_float, positive_float, positive_int
-from batchknee.commands import UsageError
+from batchknee.commands import UsageError, require_extra
 from batchknee.commands._options import add_roofline_options, describe, resolve_roofline
 from batchknee.core.policy import TuningRules
 from batchknee.emulator.bench import POLICIES, BenchSetup, TraceResult, bench_trace, standard_traces
@@ -106,6 +106,8 @@ def _rules(args: argparse.Namespace, goal: str) -> TuningRules:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.plot:
+        require_extra("plot", "--plot")  # before an hour of simulation, not after
     engine_roofline = resolve_roofline(args)
     operator_roofline = replace(engine_roofline, bandwidth_efficiency=1.0, overhead_s=0.0)
     knee_rules, slo_rules = _rules(args, "Knee"), _rules(args, "SLO")

@@ -13,8 +13,8 @@ def register(subparsers: Any) -> None:
         "demo",
         help="the closed loop on a local cluster: traffic shifts and the operator retunes the engines",
         description="Start a local control plane whose test kubelet runs `batchknee emulate` for engine pods, "
-        "a real Prometheus and the operator; apply examples/llama-3-8b-a100.yaml (and a Recommend-mode "
-        "twin); drive traffic at 512, 2,048 and 8,192 tokens of context; print a live timeline; write "
+        "a real Prometheus and the operator; apply the demo's LLMServing (Llama-3-8B on A100-80GB, "
+        "two replicas, demo timings) and a Recommend-mode twin; drive traffic at 512, 2,048 and 8,192 tokens of context; print a live timeline; write "
         "timeline.json and timeline.png; tear everything down.",
     )
     parser.add_argument("--fast", action="store_true", help="short phases (the e2e test's scenario)")
@@ -24,6 +24,9 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from batchknee.commands import require_extra
+
+    require_extra("demo", "batchknee demo")
     from batchknee.demo.run import default_examples, run_scenario
     from batchknee.demo.scenario import FAST, FULL
     from batchknee.demo.world import DemoWorld

@@ -12,6 +12,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from batchknee.commands import require_extra
+
 PROMETHEUS_URL_ENV = "BATCHKNEE_PROMETHEUS_URL"
 
 
@@ -89,6 +91,7 @@ def _terminate_as_interrupt() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _cluster(args: argparse.Namespace) -> Iterator[tuple[Any, dict[str, str]]]:
+    require_extra("demo", "batchknee dev-cluster")
     from batchknee.devcluster import DevCluster, LocalPrometheus, ToolsNotFoundError
 
     try:

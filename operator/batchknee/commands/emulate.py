@@ -11,7 +11,7 @@ import argparse
 import sys
 from typing import Any
 
-from batchknee.commands import UsageError
+from batchknee.commands import UsageError, require_extra
 
 
 def register(subparsers: Any) -> None:
@@ -28,6 +28,7 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    require_extra("demo", "batchknee emulate", ("aiohttp",))
     from batchknee.emulator.engine_args import EngineArgsError, parse_emulator_args
 
     try:

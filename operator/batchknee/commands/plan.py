@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from batchknee.argtypes import fraction, int_list, non_negative_float, positive_float, positive_int
-from batchknee.commands import UsageError
+from batchknee.commands import UsageError, require_extra
 from batchknee.commands._options import add_roofline_options, describe, resolve_roofline
 from batchknee.core.plan import ContextPlan, build_plan
 from batchknee.core.roofline import DecodeRoofline
@@ -65,6 +65,8 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.plot:
+        require_extra("plot", "--plot")
     roofline = resolve_roofline(args)
     tpot_target_s = args.tpot_target_ms / 1e3 if args.tpot_target_ms else None
     if args.goal == "slo":

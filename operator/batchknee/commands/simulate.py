@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from batchknee.argtypes import fraction, int_list, non_negative_float, positive_float, positive_int
-from batchknee.commands import UsageError
+from batchknee.commands import UsageError, require_extra
 from batchknee.commands._options import add_roofline_options, describe, resolve_roofline
 from batchknee.core.recommend import recommend
 from batchknee.core.roofline import DecodeRoofline, PrefillMix
@@ -143,6 +143,8 @@ def _planner_roofline(roofline: DecodeRoofline, load: LoadSpec) -> DecodeRooflin
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.plot:
+        require_extra("plot", "--plot")
     roofline = resolve_roofline(args)
     if args.request_rate is not None and args.concurrency is not None:
         raise UsageError("--concurrency: give either --request-rate or --concurrency, not both")

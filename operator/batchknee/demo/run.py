@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from importlib import resources
 from pathlib import Path
 from typing import Any, TextIO
 
+from batchknee.demo.client import ExternalClient
 from batchknee.demo.scenario import Scenario
 from batchknee.demo.timeline import Sample, plot, write_json
 from batchknee.demo.world import NAMESPACE, DemoWorld
@@ -73,31 +75,52 @@ def run_scenario(
     *,
     on_phase_end: Callable[[str], None] | None = None,
 ) -> list[Sample]:
-    """Play every phase, sampling each LLMServing; writes timeline.json and timeline.png."""
+    """Play every phase, sampling each LLMServing, with the external client streaming through the
+    first LLMServing's Ready pods; writes timeline.json, timeline.png and client.json."""
     wait_ready(world)
     samples: list[Sample] = []
     bounds: list[tuple[str, float, float]] = []
+    target = world.names[0]
+    model = world.llmserving(target)["spec"]["model"]
+    client = ExternalClient(
+        lambda: world.ready_endpoints(target),
+        model=model.get("servedModelName") or model["name"],
+        speedup=scenario.speedup,
+    )
+    client.start()
     began = time.monotonic()
-    for phase in scenario.phases:
-        world.set_load(phase.load())
-        start = time.monotonic() - began
-        print(
-            f"\n== {phase.name}: prompt {phase.prompt_tokens}, output {phase.output_tokens} ±50 % tokens, "
-            f"{phase.concurrency} requests in flight per pod, {phase.duration_s:.0f} s",
-            file=out,
-            flush=True,
-        )
-        while (elapsed := time.monotonic() - began) < start + phase.duration_s:
-            for name in world.names:
-                current = sample(world, name, phase.name, elapsed, scenario.speedup)
-                samples.append(current)
-                print(current.line(), file=out, flush=True)
-            time.sleep(max(0.0, min(scenario.sample_interval_s, start + phase.duration_s - elapsed)))
-        bounds.append((phase.name, start, time.monotonic() - began))
-        snapshot = world.cluster.kubectl("get", "llms", "-n", NAMESPACE, "-o", "wide", check=False)
-        print(f"\n$ kubectl get llms -o wide\n{snapshot.stdout.rstrip()}", file=out, flush=True)
-        if on_phase_end is not None:
-            on_phase_end(phase.name)
+    try:
+        for phase in scenario.phases:
+            world.set_load(phase.load())
+            client.set_phase(phase.name, phase.prompt_tokens)
+            start = time.monotonic() - began
+            print(
+                f"\n== {phase.name}: prompt {phase.prompt_tokens}, output {phase.output_tokens} ±50 % tokens, "
+                f"{phase.concurrency} requests in flight per pod, {phase.duration_s:.0f} s",
+                file=out,
+                flush=True,
+            )
+            while (elapsed := time.monotonic() - began) < start + phase.duration_s:
+                for name in world.names:
+                    current = sample(world, name, phase.name, elapsed, scenario.speedup)
+                    samples.append(current)
+                    print(current.line(), file=out, flush=True)
+                time.sleep(max(0.0, min(scenario.sample_interval_s, start + phase.duration_s - elapsed)))
+            bounds.append((phase.name, start, time.monotonic() - began))
+            snapshot = world.cluster.kubectl("get", "llms", "-n", NAMESPACE, "-o", "wide", check=False)
+            print(f"\n$ kubectl get llms -o wide\n{snapshot.stdout.rstrip()}", file=out, flush=True)
+            if on_phase_end is not None:
+                on_phase_end(phase.name)
+    finally:
+        client.stop()
+        client.write_report(world.out_dir / "client.json")
+    failed = sum(1 for r in client.records if r.error)
+    print(
+        f"\nexternal client ({target}, through its Ready pods): {len(client.records)} streamed requests, "
+        f"{failed} errors → {world.out_dir / 'client.json'}",
+        file=out,
+        flush=True,
+    )
     events = world.cluster.kubectl(
         "get", "events", "-n", NAMESPACE, "--field-selector", "reason=Retuned", "--sort-by", ".lastTimestamp",
         "-o", "custom-columns=OBJECT:.involvedObject.name,MESSAGE:.message", check=False,
@@ -113,6 +136,6 @@ def run_scenario(
 
 
 def default_examples() -> list[Path]:
-    from batchknee.demo.world import EXAMPLES
-
-    return [EXAMPLES / "llama-3-8b-a100.yaml", EXAMPLES / "llama-3-8b-a100-recommend.yaml"]
+    """The demo's LLMServings, shipped in the package (demo-timed: see the files' comments)."""
+    manifests = Path(str(resources.files("batchknee.demo") / "manifests"))
+    return [manifests / "llama-3-8b-a100.yaml", manifests / "llama-3-8b-a100-recommend.yaml"]

@@ -1,6 +1,7 @@
 """Everything the demo runs, started in order and torn down in reverse: the local control plane
 with the test kubelet running `batchknee emulate` for engine pods, a real Prometheus scraping them,
-the CRD, the operator as its own process, and the example LLMServings."""
+the CRD (generated from the API models, as `batchknee crd` prints it), the operator as its own
+process, and the demo's LLMServings (package data: nothing is read from a checkout)."""
 
 from __future__ import annotations
 
@@ -15,16 +16,17 @@ from types import TracebackType
 from typing import Any, Self
 
 import yaml
+from kubernetes import client
+from kubernetes.client import ApiClient
 
 from batchknee.adapters.kubernetes import KubernetesAdapter
+from batchknee.api.crd import crd_yaml, peering_crd_yaml
 from batchknee.devcluster import DevCluster, LocalPrometheus
 from batchknee.devcluster.cluster import free_port
 from batchknee.devcluster.procs import wait_until
 
-REPO = Path(__file__).resolve().parents[3]
-CRD_DIR = REPO / "crds"
-EXAMPLES = REPO / "examples"
 NAMESPACE = "demo"
+LLMSERVING_LABEL = "batchknee.io/llmserving"  # on every engine pod (render.LABEL)
 PLURAL_GROUP = "llmservings.batchknee.io"
 
 
@@ -41,6 +43,7 @@ class DemoWorld:
         self.operator: subprocess.Popen[bytes]
         self.kube: KubernetesAdapter
         self.names: list[str] = []
+        self._endpoints_api: ApiClient | None = None
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -71,7 +74,11 @@ class DemoWorld:
             LocalPrometheus(self.cluster.file_sd_path, scrape_interval_s=1)
         )
         self.kube = KubernetesAdapter(self.cluster.api_client())
-        self.cluster.kubectl("apply", "-f", str(CRD_DIR))
+        crds = self.out_dir / "crds"
+        crds.mkdir(exist_ok=True)
+        (crds / "batchknee.io_llmservings.yaml").write_text(crd_yaml())
+        (crds / "kopf.dev_peerings.yaml").write_text(peering_crd_yaml())
+        self.cluster.kubectl("apply", "-f", str(crds))
         self.cluster.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL_GROUP}", "--timeout=60s")
         self.cluster.kubectl("create", "namespace", NAMESPACE)
         wait_until(
@@ -131,6 +138,37 @@ class DemoWorld:
     def deployment(self, name: str) -> dict[str, Any] | None:
         """The engine Deployment as JSON, or None before the operator has created it."""
         return self.kube.get_deployment(NAMESPACE, name)
+
+    def ready_endpoints(self, name: str) -> list[tuple[str, str]]:
+        """(pod, base URL) of the LLMServing's pods that are Ready and not terminating — where a
+        Service would route. Called from the external client's thread: its own API client."""
+        if self._endpoints_api is None:  # one connection pool for the client's thread, kept
+            self._endpoints_api = self.cluster.api_client()
+            self._stack.callback(self._endpoints_api.close)
+        core: Any = client.CoreV1Api(self._endpoints_api)  # Any: the raw response (_preload_content=False)
+        raw = core.list_namespaced_pod(
+            NAMESPACE,
+            label_selector=f"{LLMSERVING_LABEL}={name}",
+            _preload_content=False,
+            _request_timeout=(5, 10),
+        )
+        found: list[tuple[str, str]] = []
+        for pod in json.loads(raw.data)["items"]:
+            status = pod.get("status") or {}
+            conditions = status.get("conditions") or []
+            ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+            ip = status.get("podIP")
+            if not ready or pod["metadata"].get("deletionTimestamp") or not ip:
+                continue
+            ports = [
+                p["containerPort"]
+                for c in pod["spec"]["containers"]
+                for p in c.get("ports") or []
+                if p.get("name") == "http"
+            ]
+            if ports:
+                found.append((pod["metadata"]["name"], f"http://{ip}:{ports[0]}"))
+        return sorted(found)
 
     def query(self, promql: str) -> float | None:
         """One number from Prometheus (the first series), or None when there is none."""

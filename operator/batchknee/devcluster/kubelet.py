@@ -12,12 +12,18 @@ Run as a child process of `DevCluster` (`python -m batchknee.devcluster.kubelet 
   running without a process;
 - marks pods Running, and Ready once every container passes its httpGet/tcpSocket readiness probe
   (or has started, without one); restarts exited processes under restartPolicy (bounded backoff);
-- on deletion sends SIGTERM, waits up to the grace period, SIGKILLs, then deletes the pod with grace
-  period 0 (else it stays Terminating forever);
+- on deletion does what a kubelet does, in its order: the pod turns Ready=False at once (so whatever
+  routes by readiness stops sending it traffic), the containers' preStop hooks run (`exec`: the
+  command as a local process in the pod folder with the container's env; `sleep`: a wait), then
+  SIGTERM, and SIGKILL when the grace period (`deletionGracePeriodSeconds`, else
+  `terminationGracePeriodSeconds`) runs out — hooks included, with at least 2 s left for SIGTERM, as
+  a kubelet allows; then it deletes the pod with grace period 0 (else it stays Terminating forever);
 - writes a Prometheus file_sd JSON of running pods' container ports (kept while they drain), labelled as a PodMonitor
   would (namespace, pod, container) plus the pod's own labels.
 
-No Services/Endpoints: the apiserver rejects loopback endpoint IPs.
+No Services/Endpoints: the apiserver rejects loopback addresses in Endpoints and in EndpointSlices
+alike (`ValidateNonSpecialIP` on IPv4/IPv6 slices), so neither endpoint controller can publish these
+pods; readiness is the routing signal here.
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ TICK_S = 0.25
 MAX_BACKOFF_S = 10.0
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 SHUTDOWN_GRACE_S = 3.0
+MIN_KILL_GRACE_S = 2.0  # a kubelet's minimum grace for SIGTERM after the preStop hooks
 
 
 @dataclass
@@ -370,15 +377,13 @@ class PodWorker(threading.Thread):
         return float(grace)
 
     def _finish_deletion(self) -> None:
-        grace = self._grace_seconds()
-        deadline = time.monotonic() + grace
-        # preStop: the `sleep` action is honoured (exec hooks are not run).
-        for c in self.pod["spec"].get("containers", []):
-            seconds = (((c.get("lifecycle") or {}).get("preStop") or {}).get("sleep") or {}).get("seconds")
-            if seconds:
-                time.sleep(min(float(seconds), max(0.0, deadline - time.monotonic())))
-                break
-        self._kill_all(max(0.0, deadline - time.monotonic()))
+        deadline = time.monotonic() + self._grace_seconds()
+        log.info("pod %s/%s: terminating: not ready, preStop, SIGTERM", self.namespace, self.pod_name)
+        for run in self.containers:
+            run.ready = False
+        self._push_status()
+        self._run_pre_stop_hooks(deadline)
+        self._kill_all(max(MIN_KILL_GRACE_S, deadline - time.monotonic()))
         log.info("pod %s/%s: stopped, deleting", self.namespace, self.pod_name)
         self.kubelet.drop_target(self.uid)
         body = client.V1DeleteOptions(
@@ -391,6 +396,55 @@ class PodWorker(threading.Thread):
         except ApiException as exc:
             if exc.status not in (404, 409):
                 log.warning("pod %s/%s: delete failed: %s", self.namespace, self.pod_name, exc.reason)
+
+    def _run_pre_stop_hooks(self, deadline: float) -> None:
+        """Every running container's preStop hook at once, cut off at `deadline`. A hook that fails
+        or cannot start is logged and the termination goes on, as a kubelet's FailedPreStopHook."""
+        hooks: list[tuple[ContainerRun, subprocess.Popen[bytes]]] = []
+        sleep_until = time.monotonic()
+        by_name = {c["name"]: c for c in self.pod["spec"].get("containers", [])}
+        for run in self.containers:
+            hook = ((by_name.get(run.name, {}).get("lifecycle") or {}).get("preStop")) or {}
+            if run.proc is None or run.proc.poll() is not None:
+                continue  # no process to run a hook for (a kubelet execs into a running container)
+            if "sleep" in hook:
+                sleep_until = max(sleep_until, time.monotonic() + float(hook["sleep"].get("seconds", 0)))
+            command = (hook.get("exec") or {}).get("command")
+            if not command:
+                continue
+            argv = [expand(str(a), run.env) for a in command]
+            assert self.spawner is not None
+            with run.log_path.open("ab") as out:
+                out.write(f"--- {now_rfc3339()} preStop: {argv}\n".encode())
+                out.flush()
+                try:
+                    proc = self.spawner.popen(
+                        argv, env={**os.environ, **run.env}, cwd=run.cwd, stdout=out, stderr=out
+                    )
+                except OSError as exc:
+                    out.write(f"--- preStop failed to start: {exc}\n".encode())
+                    log.warning(
+                        "pod %s/%s: preStop hook of %s: %s", self.namespace, self.pod_name, run.name, exc
+                    )
+                    continue
+            hooks.append((run, proc))
+        for run, proc in hooks:
+            try:
+                code = proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning(
+                    "pod %s/%s: preStop hook of %s outlived the grace period",
+                    self.namespace,
+                    self.pod_name,
+                    run.name,
+                )
+                stop_process(proc, 0.0)
+                continue
+            if code != 0:
+                log.warning(
+                    "pod %s/%s: preStop hook of %s exited %s", self.namespace, self.pod_name, run.name, code
+                )
+        time.sleep(max(0.0, min(sleep_until, deadline) - time.monotonic()))
 
     def _kill_all(self, grace_s: float) -> None:
         # The scrape target stays while the processes drain, as Kubernetes service discovery keeps

@@ -319,6 +319,13 @@ class Engine:
     def in_flight(self) -> int:
         return len(self.running) + len(self.waiting) + len(self._external)
 
+    def tokens_generated(self, request: Request) -> int:
+        """Output tokens `request` has so far (a decoding request's count is derived from the step
+        counter: it gains one per step since it joined the decode group)."""
+        if request.state == DECODE:
+            return request.generated + (self.step_index - 1 - request.join_step)
+        return request.generated
+
     def token_times(self, request: Request) -> list[float]:
         """When each output token of `request` appeared (needs `keep_token_times`)."""
         if self.step_end_times is None or request.segments is None:

@@ -4,7 +4,9 @@ A wall-clock adapter drives the pure `Engine`: simulated time = (wall − ready)
 scrape or request first runs the engine up to now. Serves `/health` (200 once the startup delay
 has passed), `/metrics` (vLLM text; for TensorRT-LLM the JSON iteration stats, with the Prometheus
 text at `/prometheus/metrics`), `GET/POST /load`, `POST /v1/completions` and
-`/v1/chat/completions` (a real request that answers when it finishes), `/v1/models`, `/version`.
+`/v1/chat/completions` (a real request that answers when it finishes or, with `stream: true`,
+streams server-sent events token by token as the simulation produces them, each sent when its
+simulated time comes on the scaled wall clock), `/v1/models`, `/version`.
 
 SIGTERM drains: the built-in load stops, new requests get 503, queued and running requests finish
 within `--drain-grace-s` wall seconds; whatever is left is counted as dropped; exit status 0.
@@ -21,15 +23,16 @@ import os
 import signal
 import sys
 import time
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
 from aiohttp import web
 from prometheus_client.exposition import choose_encoder
 
-from batchknee.emulator.engine import DROPPED, FINISHED, REJECTED, Engine, Request
+from batchknee.emulator.engine import DROPPED, FINISHED, REJECTED, Engine, Request, StepHook
 from batchknee.emulator.engine_args import EmulatorSettings
 from batchknee.emulator.metrics import (
     EmulatorCollector,
@@ -53,6 +56,19 @@ class _Waiter:
     future: asyncio.Future[Request]
 
 
+@dataclass
+class _Stream:
+    """A streamed request: the output tokens the simulation produced, with their simulated times,
+    and how many of them are due on the scaled wall clock (the handler sends those)."""
+
+    request: Request
+    produced: int = 0
+    due: int = 0
+    pending: deque[tuple[float, int]] = field(default_factory=deque)  # (simulated time, tokens so far)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    ended: bool = False  # dropped or turned away: no more tokens will come
+
+
 class EmulatorServer:
     def __init__(
         self,
@@ -67,8 +83,13 @@ class EmulatorServer:
         self.log = log or sys.stderr
         self.out = out or sys.stdout
         self.state = EmulatorState()
+        step_hook: StepHook = self._on_step
         self.engine = Engine(
-            settings.config, load=settings.load, seed=settings.seed, on_finish=self._on_finish
+            settings.config,
+            load=settings.load,
+            seed=settings.seed,
+            on_finish=self._on_finish,
+            step_hook=step_hook,
         )
         self.ready = False
         self.draining = False
@@ -77,6 +98,7 @@ class EmulatorServer:
         self._done = asyncio.Event()
         self._wake = asyncio.Event()
         self._responses: list[tuple[float, int, Request]] = []
+        self._streams: dict[int, _Stream] = {}  # by engine request id
         self._load_file_key: tuple[int, int] | None = None
         self._load_source = "command line"
         self.port: int | None = None
@@ -122,9 +144,29 @@ class EmulatorServer:
             waiter = request.tag
             if isinstance(waiter, _Waiter) and not waiter.future.done():
                 waiter.future.set_result(request)
+        for stream in self._streams.values():
+            pending = stream.pending
+            if pending and pending[0][0] <= target:
+                while pending and pending[0][0] <= target:
+                    stream.due = pending.popleft()[1]
+                stream.changed.set()
+
+    def _on_step(self, engine: Engine, duration: float, tokens: int, decoded: int) -> None:
+        """After each engine step: note the new output tokens of the streamed requests, due at the
+        step's end (O(streams) per step; the built-in load does not stream)."""
+        for stream in self._streams.values():
+            produced = engine.tokens_generated(stream.request)
+            if produced > stream.produced:
+                stream.pending.append((engine.now, produced))
+                stream.produced = produced
 
     def _on_finish(self, request: Request) -> None:
         waiter = request.tag
+        if isinstance(waiter, _Stream):
+            if request.state != FINISHED:
+                waiter.ended = True
+                waiter.changed.set()
+            return
         if not isinstance(waiter, _Waiter):
             return
         if request.state == FINISHED and request.finish_time is not None:
@@ -146,6 +188,9 @@ class EmulatorServer:
             upcoming = engine.now
         if self._responses:
             upcoming = min(upcoming, self._responses[0][0])
+        for stream in self._streams.values():
+            if stream.pending:
+                upcoming = min(upcoming, stream.pending[0][0])
         if upcoming == math.inf:
             return MAX_WAKE_S
         return min(MAX_WAKE_S, max(MIN_WAKE_S, (upcoming - now) / self.settings.speedup))
@@ -179,7 +224,7 @@ class EmulatorServer:
         self._wake.set()
 
     def _drain_finished(self) -> bool:
-        if self.engine.in_flight == 0 and not self._responses:
+        if self.engine.in_flight == 0 and not self._responses and not self._streams:
             self._say(f"drained: every request finished ({self.engine.stats.finished} in all)")
             return True
         if self.clock() >= self._deadline:
@@ -190,6 +235,9 @@ class EmulatorServer:
                 if isinstance(waiter, _Waiter) and not waiter.future.done():
                     waiter.future.set_result(request)
             self._responses.clear()
+            for stream in self._streams.values():
+                stream.ended = True
+                stream.changed.set()
             self._say(f"drain grace ran out: dropped {dropped} requests")
             return True
         return False
@@ -406,13 +454,13 @@ class EmulatorServer:
     async def version(self, request: web.Request) -> web.Response:
         return web.json_response({"version": EMULATOR_VERSION})
 
-    async def completions(self, request: web.Request) -> web.Response:
+    async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, chat=False)
 
-    async def chat_completions(self, request: web.Request) -> web.Response:
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, chat=True)
 
-    async def _generate(self, request: web.Request, *, chat: bool) -> web.Response:
+    async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
         if not self.ready or self.draining:
             return self._unavailable()
         try:
@@ -438,6 +486,19 @@ class EmulatorServer:
                 f"{prompt_tokens} input tokens.",
                 400,
             )
+        stream = body.get("stream", False)
+        if not isinstance(stream, bool):
+            return _openai_error("stream must be true or false", 400)
+        options = body.get("stream_options")
+        if options is not None and not stream:
+            return _openai_error("stream_options can only be given with stream: true", 400)
+        if options is not None and not isinstance(options, dict):
+            return _openai_error("stream_options must be an object", 400)
+        include_usage = (options or {}).get("include_usage", False)
+        if not isinstance(include_usage, bool):
+            return _openai_error("stream_options.include_usage must be true or false", 400)
+        if stream:
+            return await self._stream(request, prompt_tokens, max_tokens, chat, include_usage)
         self.sync()
         waiter = _Waiter(asyncio.get_running_loop().create_future())
         engine_request = self.engine.submit(prompt_tokens, max_tokens, at=self.sim_now(), tag=waiter)
@@ -478,6 +539,74 @@ class EmulatorServer:
                 },
             }
         )
+
+    async def _stream(
+        self, http_request: web.Request, prompt_tokens: int, max_tokens: int, chat: bool, include_usage: bool
+    ) -> web.StreamResponse:
+        """Server-sent events as vLLM's OpenAI server sends them: one chunk per output token when it
+        is due (chat: the first one also carries the role), the last with its finish_reason, then a
+        usage chunk with no choices when `stream_options.include_usage` is set, then `[DONE]`. A
+        request dropped by a drain ends with an error event."""
+        self.sync()
+        engine_request = self.engine.submit(prompt_tokens, max_tokens, at=self.sim_now())
+        if engine_request.state == REJECTED:
+            return _openai_error("the queue is full", 503, "ServiceUnavailableError")
+        stream = _Stream(engine_request)
+        engine_request.tag = stream
+        self._streams[engine_request.id] = stream
+        self._wake.set()
+        kind = "chat.completion.chunk" if chat else "text_completion"
+        head = {
+            "id": f"{'chatcmpl' if chat else 'cmpl'}-{engine_request.id}",
+            "object": kind,
+            "created": int(time.time()),
+            "model": self.settings.served_model_name,
+        }
+        total = engine_request.output
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        sent = 0
+        try:
+            await response.prepare(http_request)
+            while sent < total and not (stream.ended and sent >= stream.due):
+                await stream.changed.wait()
+                stream.changed.clear()
+                while sent < stream.due:
+                    sent += 1
+                    finish = engine_request.finish_reason if sent == total else None
+                    text = "lorem" if sent == 1 else " lorem"
+                    if chat:
+                        delta: dict[str, str] = {"content": text}
+                        if sent == 1:
+                            delta = {"role": "assistant", **delta}
+                        choice: dict[str, Any] = {"index": 0, "delta": delta}
+                    else:
+                        choice = {"index": 0, "text": text, "stop_reason": None}
+                    choice.update(logprobs=None, finish_reason=finish)
+                    await response.write(_sse({**head, "choices": [choice]}))
+            if sent < total:
+                error = {"message": "the server shut down before the request finished", "code": 503}
+                await response.write(_sse({"error": {**error, "type": "ServiceUnavailableError"}}))
+            elif include_usage:
+                usage = {
+                    "prompt_tokens": engine_request.prompt,
+                    "completion_tokens": total,
+                    "total_tokens": engine_request.prompt + total,
+                }
+                await response.write(_sse({**head, "choices": [], "usage": usage}))
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+        except ConnectionResetError:  # the client went away; the engine finishes the request anyway
+            pass
+        finally:
+            del self._streams[engine_request.id]
+            self._wake.set()
+        return response
+
+
+def _sse(document: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(document, separators=(',', ':'))}\n\n".encode()
 
 
 def _openai_error(message: str, status: int, kind: str = "BadRequestError") -> web.Response:

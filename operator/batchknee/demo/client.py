@@ -1,0 +1,166 @@
+"""A client outside the pods: the real `openai` client keeps a few streamed completions in flight
+against an LLMServing's Ready pods, round robin, the way a router (or a Service) sends traffic —
+so rollouts are seen from where users see them. It records each request's TTFT, TPOT and errors.
+
+The demo's bulk traffic stays inside the emulators (a Python client cannot parse hundreds of
+streams at 20× real time on a small machine); this client rides along at the phase's prompt length.
+Latencies are converted to simulated seconds (wall × speedup), like the emulators' histograms.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import openai
+
+REFRESH_S = 0.5  # how often the Ready pods are re-read (a preStop hook of 2 s covers the staleness)
+REQUEST_TIMEOUT_S = 120.0
+MAX_ERROR_CHARS = 300
+
+Endpoints = Callable[[], list[tuple[str, str]]]  # → [(pod name, base URL)] of the Ready pods
+
+
+@dataclass
+class ClientRecord:
+    phase: str
+    pod: str
+    started_at: float  # wall clock, epoch seconds
+    tokens: int
+    ttft_s: float | None  # simulated seconds
+    tpot_s: float | None  # simulated seconds: (last token − first token) / (tokens − 1)
+    error: str | None
+
+
+class ExternalClient:
+    """Runs its own asyncio loop in a thread: `start()`, `set_phase()` as the traffic moves, `stop()`."""
+
+    def __init__(
+        self,
+        endpoints: Endpoints,
+        *,
+        model: str,
+        speedup: float,
+        concurrency: int = 2,
+        max_tokens: int = 256,
+    ) -> None:
+        self.endpoints = endpoints
+        self.model = model
+        self.speedup = speedup
+        self.concurrency = concurrency
+        self.max_tokens = max_tokens
+        self.records: list[ClientRecord] = []
+        self.slowest_refresh_s = 0.0  # the longest look at the Ready pods: how stale routing can get
+        self._phase = ""
+        self._prompt_tokens = 0
+        self._ready: list[tuple[str, str]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="external-client", daemon=True)
+
+    def set_phase(self, name: str, prompt_tokens: int) -> None:
+        self._phase, self._prompt_tokens = name, prompt_tokens
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout_s: float = REQUEST_TIMEOUT_S + 10) -> None:
+        """Stop sending; the requests in flight finish (bounded by their timeout)."""
+        self._stop.set()
+        self._thread.join(timeout_s)
+
+    def write_report(self, path: Path) -> None:
+        errors = [r for r in self.records if r.error]
+        report = {
+            "requests": len(self.records),
+            "errors": len(errors),
+            "slowestRefreshSeconds": round(self.slowest_refresh_s, 3),
+            "byPhase": {
+                phase: {
+                    "requests": sum(1 for r in self.records if r.phase == phase),
+                    "errors": sum(1 for r in errors if r.phase == phase),
+                }
+                for phase in dict.fromkeys(r.phase for r in self.records)
+            },
+            "records": [asdict(r) for r in self.records],
+        }
+        path.write_text(json.dumps(report, indent=1) + "\n")
+
+    # --- the loop ----------------------------------------------------------------------------
+
+    def _main(self) -> None:
+        asyncio.run(self._run())
+
+    async def _run(self) -> None:
+        # Loopback only: never through a proxy from the environment.
+        http = openai.DefaultAsyncHttpxClient(trust_env=False, timeout=REQUEST_TIMEOUT_S)
+        clients: dict[str, openai.AsyncOpenAI] = {}
+
+        def client_for(url: str) -> openai.AsyncOpenAI:
+            if url not in clients:
+                clients[url] = openai.AsyncOpenAI(
+                    base_url=f"{url}/v1", api_key="unused", http_client=http, max_retries=0
+                )
+            return clients[url]
+
+        refresher = asyncio.create_task(self._refresh())
+        workers = [asyncio.create_task(self._worker(i, client_for)) for i in range(self.concurrency)]
+        await asyncio.gather(*workers)
+        refresher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await refresher
+        await http.aclose()
+
+    async def _refresh(self) -> None:
+        while not self._stop.is_set():
+            began = time.monotonic()
+            with contextlib.suppress(Exception):  # a failed read keeps the last known pods
+                self._ready = await asyncio.to_thread(self.endpoints)
+            self.slowest_refresh_s = max(self.slowest_refresh_s, time.monotonic() - began)
+            await asyncio.sleep(REFRESH_S)
+
+    async def _worker(self, index: int, client_for: Callable[[str], openai.AsyncOpenAI]) -> None:
+        turn = index
+        while not self._stop.is_set():
+            ready, phase, prompt = self._ready, self._phase, self._prompt_tokens
+            if not ready or not prompt:
+                await asyncio.sleep(0.2)
+                continue
+            pod, url = ready[turn % len(ready)]
+            turn += self.concurrency
+            self.records.append(await self._one(client_for(url), pod, phase, prompt))
+
+    async def _one(
+        self, client: openai.AsyncOpenAI, pod: str, phase: str, prompt_tokens: int
+    ) -> ClientRecord:
+        started_at, started = time.time(), time.monotonic()
+        arrivals: list[float] = []
+        error = None
+        try:
+            # The raw event stream (the client's HTTP and SSE framing, no model object per chunk):
+            # at 20× real time a stream carries hundreds of tokens a second, and a client that
+            # cannot keep up measures its own lag as TPOT.
+            async with client.completions.with_streaming_response.create(
+                model=self.model, prompt=[1] * prompt_tokens, max_tokens=self.max_tokens, stream=True
+            ) as response:
+                async for line in response.iter_lines():
+                    if not line.startswith("data: {"):
+                        continue  # blank separators and the final [DONE]
+                    event = json.loads(line[len("data: ") :])
+                    if "error" in event:
+                        error = f"error event: {event['error']}"[:MAX_ERROR_CHARS]
+                    elif event.get("choices") and event["choices"][0].get("text"):
+                        arrivals.append(time.monotonic())
+            if error is None and len(arrivals) != self.max_tokens:
+                error = f"the stream ended after {len(arrivals)} of {self.max_tokens} tokens"
+        except (openai.OpenAIError, OSError, ValueError) as exc:
+            error = f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
+        scale = self.speedup
+        ttft = (arrivals[0] - started) * scale if arrivals else None
+        tpot = (arrivals[-1] - arrivals[0]) / (len(arrivals) - 1) * scale if len(arrivals) > 1 else None
+        return ClientRecord(phase, pod, started_at, len(arrivals), ttft, tpot, error)

@@ -1,0 +1,38 @@
+"""The demo's external client against a real emulator process on 127.0.0.1: it streams through
+whatever endpoints it is given, records TTFT/TPOT in simulated seconds, and reports errors."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from test_emulator_streaming import emulator_process
+
+from batchknee.demo.client import ExternalClient
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def test_the_client_streams_through_its_endpoints_and_reports(tmp_path: Path) -> None:
+    argv = ["llama-3-8b", "--served-model-name", "llama", "--speedup", "10", "--startup-delay-s", "0.1"]
+    with emulator_process(argv) as url:
+        endpoints = [("pod-a", url), ("pod-gone", "http://127.0.0.1:9")]  # port 9: nothing listens
+        client = ExternalClient(lambda: endpoints, model="llama", speedup=10.0, concurrency=2, max_tokens=32)
+        client.set_phase("short", 200)
+        client.start()
+        deadline = time.monotonic() + 30
+        while sum(1 for r in client.records if r.pod == "pod-a") < 4 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        client.stop()
+    served = [r for r in client.records if r.pod == "pod-a"]
+    refused = [r for r in client.records if r.pod == "pod-gone"]
+    assert len(served) >= 4 and refused
+    assert all(r.error is None and r.tokens == 32 for r in served)
+    assert all(r.ttft_s is not None and r.tpot_s is not None and r.tpot_s > 0 for r in served)
+    assert all(r.error and "Connection" in r.error for r in refused)
+    client.write_report(tmp_path / "client.json")
+    report = json.loads((tmp_path / "client.json").read_text())
+    assert report["requests"] == len(client.records)
+    assert report["errors"] == len(refused) == report["byPhase"]["short"]["errors"]
