@@ -69,6 +69,8 @@ DEFAULT_STATE: dict[str, Any] = {
     # the largest --max-num-seqs that "fits": above it the engine exits at start-up, as a real one
     # does when the batch does not fit its memory (null: everything fits)
     "fitsMaxNumSeqs": None,
+    # serve vLLM PR #54816's /v1/runtime_config (GET, PATCH) for live caps; off: the route is absent
+    "runtimeConfig": False,
 }
 
 
@@ -162,8 +164,40 @@ def main() -> None:
                 metrics["hits"].labels(**label).inc(current["promptTokens"] * current["prefixHitRatio"])
             metrics["preemptions"].labels(**label).inc(current["preemptionsPerSecond"] * elapsed)
 
+    ceiling = int(wanted) if wanted is not None else 256
+    live = {"cap": ceiling}
+
+    def runtime_config() -> bool:
+        return bool(json.loads(args.state.read_text()).get("runtimeConfig"))
+
     class Handler(BaseHTTPRequestHandler):
+        def answer(self, status: int, document: dict[str, Any]) -> None:
+            body = json.dumps(document).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_PATCH(self) -> None:
+            if self.path != "/v1/runtime_config" or not runtime_config():
+                self.send_error(404)
+                return
+            length = int(self.headers.get("Content-Length") or 0)
+            value = json.loads(self.rfile.read(length) or b"{}").get("max_num_running_seqs")
+            if not isinstance(value, int) or not 1 <= value <= ceiling:
+                self.answer(400, {"error": f"max_num_running_seqs must be within 1..{ceiling}"})
+                return
+            live["cap"] = value
+            self.answer(200, {"max_num_running_seqs": value, "max_num_seqs_capacity": ceiling})
+
+        def do_POST(self) -> None:
+            self.send_error(404)
+
         def do_GET(self) -> None:
+            if self.path == "/v1/runtime_config" and runtime_config():
+                self.answer(200, {"max_num_running_seqs": live["cap"], "max_num_seqs_capacity": ceiling})
+                return
             if self.path.startswith("/metrics"):
                 # Negotiate like vLLM does (prometheus_client): an OpenMetrics scrape stores
                 # `vllm_x`, the plain text format keeps `vllm:x`. The state can force plain text.

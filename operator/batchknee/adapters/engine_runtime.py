@@ -4,7 +4,9 @@ No released engine has one; two builds do (REFERENCE.md §2):
 - vLLM PR #54816 (dev mode): `GET /v1/runtime_config` → `{"max_num_running_seqs": N,
   "max_num_seqs_capacity": C}`; `PATCH /v1/runtime_config {"max_num_running_seqs": N}`; N above the
   startup `--max-num-seqs` answers 400, an engine without it 501 (or 404: no such route).
-- trimtab (patched vLLM/SGLang images): `POST /trimtab/set_knobs {"max_num_seqs": N}`.
+- trimtab (patched vLLM/SGLang images): `GET /trimtab/knobs`, `POST /trimtab/set_knobs
+  {"max_num_seqs": N}`.
+Both register through vLLM's dev routers (`VLLM_SERVER_DEV_MODE=1`); without them a pod answers 404.
 A pod is probed for the first, then the second. Every call has a short total deadline, answers
 are read bounded, and nothing a pod says reaches status unsanitised.
 """
@@ -21,6 +23,7 @@ from batchknee.ports import LiveCap, LiveCapError
 
 RUNTIME_CONFIG = "/v1/runtime_config"
 TRIMTAB_SET = "/trimtab/set_knobs"
+TRIMTAB_KNOBS = "/trimtab/knobs"
 UNSUPPORTED = (404, 405, 501)
 MAX_ANSWER_BYTES = 64 * 1024
 
@@ -63,12 +66,22 @@ class HttpEngineRuntime:
             return LiveCap("runtime-config", cap, ceiling if isinstance(ceiling, int) else None)
         if status not in UNSUPPORTED:
             raise LiveCapError(f"GET {RUNTIME_CONFIG} answered {status}: {_excerpt(str(body))}")
-        # trimtab has no read: probe its setter's route with an empty body (400 = it exists)
         try:
-            status, _ = self._call("POST", f"http://{address}{TRIMTAB_SET}", {})
+            status, body = self._call("GET", f"http://{address}{TRIMTAB_KNOBS}")
         except requests.RequestException as error:
-            raise LiveCapError(f"POST {TRIMTAB_SET}: {type(error).__name__}") from None
-        return None if status in UNSUPPORTED else LiveCap("trimtab", None, None)
+            raise LiveCapError(f"GET {TRIMTAB_KNOBS}: {type(error).__name__}") from None
+        if status in UNSUPPORTED:
+            return None
+        if status != 200 or not isinstance(body, dict):
+            raise LiveCapError(f"GET {TRIMTAB_KNOBS} answered {status}: {_excerpt(str(body))}")
+        cap = body.get("max_num_seqs")
+        ceilings = body.get("ceilings") if isinstance(body.get("ceilings"), dict) else {}
+        ceiling = ceilings.get("max_num_seqs")
+        return LiveCap(
+            "trimtab",
+            cap if isinstance(cap, int) and not isinstance(cap, bool) else None,
+            ceiling if isinstance(ceiling, int) and not isinstance(ceiling, bool) else None,
+        )
 
     def set_cap(self, address: str, api: str, value: int) -> None:
         method, path, body = (
