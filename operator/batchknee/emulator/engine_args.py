@@ -199,12 +199,14 @@ def _emulator_parser(engine: str) -> _Parser:
     live.add_argument(
         "--fault-step-slowdown",
         type=positive_float,
+        metavar="K",
         default=None,
         help="multiply the step time by K while more than --fault-above-running sequences run",
     )
     live.add_argument(
         "--fault-above-running",
         type=_non_negative_int,
+        metavar="N",
         default=None,
         help="the running count above which --fault-step-slowdown applies",
     )
