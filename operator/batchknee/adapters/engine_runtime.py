@@ -75,8 +75,8 @@ class HttpEngineRuntime:
         if status != 200 or not isinstance(body, dict):
             raise LiveCapError(f"GET {TRIMTAB_KNOBS} answered {status}: {_excerpt(str(body))}")
         cap = body.get("max_num_seqs")
-        ceilings = body.get("ceilings") if isinstance(body.get("ceilings"), dict) else {}
-        ceiling = ceilings.get("max_num_seqs")
+        ceilings = body.get("ceilings")
+        ceiling = ceilings.get("max_num_seqs") if isinstance(ceilings, dict) else None
         return LiveCap(
             "trimtab",
             cap if isinstance(cap, int) and not isinstance(cap, bool) else None,

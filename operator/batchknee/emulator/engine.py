@@ -6,13 +6,18 @@ Each engine step:
    starts one). When the KV pool cannot give those blocks, the newest running requests are
    preempted (recompute: their blocks are freed and they go back to the front of the queue);
 2. partially prefilled requests continue their prompt in chunks, in admission order;
-3. waiting requests are admitted first-come first-served while fewer than `max_num_seqs` run,
-   the token budget (`max_num_batched_tokens`) lasts and the pool has the blocks for their first
-   chunk (with prefix caching, shared-prefix blocks already cached are hits, not allocations).
+3. waiting requests are admitted first-come first-served while fewer than the live cap run
+   (`live_max_num_seqs`, at most the startup `max_num_seqs`), the token budget
+   (`max_num_batched_tokens`) lasts and the pool has the blocks for their first chunk (with prefix
+   caching, shared-prefix blocks already cached are hits, not allocations).
+The live cap can change between steps (`set_live_max_num_seqs`). Lowering it below the running
+batch drops nothing: the sequences already running run to completion, and none is admitted until
+the batch is under the new cap.
 Shared prefix blocks are read once per step when the roofline says so (`shared_prefix_read_once`,
 vLLM's cascade attention), else once per sequence.
 The step lasts `DecodeRoofline.step_time_s(tokens, kv bytes read, attended pairs)` (times optional
-lognormal noise); tokens appear at its end.
+lognormal noise, and times `fault_step_slowdown` while more than `fault_above_running` sequences
+run: a stand-in for a kernel or memory cliff); tokens appear at its end.
 
 Cost per step is O(1) plus O(prefilling + admitted + finishing requests): decoding sequences are
 not visited. They all advance one token per step, so each is described by the step it joined the
@@ -63,10 +68,16 @@ class EngineConfig:
     reserve_full_sequence: bool = False
     step_noise: float = 0.0
     max_waiting: int = 100_000
+    fault_step_slowdown: float = 1.0
+    fault_above_running: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
             raise EngineConfigError("max_num_seqs must be at least 1")
+        if not math.isfinite(self.fault_step_slowdown) or self.fault_step_slowdown <= 0.0:
+            raise EngineConfigError("fault_step_slowdown must be a positive factor")
+        if self.fault_above_running is not None and self.fault_above_running < 0:
+            raise EngineConfigError("fault_above_running must be zero or positive")
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise EngineConfigError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be greater than or "
@@ -285,6 +296,40 @@ class Engine:
                 load, random.Random(f"{seed}/load"), closed_loop_ramp_s=closed_loop_ramp_s
             )
         self._load_rng_seed = seed
+        self._live_cap = config.max_num_seqs
+        # While draining down to a lowered cap: the most sequences that may run (the batch when the
+        # cap was lowered, shrinking as sequences leave); never below the live cap.
+        self._allowance = config.max_num_seqs
+
+    # --- the live cap --------------------------------------------------------------------------
+
+    @property
+    def live_max_num_seqs(self) -> int:
+        """The runtime cap on running sequences (at most the startup `max_num_seqs`, the ceiling)."""
+        return self._live_cap
+
+    @property
+    def effective_max_num_seqs(self) -> int:
+        """The running count the scheduler tolerates now: the live cap, or the batch still running
+        above a lowered cap while it drains."""
+        return max(self._live_cap, min(self._allowance, len(self.running)))
+
+    @property
+    def draining_to_cap(self) -> bool:
+        return len(self.running) > self._live_cap
+
+    def set_live_max_num_seqs(self, cap: int) -> None:
+        """Set the runtime cap, enforced from the next step on. Nothing is dropped or preempted:
+        above a lowered cap the running sequences run to completion and no new one is admitted
+        until the batch is under the cap. EngineConfigError when `cap` is outside 1 … max_num_seqs."""
+        ceiling = self.config.max_num_seqs
+        if isinstance(cap, bool) or not isinstance(cap, int) or not 1 <= cap <= ceiling:
+            raise EngineConfigError(
+                f"the live max_num_seqs must be a whole number from 1 to the startup max_num_seqs "
+                f"{ceiling}, not {cap!r}"
+            )
+        self._live_cap = cap
+        self._allowance = max(cap, len(self.running))
 
     # --- observation ---------------------------------------------------------------------------
 
@@ -532,7 +577,8 @@ class Engine:
 
         waiting = self.waiting
         running = self.running
-        while waiting and budget > 0 and len(running) < config.max_num_seqs:
+        self._allowance = max(self._live_cap, min(self._allowance, len(running)))
+        while waiting and budget > 0 and len(running) < self._live_cap:
             request = waiting[0]
             chunk = self._admit(request, budget)
             if chunk <= 0:
@@ -561,6 +607,9 @@ class Engine:
             windowed = max(0, windowed - duplicate)
         kv_bytes = roofline.kv_bytes_of_contexts(context, windowed if window is not None else context)
         duration = roofline.step_time_s(tokens, kv_bytes, pairs)
+        above = config.fault_above_running
+        if above is not None and len(running) > above:
+            duration *= config.fault_step_slowdown
         if self._noise_sigma:
             sigma = self._noise_sigma
             duration *= math.exp(self._noise_rng.gauss(-sigma * sigma / 2.0, sigma))
@@ -831,6 +880,10 @@ class Engine:
         assert self.prefix_in_use_blocks <= self.prefix_cached_blocks
         assert self.used_private_blocks + self.prefix_cached_blocks <= self.total_blocks
         assert len(self.running) <= self.config.max_num_seqs
+        # Above the live cap only while draining down from a lowered one, and never above the batch
+        # that was running when it was lowered.
+        assert self._live_cap <= self._allowance <= self.config.max_num_seqs
+        assert len(self.running) <= self._allowance, (len(self.running), self._allowance)
         decoding = [r for r in self.running.values() if r.state == DECODE]
         assert len(decoding) == self.num_decoding
         s = self.step_index

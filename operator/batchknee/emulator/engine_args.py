@@ -6,6 +6,12 @@ this accepts an optional leading `serve` word (and `-m vllm.entrypoints.openai.a
 model as the first positional or `--model`, vLLM's flags (`--max-num-seqs`, …, in dash or underscore
 spelling) or trtllm-serve's (`--max_batch_size`, `--extra_llm_api_options FILE.yaml`, …), and
 ignores, with a warning, any other flag the real engine would take.
+
+The emulator's own switches for issue 14 are spelt so that no engine flag can be mistaken for them:
+`--emulator-runtime-config` and `--emulator-trimtab` serve the runtime endpoints of the engine builds
+that have them (vLLM PR #54816's `/v1/runtime_config`, trimtab's `/trimtab/set_knobs`), also set per
+pod by `$BATCHKNEE_EMULATOR_LIVE_ENDPOINTS` (`runtime-config`, `trimtab`, comma-separated);
+`--fault-step-slowdown K --fault-above-running N` stand for a kernel or memory cliff.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -43,6 +49,8 @@ from batchknee.emulator.workload import DISTRIBUTIONS, MAX_REQUEST_RATE, LoadErr
 ENGINES = ("vllm", "trtllm")
 METRIC_VERSIONS = ("current", "legacy", "both")
 GPU_ENV = "BATCHKNEE_EMULATOR_GPU"
+LIVE_ENDPOINTS_ENV = "BATCHKNEE_EMULATOR_LIVE_ENDPOINTS"
+LIVE_ENDPOINTS = ("runtime-config", "trimtab")
 DEFAULT_GPU = "a100-80gb"
 DEFAULT_MAX_MODEL_LEN = 8192
 MAX_SPEEDUP = 10_000.0
@@ -109,6 +117,16 @@ def _rate(text: str) -> float:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be zero or positive")
+    return value
+
+
 def _emulator_parser(engine: str) -> _Parser:
     parser = _Parser(
         prog=f"batchknee emulate --engine {engine}",
@@ -164,6 +182,34 @@ def _emulator_parser(engine: str) -> _Parser:
         "--max-waiting", type=positive_int, default=10_000, help="queue cap; beyond it requests are rejected"
     )
     own.add_argument("--summary-file", type=Path, help="write the exit summary (JSON) here too")
+    live = parser.add_argument_group(
+        "live caps and faults (the emulator's own switches; vLLM only for the endpoints)"
+    )
+    live.add_argument(
+        "--emulator-runtime-config",
+        action="store_true",
+        help="serve GET/PATCH /v1/runtime_config (vLLM PR #54816, dev mode); without it they answer 404",
+    )
+    live.add_argument(
+        "--emulator-trimtab",
+        action="store_true",
+        help="serve POST /trimtab/set_knobs and GET /trimtab/knobs (a trimtab-patched vLLM); "
+        "without it they answer 404",
+    )
+    live.add_argument(
+        "--fault-step-slowdown",
+        type=positive_float,
+        metavar="K",
+        default=None,
+        help="multiply the step time by K while more than --fault-above-running sequences run",
+    )
+    live.add_argument(
+        "--fault-above-running",
+        type=_non_negative_int,
+        metavar="N",
+        default=None,
+        help="the running count above which --fault-step-slowdown applies",
+    )
     load = parser.add_argument_group("built-in load (changeable by POST /load or --load-file)")
     load.add_argument("--request-rate", type=_rate, default=0.0, help="Poisson arrivals per simulated second")
     load.add_argument("--concurrency", type=int, default=None, help="closed loop: keep N requests in flight")
@@ -292,6 +338,8 @@ class EmulatorSettings:
     port: int
     summary_file: Path | None
     cache_info: dict[str, str]
+    runtime_config_endpoint: bool = False
+    trimtab_endpoint: bool = False
     ignored: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
     trtllm: dict[str, Any] = field(default_factory=dict)
@@ -304,8 +352,23 @@ class EmulatorSettings:
             f"max-num-seqs {c.max_num_seqs}, max-num-batched-tokens {c.max_num_batched_tokens}, "
             f"{c.num_gpu_blocks} KV blocks of {c.block_size} tokens ({c.kv_tokens:,} tokens), "
             f"max-model-len {c.max_model_len}, prefix caching {'on' if c.enable_prefix_caching else 'off'}, "
-            f"speedup {self.speedup:g}"
+            f"speedup {self.speedup:g}{self._describe_live()}"
         )
+
+    def _describe_live(self) -> str:
+        c = self.config
+        endpoints = [
+            path
+            for path, served in (
+                ("/v1/runtime_config", self.runtime_config_endpoint),
+                ("/trimtab/set_knobs", self.trimtab_endpoint),
+            )
+            if served
+        ]
+        text = f", live cap endpoints {' and '.join(endpoints)}" if endpoints else ""
+        if c.fault_above_running is not None:
+            text += f", fault: step time ×{c.fault_step_slowdown:g} above {c.fault_above_running} running"
+        return text
 
 
 _DTYPES = {"auto": "bf16", "bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "half": "fp16", "fp16": "fp16",
@@ -374,6 +437,15 @@ def parse_emulator_args(argv: Sequence[str], environ: dict[str, str] | None = No
         load = load_from_args(args, args.request_rate)
     except LoadError as error:
         raise EngineArgsError(f"load: {error}") from None
+    if (args.fault_step_slowdown is None) != (args.fault_above_running is None):
+        raise EngineArgsError(
+            "--fault-step-slowdown and --fault-above-running go together: give both "
+            "(e.g. --fault-step-slowdown 3 --fault-above-running 48) or neither"
+        )
+    runtime_config, trimtab = _live_endpoints(args, env)
+    if engine != "vllm" and (runtime_config or trimtab):
+        warnings.append("no runtime endpoint on TensorRT-LLM: /v1/runtime_config and /trimtab/* answer 404")
+        runtime_config = trimtab = False
 
     common = {
         "engine": engine,
@@ -391,6 +463,8 @@ def parse_emulator_args(argv: Sequence[str], environ: dict[str, str] | None = No
         "port": args.port,
         "summary_file": args.summary_file,
         "ignored": tuple(ignored),
+        "runtime_config_endpoint": runtime_config,
+        "trimtab_endpoint": trimtab,
     }
     served = (args.served_model_name or [model_name])[0]
 
@@ -465,6 +539,7 @@ def _vllm(
             enable_prefix_caching=args.enable_prefix_caching,
             step_noise=args.step_noise,
             max_waiting=args.max_waiting,
+            **_fault(args),
         )
     except EngineConfigError as error:
         raise EngineArgsError(f"--max-model-len: {error}") from None
@@ -486,6 +561,27 @@ def _vllm(
     return EmulatorSettings(
         **common, served_model_name=served, config=config, cache_info=cache_info, warnings=tuple(warnings)
     )
+
+
+def _live_endpoints(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[bool, bool]:
+    """Which runtime endpoints to serve: the switches, or the pod's env naming them."""
+    named = {word.strip() for word in env.get(LIVE_ENDPOINTS_ENV, "").split(",") if word.strip()}
+    unknown = sorted(named - set(LIVE_ENDPOINTS))
+    if unknown:
+        raise EngineArgsError(
+            f"${LIVE_ENDPOINTS_ENV}: {', '.join(unknown)} is not one of {', '.join(LIVE_ENDPOINTS)} "
+            "(comma-separated)"
+        )
+    return (
+        args.emulator_runtime_config or "runtime-config" in named,
+        args.emulator_trimtab or "trimtab" in named,
+    )
+
+
+def _fault(args: argparse.Namespace) -> dict[str, Any]:
+    if args.fault_step_slowdown is None:
+        return {}
+    return {"fault_step_slowdown": args.fault_step_slowdown, "fault_above_running": args.fault_above_running}
 
 
 def read_trtllm_yaml(path: Path) -> dict[str, Any]:
@@ -577,6 +673,7 @@ def _trtllm(
             reserve_full_sequence=policy != "MAX_UTILIZATION",
             step_noise=args.step_noise,
             max_waiting=args.max_waiting,
+            **_fault(args),
         )
     except EngineConfigError as error:
         raise EngineArgsError(str(error)) from None

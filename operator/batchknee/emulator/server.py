@@ -7,6 +7,9 @@ text at `/prometheus/metrics`), `GET/POST /load`, `POST /v1/completions` and
 `/v1/chat/completions` (a real request that answers when it finishes or, with `stream: true`,
 streams server-sent events token by token as the simulation produces them, each sent when its
 simulated time comes on the scaled wall clock), `/v1/models`, `/version`.
+With `--emulator-runtime-config` (vLLM PR #54816, dev mode) `GET/PATCH /v1/runtime_config`, with
+`--emulator-trimtab` `POST /trimtab/set_knobs` and `GET /trimtab/knobs`: the live batch cap, under
+the startup `--max-num-seqs`; without them (and always for TensorRT-LLM) those paths answer 404.
 
 SIGTERM drains: the built-in load stops, new requests get 503, queued and running requests finish
 within `--drain-grace-s` wall seconds; whatever is left is counted as dropped; exit status 0.
@@ -343,6 +346,7 @@ class EmulatorServer:
             "engine": self.settings.engine,
             "model": self.settings.served_model_name,
             "maxNumSeqs": self.settings.config.max_num_seqs,
+            "liveMaxNumSeqs": self.engine.live_max_num_seqs,
             "received": stats.received,
             "finished": stats.finished,
             "rejected": stats.rejected,
@@ -370,6 +374,16 @@ class EmulatorServer:
             routes += [
                 web.get("/prometheus/metrics", self.prometheus_metrics),
                 web.get("/metrics", self.trtllm_json_metrics),
+            ]
+        if self.settings.runtime_config_endpoint:
+            routes += [
+                web.get("/v1/runtime_config", self.get_runtime_config),
+                web.patch("/v1/runtime_config", self.patch_runtime_config),
+            ]
+        if self.settings.trimtab_endpoint:
+            routes += [
+                web.post("/trimtab/set_knobs", self.trimtab_set_knobs),
+                web.get("/trimtab/knobs", self.trimtab_knobs),
             ]
         app.add_routes(routes)
         return app
@@ -432,6 +446,98 @@ class EmulatorServer:
         self._load_source = "POST /load"
         self._wake.set()
         return web.json_response(self._load_json())
+
+    # --- live caps: vLLM PR #54816 and trimtab ---------------------------------------------------
+
+    def _runtime_config_json(self) -> dict[str, Any]:
+        return {
+            "max_num_running_seqs": self.engine.live_max_num_seqs,
+            "max_num_seqs_capacity": self.settings.config.max_num_seqs,
+        }
+
+    def _set_live_cap(self, cap: int) -> None:
+        """Bring the engine up to now, then set the cap: it binds from the next step on."""
+        self.sync()
+        self.engine.set_live_max_num_seqs(cap)
+        self._say(f"live max-num-seqs {cap} (running {self.engine.num_running})")
+        self._wake.set()
+
+    async def get_runtime_config(self, request: web.Request) -> web.Response:
+        if not self.ready:
+            return self._unavailable()
+        return web.json_response(self._runtime_config_json())
+
+    async def patch_runtime_config(self, request: web.Request) -> web.Response:
+        if not self.ready:
+            return self._unavailable()
+        try:
+            body = await request.json()
+        except (ValueError, UnicodeDecodeError):
+            return _openai_error("the body must be a JSON object", 400)
+        if not isinstance(body, dict):
+            return _openai_error("the body must be a JSON object", 400)
+        unknown = sorted(set(body) - {"max_num_running_seqs"})
+        if unknown:
+            return _openai_error(
+                f"unknown runtime config field(s) {', '.join(unknown)}: only max_num_running_seqs", 400
+            )
+        ceiling = self.settings.config.max_num_seqs
+        cap = body.get("max_num_running_seqs")
+        if isinstance(cap, bool) or not isinstance(cap, int):
+            return _openai_error(f"max_num_running_seqs must be a whole number from 1 to {ceiling}", 400)
+        if not 1 <= cap <= ceiling:
+            return _openai_error(
+                f"max_num_running_seqs {cap} is outside 1 … {ceiling}: it cannot exceed the startup "
+                f"--max-num-seqs ({ceiling}), the capacity the engine allocated",
+                400,
+            )
+        self._set_live_cap(cap)
+        return web.json_response(self._runtime_config_json())
+
+    def _trimtab_knobs_json(self) -> dict[str, Any]:
+        self.sync()
+        engine = self.engine
+        budget = self.settings.config.max_num_batched_tokens
+        return {
+            "max_num_seqs": engine.live_max_num_seqs,
+            "max_num_seqs_effective": engine.effective_max_num_seqs,
+            "max_num_batched_tokens": budget,
+            "running": engine.num_running,
+            "ceilings": {"max_num_seqs": self.settings.config.max_num_seqs, "max_num_batched_tokens": budget},
+        }
+
+    async def trimtab_knobs(self, request: web.Request) -> web.Response:
+        if not self.ready:
+            return self._unavailable()
+        return web.json_response(self._trimtab_knobs_json())
+
+    async def trimtab_set_knobs(self, request: web.Request) -> web.Response:
+        if not self.ready:
+            return self._unavailable()
+        try:
+            knobs = await request.json()
+        except (ValueError, UnicodeDecodeError):
+            knobs = None
+        if not isinstance(knobs, dict):
+            return web.json_response(
+                {"ok": False, "applied": {}, "rejected": {}, "error": "the body must be a JSON object"},
+                status=400,
+            )
+        ceiling = self.settings.config.max_num_seqs
+        applied: dict[str, int] = {}
+        rejected: dict[str, str] = {}
+        for key, value in knobs.items():
+            if key != "max_num_seqs":
+                rejected[key] = "not modelled by the emulator (it takes max_num_seqs only)"
+            elif isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= ceiling:
+                rejected[key] = f"valid range is 1..{ceiling} (the boot allocation)"
+            else:
+                self._set_live_cap(value)
+                applied[key] = value
+        ok = not rejected
+        return web.json_response(
+            {"ok": ok, "applied": applied, "rejected": rejected}, status=200 if ok else 400
+        )
 
     async def models(self, request: web.Request) -> web.Response:
         name = self.settings.served_model_name
