@@ -53,7 +53,6 @@ NEVER: list[tuple[str, str, str | None]] = [  # (verb, resource, subresource)
     ("list", "secrets", None),
     ("get", "pods", None),
     ("create", "pods", "exec"),
-    ("list", "configmaps", None),
     ("watch", "pods", None),
     ("delete", "services", None),
     ("create", "serviceaccounts", "token"),
