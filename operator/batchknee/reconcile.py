@@ -9,7 +9,7 @@ moment, converges to the same objects and never rolls twice.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -60,6 +60,8 @@ class Ports:
     kube: KubernetesPort
     observer: Observer
     defaults: RenderDefaults = field(default_factory=RenderDefaults)
+    # Why an LLMServing may not name this spec.prometheus.url (None: it may); the admin's allow-list.
+    prometheus_url_refusal: Callable[[str], str | None] = lambda url: None
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,7 @@ class Outcome:
     status: LLMServingStatus | None = None
     status_written: bool = False
     error: str | None = None
+    deleting: bool = False  # metadata.deletionTimestamp was set: nothing was done
     events: tuple[str, ...] = ()
     tpot_target_ms: int | None = None  # spec.tuning.tpotP99TargetMilliseconds (for the dashboard)
 
@@ -81,6 +84,8 @@ def reconcile(namespace: str, name: str, ports: Ports, now: datetime) -> Outcome
     raw = ports.kube.get_llmserving(namespace, name)
     if raw is None:
         return Outcome(namespace, name, found=False)
+    if (raw.get("metadata") or {}).get("deletionTimestamp"):
+        return Outcome(namespace, name, deleting=True)  # never roll what is being deleted
     return _Reconcile(raw, ports, now).run()
 
 
@@ -206,6 +211,7 @@ class _Reconcile:
         self.old = _old_status(raw)
         self.conditions = _Conditions(self.old.conditions, self.generation, now)
         self.events: list[str] = []
+        self.settling = False
 
     def involved(self) -> dict[str, Any]:
         meta = self.raw.get("metadata", {})
@@ -231,9 +237,9 @@ class _Reconcile:
 
     # -- invalid spec: say so, change nothing else ----------------------------------------------------
 
-    def invalid(self, error: SpecError) -> Outcome:
+    def invalid(self, error: SpecError, reason: str = "InvalidSpec") -> Outcome:
         applied = self.old.max_num_seqs
-        self.conditions.set("Degraded", "True", "InvalidSpec", f"{error}")
+        self.conditions.set("Degraded", "True", reason, f"{error}")
         self.conditions.keep_old()
         holding = f"; holding {applied}" if applied is not None else ""
         status = self.old.model_copy(
@@ -246,7 +252,7 @@ class _Reconcile:
             }
         )
         if self.conditions.turned("Degraded", "True", or_message=True):
-            self.event("Warning", "InvalidSpec", str(error))
+            self.event("Warning", reason, str(error))
         written = self.write(status)
         return Outcome(self.namespace, self.name, status=status, status_written=written, error=str(error))
 
@@ -260,6 +266,9 @@ class _Reconcile:
             rules = tuning_rules(obj.spec)
         except SpecError as error:
             return self.invalid(error)
+        refusal = obj.spec.prometheus.url and self.ports.prometheus_url_refusal(obj.spec.prometheus.url)
+        if refusal:
+            return self.invalid(SpecError("spec.prometheus.url", refusal), "PrometheusURLNotAllowed")
 
         state = deployment_state(self.ports.kube.get_deployment(self.namespace, self.name))
         settled_since = self.settled_since(state)
@@ -328,6 +337,12 @@ class _Reconcile:
             ):
                 calibration = add_calibration_point(calibration, point)
 
+        # Right after a rollout the new pods have few samples in the window: expected, not an alarm.
+        self.settling = (
+            rolled
+            or applied.rolling
+            or (settled_since is not None and self.now < settled_since + timedelta(seconds=rules.window_s))
+        )
         self.set_conditions(obj, state, observation, decision, rolled, apply_error)
         status = self.status(
             obj, state, observation, decision, rolled, rollouts, settled_since, calibration, fingerprint
@@ -409,6 +424,13 @@ class _Reconcile:
             c.set("MetricsAvailable", "True", "Observed", f"{observation.pods} pods reporting")
         elif observation.running.value == 0:
             c.set("MetricsAvailable", "True", "NoTraffic", "engines report no running sequences")
+        elif self.settling and observation.pods > 0:  # the pods report, only not enough yet
+            c.set(
+                "MetricsAvailable",
+                "Unknown",
+                "Settling",
+                f"new pods settling after a rollout: {observation.avg_context_tokens.reason}",
+            )
         else:
             c.set(
                 "MetricsAvailable",
