@@ -28,6 +28,7 @@ from batchknee.api.models import GROUP, PLURAL, VERSION
 from batchknee.api.resolve import SpecError, observation_target, parse_llmserving
 from batchknee.core.observation import ObservationTarget
 from batchknee.operator_metrics import OperatorMetrics
+from batchknee.ports import TransientApiError
 from batchknee.reconcile import Outcome, Ports, reconcile
 from batchknee.render import LABEL, RenderDefaults
 from batchknee.settings import OperatorSettings
@@ -94,6 +95,10 @@ class Runtime:
         started = time.perf_counter()
         try:
             outcome = reconcile(namespace, name, self.ports, datetime.now(UTC))
+        except TransientApiError as error:  # the next tick tries again; nothing is Degraded for it
+            self.metrics.errors.inc()
+            log.warning("%s/%s: %s; trying again at the next evaluation", namespace, name, error)
+            return Outcome(namespace, name, error=str(error))
         except Exception:
             self.metrics.errors.inc()
             raise

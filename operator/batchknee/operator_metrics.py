@@ -87,7 +87,9 @@ class OperatorMetrics:
             self.retunes.labels(*key).inc()
 
     def forget(self, namespace: str, name: str) -> None:
+        """The object is gone or no longer watched: none of its series stay behind."""
         for gauge in (
+            self.retunes,
             self.applied,
             self.recommended,
             self.b_knee,

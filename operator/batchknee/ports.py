@@ -19,6 +19,11 @@ class ApplyError(Exception):
     """The apiserver refused an object (validation, conflict, permissions): the message says why."""
 
 
+class TransientApiError(Exception):
+    """The apiserver stayed busy or in conflict (409, 429, 5xx) through the adapter's retries: the
+    next reconcile tries again; nothing is reported as Degraded for it."""
+
+
 class KubernetesPort(Protocol):
     def get_llmserving(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The LLMServing as stored (metadata, spec, status), or None when it is gone."""
