@@ -367,6 +367,7 @@ class PrometheusObserver:
                 backoff_factor=0.1,
                 status_forcelist=[502, 503, 504],
                 allowed_methods=["GET", "POST"],  # a query changes nothing: safe to repeat
+                raise_on_status=False,  # the last answer is read (its status and excerpt reported)
             ),
         )
         self._pool = ThreadPoolExecutor(max_concurrent_queries, thread_name_prefix="prometheus-query")
