@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(CURDIR)/$(VENV)/bin
 export PATH := $(BIN):$(PATH)
 
-.PHONY: help venv wheelhouse lint test test-unit test-component test-package test-integration test-e2e tools \
+.PHONY: help bench-scale venv wheelhouse lint test test-unit test-component test-package test-integration test-e2e tools \
 	system-deps dev-cluster demo demo-fast clean crds chart-docs
 
 help:
@@ -19,6 +19,7 @@ help:
 	@echo "make crds   - regenerate crds/ and the chart's CRD templates from the API models"
 	@echo "make chart-docs - regenerate the README's chart values reference from values.yaml"
 	@echo "make test-package - the wheel installed the Dockerfile's way, helm lint/template of the chart"
+	@echo "make bench-scale - one operator, 200 and 1,000 LLMServings on the local control plane (BENCH_SCALE_SIZES=200,1000)"
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -105,3 +106,8 @@ demo-fast: venv tools system-deps
 
 clean:
 	rm -rf $(VENV) bin build dist demo-out .pytest_cache .mypy_cache .ruff_cache .hypothesis
+
+# The scale benchmark (not part of `make test`): prints figures, asserts nothing.
+BENCH_SCALE_SIZES ?= 200,1000
+bench-scale: venv tools
+	$(BIN)/python tests/bench/scale.py --sizes $(BENCH_SCALE_SIZES)
