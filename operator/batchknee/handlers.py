@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 import time
@@ -56,7 +57,8 @@ def _target(body: Any) -> ObservationTarget | None:
     """What the object's engines are observed as, from the body kopf handed over (None when the
     spec does not parse: reconcile reports that)."""
     try:
-        return observation_target(parse_llmserving(dict(body)))
+        plain = json.loads(json.dumps(body, default=dict))  # kopf's nested views as plain dicts
+        return observation_target(parse_llmserving(plain))
     except (SpecError, ValueError, TypeError, KeyError):
         return None
 
