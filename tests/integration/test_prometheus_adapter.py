@@ -281,3 +281,15 @@ def test_a_trickling_prometheus_never_delays_objects_of_another(prometheus: Loca
         asyncio.run(both())
         for url in cache.urls():
             cache.drop_url(url)
+
+
+def test_a_selector_override_reads_its_own_series(prometheus: LocalPrometheus) -> None:
+    """spec.prometheus.selector: exact label matches instead of the llmserving label."""
+    custom = ObservationTarget("prod", "custom", "VLLM", WINDOW_S, selector={"pod": "llama-7c9f8b6d5-abcde"})
+    observer = PrometheusObserver(prometheus.url)
+    seen = observer.observe([custom, target("llama")], datetime.now(UTC))
+    observer.close()
+    assert seen[custom.key].pods == 1 and seen[custom.key].running.value == pytest.approx(32)
+    assert seen[custom.key].avg_context_tokens.value == pytest.approx(2097, rel=0.01)
+    assert seen[custom.key].tpot_mean_s.value == pytest.approx(0.03, rel=0.01)
+    assert seen[("prod", "llama")].pods == 2
