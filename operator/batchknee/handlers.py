@@ -168,16 +168,21 @@ async def evaluate(**kwargs: Any) -> None:
     """Re-evaluate this object every evaluationIntervalSeconds (the body here is live). When the
     daemon ends (the object is deleted or no longer watched), its state is freed."""
     namespace, name, body, stopped = kwargs["namespace"], kwargs["name"], kwargs["body"], kwargs["stopped"]
+
+    def interval() -> int:
+        tuning = (body.get("spec") or {}).get("tuning") or {}
+        return max(1, int(tuning.get("evaluationIntervalSeconds") or 30))
+
     try:
+        # on_change has just reconciled (create or resume): the first evaluation comes within one
+        # interval, spread at random so that a thousand objects started together do not tick together.
+        await stopped.wait(interval() * random.uniform(0.5, 1.5))
         while not stopped:
             try:
                 await runtime().run(namespace, name, body)
             except Exception as error:  # keep evaluating; the next tick reads the world again
                 log.exception("%s/%s: reconcile failed: %s", namespace, name, error)
-            interval = int(
-                ((body.get("spec") or {}).get("tuning") or {}).get("evaluationIntervalSeconds") or 30
-            )
-            await stopped.wait(max(1, interval))
+            await stopped.wait(interval())
     finally:
         if RUNTIME is not None:
             RUNTIME.forget(namespace, name)
