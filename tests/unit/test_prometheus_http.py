@@ -75,3 +75,49 @@ def test_an_error_page_becomes_a_status_code_and_a_short_excerpt(caplog: pytest.
     assert {r.headers.get("Authorization") for r in prom.requests} == {expected}
     assert "s3cr3t" not in reason and "reader" not in reason
     assert "s3cr3t" not in caplog.text
+
+
+def test_one_refresh_serves_every_object_of_a_scope_and_a_new_one_triggers_none() -> None:
+    from batchknee.adapters.prometheus import CachedObserver
+
+    with FakePrometheus("empty") as prom:
+        cache = CachedObserver(lambda url: PrometheusObserver(url), ttl_s=3600)
+        per_refresh = len(queries(scope_for(target("a"))))
+        cache.observation(prom.url, target("a"), NOW)
+        assert len(prom.requests) == per_refresh
+        for name in ("b", "c", "a-new-one"):
+            cache.observation(prom.url, target(name), NOW)
+        assert len(prom.requests) == per_refresh
+        other_window = ObservationTarget("prod", "d", "VLLM", 60)
+        cache.observation(prom.url, other_window, NOW)  # another scope: its own refresh only
+        assert len(prom.requests) == 2 * per_refresh
+        cache.drop_url(prom.url)
+        assert cache.urls() == []
+
+
+def test_a_slow_url_holds_no_thread_of_another_url() -> None:
+    """Threads observing through a trickling Prometheus never make a thread observing through
+    another URL wait; and while the slow refresh runs, a second thread of that URL does not wait
+    either when an older refresh exists."""
+    import threading
+
+    from batchknee.adapters.prometheus import CachedObserver
+
+    with FakePrometheus("trickle") as slow, FakePrometheus("empty") as fast:
+        cache = CachedObserver(lambda url: PrometheusObserver(url, timeout_s=3), ttl_s=0.5)
+        cache.observation(slow.url, target("a"), NOW)  # a first (timed-out) refresh exists
+        done = threading.Event()
+        stuck = threading.Thread(target=lambda: (cache.observation(slow.url, target("a"), NOW), done.set()))
+        threading.Event().wait(0.6)  # the first refresh is older than the TTL now
+        stuck.start()
+        while not cache._cache(slow.url).refreshing.locked():
+            threading.Event().wait(0.01)
+        fast_seen = cache.observation(fast.url, target("b"), NOW)
+        assert fast_seen.avg_context_tokens.reason == "no VLLM engine metrics in the last 300s"
+        meanwhile = cache.observation(slow.url, target("c"), NOW)  # served by the older refresh
+        assert not done.is_set()
+        assert meanwhile.avg_context_tokens.reason == f"Prometheus at {slow.url} did not answer within 3s"
+        stuck.join(10)
+        assert done.is_set()
+        for url in cache.urls():
+            cache.drop_url(url)

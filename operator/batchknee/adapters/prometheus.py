@@ -640,7 +640,13 @@ class CachedObserver:
         return entry.data
 
     def observation(self, url: str, target: ObservationTarget, now: datetime) -> Observation:
-        entry = self._cache(url).fresh(scope_for(target), self.ttl_s)
+        cache, scope = self._cache(url), scope_for(target)
+        entry = cache.fresh(scope, self.ttl_s)
+        if entry is None and cache.refreshing.locked():
+            # Someone is refreshing this URL (maybe waiting out a slow Prometheus): the last
+            # refresh serves rather than this thread waiting too.
+            with cache.guard:
+                entry = cache.entries.get(scope)
         data = entry.data if entry is not None else self.refresh(url, target, now)
         return data.observation(target.key)
 
