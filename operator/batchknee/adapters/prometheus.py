@@ -355,13 +355,13 @@ class PrometheusObserver:
         self.min_samples = min_samples
         # Our own session, handed to the client (its documented `session=`): the client mounts
         # one quick retry on it (a down Prometheus must cost the tick seconds, not minutes), and
-        # queries go through it as POST form bodies (custom_query would put them in the URL).
+        # queries go through it as POST form bodies (custom_query, even with method="POST", puts
+        # the query in the URL, whose size Prometheus limits).
         self._session = requests.Session()
         self._client = PrometheusConnect(
             url=self.url,
             session=self._session,
             timeout=timeout_s,
-            method="POST",
             retry=Retry(
                 total=1,
                 backoff_factor=0.1,
