@@ -3,7 +3,7 @@ the real Prometheus. Prints figures; asserts nothing (the machine may be shared 
 
     python tests/bench/scale.py [--sizes 200,1000] [--interval 30] [--window 60]
 
-Per N: a fresh set of namespaces with N LLMServings (every tenth with a 63-character name, whose pod
+Per N: a fresh set of 10 namespaces with N LLMServings (every tenth with a 63-character name, whose pod
 names Kubernetes would truncate), created before the operator starts; one light exporter
 (tests/bench/fleet_exporter.py) serves one engine pod's series per LLMServing with its namespace,
 pod and llmserving labels — no pods run (the Deployment and ReplicaSet controllers are off, so
@@ -249,6 +249,7 @@ def run_size(
                     "-m",
                     "batchknee",
                     "operator",
+                    *[flag for namespace in namespaces for flag in ("--namespace", namespace)],
                     "--peering",
                     "standalone",
                     "--metrics-port",
@@ -279,7 +280,7 @@ def run_size(
                 )
                 if all_status is not None and all_observed is not None:
                     break
-                time.sleep(3)
+                time.sleep(5)
             # A steady stretch of two evaluation intervals.
             steady_start = time.monotonic()
             cpu_start = cpu_seconds(operator.pid)
@@ -322,8 +323,8 @@ def run_size(
                 operator.wait(10)
         exporter.terminate()
         exporter.wait(10)
-        for namespace in namespaces:
-            cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+        # The namespaces stay (the cluster is thrown away at the end): their objects keep the
+        # operator's finalizers, and the next size's operator watches only its own namespaces.
 
 
 def main() -> int:
