@@ -3,7 +3,7 @@ the real Prometheus. Prints figures; asserts nothing (the machine may be shared 
 
     python tests/bench/scale.py [--sizes 200,1000] [--interval 30] [--window 60]
 
-Per N: a fresh set of 10 namespaces with N LLMServings (every tenth with a 63-character name, whose pod
+Per N: a fresh set of 10 namespaces with N LLMServings (every tenth with a 55-character name, whose pod
 names Kubernetes would truncate), created before the operator starts; one light exporter
 (tests/bench/fleet_exporter.py) serves one engine pod's series per LLMServing with its namespace,
 pod and llmserving labels — no pods run (the Deployment and ReplicaSet controllers are off, so
@@ -113,8 +113,8 @@ def counting_proxy(upstream_port: int, log: QueryLog) -> Iterator[str]:
 def llmserving_names(n: int) -> list[str]:
     names = []
     for i in range(n):
-        if i % 10 == 0:  # 63 characters: Kubernetes truncates such names in pod names
-            names.append(f"support-assistant-llama-3-1-8b-instruct-eu-west-{i:05d}"[:52] + f"-long-{i:04d}")
+        if i % 10 == 0:  # 55 characters: Kubernetes truncates the pod names of names over 46
+            names.append(f"support-assistant-llama-3-1-8b-instruct-eu-west-{i:05d}"[:45] + f"-long-{i:04d}")
         else:
             names.append(f"chat-{i:05d}")
     return names
