@@ -43,6 +43,13 @@ def _retry_after(error: ApiException) -> float | None:
         return None
 
 
+def _finish(response: Any) -> None:
+    """Read an unread (`_preload_content=False`) answer to its end, so that its connection goes
+    back to the pool: left unread, every write would open a new TLS connection."""
+    response.drain_conn()
+    response.release_conn()
+
+
 def with_retries(call: Callable[[], T], what: str, delays: tuple[float, ...] = RETRY_DELAYS_S) -> T:
     """`call()`, retried with backoff (and jitter, honouring Retry-After up to the step's bound)
     while the apiserver answers 409, 429 or 5xx; then TransientApiError."""
@@ -128,7 +135,7 @@ class KubernetesAdapter:
             "ConfigMap": self.core.patch_namespaced_config_map,
         }[kind]
         try:
-            with_retries(
+            response = with_retries(
                 lambda: method(
                     name,
                     namespace,
@@ -141,6 +148,7 @@ class KubernetesAdapter:
                 ),
                 f"apply {kind} {namespace}/{name}",
             )
+            _finish(response)
         except ApiException as error:
             raise ApplyError(f"{kind} {namespace}/{name}: {_explain(error)}") from None
 
@@ -193,12 +201,13 @@ class KubernetesAdapter:
             "reportingComponent": FIELD_MANAGER,
             "reportingInstance": self.instance,
         }
-        with_retries(
+        response = with_retries(
             lambda: self.core.create_namespaced_event(
                 meta["namespace"], cast(Any, body), _preload_content=False, _request_timeout=self.timeout_s
             ),
             f"record an Event on {meta['namespace']}/{meta['name']}",
         )
+        _finish(response)
 
     # --- peering ---
     def ensure_peering(self, name: str, namespaces: list[str]) -> None:
