@@ -108,10 +108,13 @@ def test_a_slow_url_holds_no_thread_of_another_url() -> None:
         cache.observation(slow.url, target("a"), NOW)  # a first (timed-out) refresh exists
         done = threading.Event()
         stuck = threading.Thread(target=lambda: (cache.observation(slow.url, target("a"), NOW), done.set()))
-        threading.Event().wait(0.6)  # the first refresh is older than the TTL now
+        threading.Event().wait(1.6)  # the first refresh is too old to serve a reconcile now
         stuck.start()
-        while not cache._cache(slow.url).refreshing.locked():
+        for _ in range(500):  # until the slow refresh is in flight (at most 5 s)
+            if cache._cache(slow.url).refreshing.locked():
+                break
             threading.Event().wait(0.01)
+        assert cache._cache(slow.url).refreshing.locked()
         fast_seen = cache.observation(fast.url, target("b"), NOW)
         assert fast_seen.avg_context_tokens.reason == "no VLLM engine metrics in the last 300s"
         meanwhile = cache.observation(slow.url, target("c"), NOW)  # served by the older refresh

@@ -641,7 +641,9 @@ class CachedObserver:
 
     def observation(self, url: str, target: ObservationTarget, now: datetime) -> Observation:
         cache, scope = self._cache(url), scope_for(target)
-        entry = cache.fresh(scope, self.ttl_s)
+        # The handlers refresh before a reconcile goes to a thread (`RoutedObserver.prepare`);
+        # one that waited for a thread a little longer still uses that refresh.
+        entry = cache.fresh(scope, 3 * self.ttl_s)
         if entry is None and cache.refreshing.locked():
             # Someone is refreshing this URL (maybe waiting out a slow Prometheus): the last
             # refresh serves rather than this thread waiting too.
