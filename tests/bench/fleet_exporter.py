@@ -3,9 +3,11 @@
     python tests/bench/fleet_exporter.py --fleet FLEET.json --host 127.0.0.1 --port 9400
 
 FLEET.json lists the pods: [{"namespace": ..., "pod": ..., "llmserving": ...}, ...]. /metrics serves
-every pod's series with those labels (Prometheus must scrape it with `honor_labels: true`), in vLLM's
-names, types and buckets (tests/support/vllm_exporter.py), at a steady load computed from the time
-since start — counters and histograms grow at fixed rates, so a scrape costs no per-request work.
+every pod's series with those labels (Prometheus must scrape it with `honor_labels: true`) in vLLM's
+names and types (tests/support/vllm_exporter.py), at a steady load computed from the time since
+start: counters and histograms grow at fixed rates. Light on purpose: few histogram buckets (those
+around the values served), label sets rendered once, and the text rebuilt at most once a second, so
+a thousand pods' series (about 30 each) come back in well under a scrape timeout on a busy machine.
 """
 
 from __future__ import annotations
@@ -13,95 +15,77 @@ from __future__ import annotations
 import argparse
 import json
 import signal
-import sys
 import threading
 import time
-from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from prometheus_client.registry import Collector
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "support"))
-from vllm_exporter import TPOT_BUCKETS, TTFT_BUCKETS
-
-LABELS = ["namespace", "pod", "llmserving", "model_name", "engine"]
 # Every pod: 32 running sequences of 2,048 tokens in a pool of 30,000 blocks of 16 tokens.
 RUNNING, CONTEXT, BLOCKS, BLOCK_SIZE = 32, 2048, 30000, 16
-LOAD = {
-    "requests_per_s": 5.0,
-    "tpot_s": 0.02,
-    "ttft_s": 0.2,
-    "prompt_tokens": 1900,
-    "generation_tokens": 300,
-    "prefix_hit_ratio": 0.2,
-}
+REQUESTS_PER_S, TPOT_S, TTFT_S, PROMPT, GENERATION, PREFIX_HITS = 5.0, 0.02, 0.2, 1900, 300, 0.2
+TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.1)  # a subset of vLLM's (tests/support/vllm_exporter.py)
+TTFT_BUCKETS = (0.1, 0.25, 0.5, 1.0)
 
 
-def histogram(
-    name: str, doc: str, buckets: tuple[float, ...], pods: list[list[str]], value: float, count: float
-) -> Metric:
-    family = HistogramMetricFamily(name, doc, labels=LABELS)
-    cumulative = [(str(le), count if value <= le else 0.0) for le in buckets] + [("+Inf", count)]
-    for labels in pods:
-        family.add_metric(labels, cumulative, sum_value=value * count)
-    return family
+def label_sets(pods: list[dict[str, str]]) -> list[str]:
+    return [
+        f'namespace="{p["namespace"]}",pod="{p["pod"]}",llmserving="{p["llmserving"]}",model_name="bench",engine="0"'
+        for p in pods
+    ]
 
 
-class FleetCollector(Collector):
-    def __init__(self, pods: list[dict[str, str]]) -> None:
-        self.pods = [[p["namespace"], p["pod"], p["llmserving"], "bench-model", "0"] for p in pods]
-        self.started = time.monotonic()
+def render(labels: list[str], elapsed: float) -> bytes:
+    requests = REQUESTS_PER_S * elapsed
+    lines: list[str] = []
 
-    def collect(self) -> Iterator[Metric]:
-        elapsed = time.monotonic() - self.started
-        requests = LOAD["requests_per_s"] * elapsed
+    def family(name: str, kind: str, value_lines: list[str]) -> None:
+        lines.append(f"# HELP {name} {name}")
+        lines.append(f"# TYPE {name} {kind}")
+        lines.extend(value_lines)
 
-        def gauge(name: str, value: float) -> Metric:
-            family = GaugeMetricFamily(name, name, labels=LABELS)
-            for labels in self.pods:
-                family.add_metric(labels, value)
-            return family
+    def per_pod(name: str, value: float) -> list[str]:
+        return [f"{name}{{{ls}}} {value}" for ls in labels]
 
-        def counter(name: str, value: float) -> Metric:
-            family = CounterMetricFamily(name, name, labels=LABELS)
-            for labels in self.pods:
-                family.add_metric(labels, value)
-            return family
+    def histogram(name: str, buckets: tuple[float, ...], value: float) -> None:
+        rows = []
+        for ls in labels:
+            for le in buckets:
+                rows.append(f'{name}_bucket{{{ls},le="{le}"}} {requests if value <= le else 0.0}')
+            rows.append(f'{name}_bucket{{{ls},le="+Inf"}} {requests}')
+            rows.append(f"{name}_sum{{{ls}}} {value * requests}")
+            rows.append(f"{name}_count{{{ls}}} {requests}")
+        family(name, "histogram", rows)
 
-        yield gauge("vllm:num_requests_running", RUNNING)
-        yield gauge("vllm:num_requests_waiting", 0)
-        yield gauge("vllm:kv_cache_usage_perc", CONTEXT * RUNNING / (BLOCKS * BLOCK_SIZE))
-        info = GaugeMetricFamily(
-            "vllm:cache_config_info", "cache config", labels=[*LABELS, "block_size", "num_gpu_blocks"]
-        )
-        for labels in self.pods:
-            info.add_metric([*labels, str(BLOCK_SIZE), str(BLOCKS)], 1)
-        yield info
-        yield histogram(
-            "vllm:request_time_per_output_token_seconds",
-            "tpot",
-            TPOT_BUCKETS,
-            self.pods,
-            LOAD["tpot_s"],
-            requests,
-        )
-        yield histogram(
-            "vllm:time_to_first_token_seconds", "ttft", TTFT_BUCKETS, self.pods, LOAD["ttft_s"], requests
-        )
-        yield histogram("vllm:request_prompt_tokens", "p", (), self.pods, LOAD["prompt_tokens"], requests)
-        yield histogram(
-            "vllm:request_generation_tokens", "g", (), self.pods, LOAD["generation_tokens"], requests
-        )
-        yield counter("vllm:generation_tokens", requests * LOAD["generation_tokens"])
-        yield counter("vllm:prompt_tokens", requests * LOAD["prompt_tokens"])
-        yield counter("vllm:num_preemptions", 0)
-        yield counter("vllm:prefix_cache_queries", requests * LOAD["prompt_tokens"])
-        yield counter("vllm:prefix_cache_hits", requests * LOAD["prompt_tokens"] * LOAD["prefix_hit_ratio"])
+    family("vllm:num_requests_running", "gauge", per_pod("vllm:num_requests_running", RUNNING))
+    family("vllm:num_requests_waiting", "gauge", per_pod("vllm:num_requests_waiting", 0))
+    family(
+        "vllm:kv_cache_usage_perc",
+        "gauge",
+        per_pod("vllm:kv_cache_usage_perc", CONTEXT * RUNNING / (BLOCKS * BLOCK_SIZE)),
+    )
+    family(
+        "vllm:cache_config_info",
+        "gauge",
+        [
+            f'vllm:cache_config_info{{{ls},block_size="{BLOCK_SIZE}",num_gpu_blocks="{BLOCKS}"}} 1'
+            for ls in labels
+        ],
+    )
+    histogram("vllm:request_time_per_output_token_seconds", TPOT_BUCKETS, TPOT_S)
+    histogram("vllm:time_to_first_token_seconds", TTFT_BUCKETS, TTFT_S)
+    histogram("vllm:request_prompt_tokens", (), PROMPT)
+    histogram("vllm:request_generation_tokens", (), GENERATION)
+    for name, total in (
+        ("vllm:generation_tokens", requests * GENERATION),
+        ("vllm:num_preemptions", 0.0),
+        ("vllm:prefix_cache_queries", requests * PROMPT),
+        ("vllm:prefix_cache_hits", requests * PROMPT * PREFIX_HITS),
+    ):
+        family(f"{name}_total", "counter", per_pod(f"{name}_total", total))
+    return ("\n".join(lines) + "\n").encode()
 
 
 def main() -> None:
@@ -110,20 +94,33 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args()
-    registry = CollectorRegistry()
-    registry.register(FleetCollector(json.loads(args.fleet.read_text())))
+    labels = label_sets(json.loads(args.fleet.read_text()))
+    started = time.monotonic()
+    lock = threading.Lock()
+    cached: dict[str, Any] = {"at": -1.0, "body": b""}
+
+    def body() -> bytes:
+        with lock:  # one render at a time; scrapes within a second share it
+            now = time.monotonic()
+            if now - cached["at"] >= 1.0:
+                cached["body"], cached["at"] = render(labels, now - started), now
+            result: bytes = cached["body"]
+            return result
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             if not self.path.startswith("/metrics"):
                 self.send_error(404)
                 return
-            body = generate_latest(registry)
-            self.send_response(200)
-            self.send_header("Content-Type", CONTENT_TYPE_LATEST)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            data = body()
+            try:
+                self.send_response(200)
+                self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            except OSError:  # the scraper gave up: nothing to tell it
+                pass
 
         def log_message(self, format: str, *args: Any) -> None:
             pass

@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CRDS = [ROOT / "crds" / "batchknee.io_llmservings.yaml", ROOT / "crds" / "kopf.dev_peerings.yaml"]
 EXPORTER = Path(__file__).with_name("fleet_exporter.py")
 NAMESPACES = 10
-SCRAPE_S = 5
+SCRAPE_S = 5  # the fleet exporter's scrape interval (and timeout)
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
