@@ -48,6 +48,9 @@ class OperatorSettings(BaseSettings):
     prometheus_cache_seconds: float = Field(
         5.0, gt=0, description="How long one refresh of the engine metrics serves every LLMServing"
     )
+    reconcile_workers: int = Field(
+        16, ge=1, le=256, description="Reconciles in flight at once (each waits mostly on the apiserver)"
+    )
 
     @field_validator("prometheus_allowed_urls", mode="before")
     @classmethod
