@@ -276,7 +276,9 @@ def run_size(
                 if all_observed is None and observed >= n:
                     all_observed = elapsed
                 print(
-                    f"[{n}] t={elapsed:5.0f}s status {with_status}/{n}, observed {observed}/{n}", flush=True
+                    f"[{n}] t={elapsed:5.0f}s status {with_status}/{n}, observed {observed}/{n}, "
+                    f"operator RSS {rss_mib(operator.pid):.0f} MiB",
+                    flush=True,
                 )
                 if all_status is not None and all_observed is not None:
                     break
