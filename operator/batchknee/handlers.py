@@ -151,7 +151,8 @@ def configure(settings: OperatorSettings) -> Runtime:
         kube.ensure_peering(settings.peering_name, settings.namespaces)
     defaults = RenderDefaults(vllm_image=settings.vllm_image, trtllm_image=settings.trtllm_image)
     executor = ThreadPoolExecutor(settings.reconcile_workers, thread_name_prefix="reconcile")
-    RUNTIME = Runtime(Ports(kube, router, defaults, router.refusal), router, metrics, executor=executor)
+    ports = Ports(kube, router, defaults, prometheus_url_refusal=router.refusal)
+    RUNTIME = Runtime(ports, router, metrics, executor=executor)
     return RUNTIME
 
 
