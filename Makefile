@@ -6,8 +6,8 @@ VENV ?= .venv
 BIN := $(CURDIR)/$(VENV)/bin
 export PATH := $(BIN):$(PATH)
 
-.PHONY: help venv wheelhouse lint test test-unit test-component test-contract contract-wheels test-package \
-	test-integration test-e2e tools \
+.PHONY: help bench-scale venv wheelhouse lint test test-unit test-component test-contract contract-wheels \
+	test-package test-integration test-e2e tools \
 	system-deps dev-cluster demo demo-fast bench clean crds chart-docs
 
 help:
@@ -22,6 +22,7 @@ help:
 	@echo "make chart-docs - regenerate the README's chart values reference from values.yaml"
 	@echo "make test-contract - metric names against the engines' pinned releases (downloads their wheels once)"
 	@echo "make test-package - the wheel installed the Dockerfile's way, helm lint/template of the chart"
+	@echo "make bench-scale - one operator, 200 and 1,000 LLMServings on the local control plane (BENCH_SCALE_SIZES=200,1000)"
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -130,3 +131,8 @@ bench: venv
 
 clean:
 	rm -rf $(VENV) bin build dist demo-out bench-out .pytest_cache .mypy_cache .ruff_cache .hypothesis
+
+# The scale benchmark (not part of `make test`): prints figures, asserts nothing.
+BENCH_SCALE_SIZES ?= 200,1000
+bench-scale: venv tools
+	$(BIN)/python tests/bench/scale.py --sizes $(BENCH_SCALE_SIZES)

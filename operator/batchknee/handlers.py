@@ -3,7 +3,9 @@
 - create / update / resume of an LLMServing, and a daemon per object that re-evaluates every
   `spec.tuning.evaluationIntervalSeconds` (read live, so a change applies at the next wait);
 - changes of an engine Deployment (its rollout progressing) reconcile the owning LLMServing;
-- one reconcile per object at a time (a lock per object); different objects run in parallel;
+- one reconcile per object at a time (an asyncio lock per object, taken before work goes to a
+  thread); different objects run in parallel;
+- the object's state (route, cache, lock, gauges) is freed on delete and when its daemon ends;
 - kopf peering: replicas see each other through a KopfPeering/ClusterKopfPeering object and only
   the highest-priority one acts (priorities are random by default, so two never tie and pause).
 """
@@ -11,11 +13,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
-import threading
 import time
-from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -26,7 +28,10 @@ from batchknee.adapters.engine_runtime import HttpEngineRuntime
 from batchknee.adapters.kubernetes import KubernetesAdapter, load_config
 from batchknee.adapters.observing import RoutedObserver
 from batchknee.api.models import GROUP, PLURAL, VERSION
+from batchknee.api.resolve import SpecError, observation_target, parse_llmserving
+from batchknee.core.observation import ObservationTarget
 from batchknee.operator_metrics import OperatorMetrics
+from batchknee.ports import TransientApiError
 from batchknee.reconcile import Outcome, Ports, reconcile
 from batchknee.render import LABEL, RenderDefaults
 from batchknee.settings import OperatorSettings
@@ -36,61 +41,93 @@ log = logging.getLogger("batchknee")
 
 def prometheus_observer(settings: OperatorSettings) -> RoutedObserver:
     """The Prometheus adapter: one PrometheusObserver per URL behind a cache that serves every
-    object of a tick with one batch of queries, routed per object."""
+    object of a tick with one batch of queries (one refresh in flight per URL), routed per object."""
     from batchknee.adapters.prometheus import CachedObserver, PrometheusObserver
 
-    observers: dict[str, Any] = {}
-    lock = threading.Lock()
+    def observer_for(url: str) -> PrometheusObserver:
+        return PrometheusObserver(
+            url,
+            timeout_s=settings.prometheus_timeout_seconds,
+            min_samples=settings.prometheus_min_samples,
+        )
 
-    def observer_for(url: str) -> Any:
-        with lock:
-            if url not in observers:
-                observers[url] = PrometheusObserver(
-                    url,
-                    timeout_s=settings.prometheus_timeout_seconds,
-                    min_samples=settings.prometheus_min_samples,
-                )
-            return observers[url]
+    cache = CachedObserver(observer_for, ttl_s=settings.prometheus_cache_seconds)
+    return RoutedObserver(cache, settings.prometheus_url, settings.prometheus_allowed_urls)
 
-    return RoutedObserver(CachedObserver(observer_for), settings.prometheus_url)
+
+def _target(body: Any) -> ObservationTarget | None:
+    """What the object's engines are observed as, from the body kopf handed over (None when the
+    spec does not parse: reconcile reports that)."""
+    try:
+        plain = json.loads(json.dumps(body, default=dict))  # kopf's nested views as plain dicts
+        return observation_target(parse_llmserving(plain))
+    except (SpecError, ValueError, TypeError, KeyError):
+        return None
 
 
 @dataclass
 class Runtime:
-    """What the handlers share: the ports, the metrics and a lock per object."""
+    """What the handlers share: the ports, the metrics and an asyncio lock per object (taken
+    before any work goes to a thread, so a waiting object holds no thread)."""
 
     ports: Ports
     router: RoutedObserver
     metrics: OperatorMetrics
-    locks: defaultdict[tuple[str, str], threading.Lock] = field(
-        default_factory=lambda: defaultdict(threading.Lock)
+    locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
+    targets: dict[tuple[str, str], ObservationTarget] = field(default_factory=dict)
+    # Reconciles wait mostly on the apiserver: more of them in flight than asyncio's default
+    # executor allows (CPUs + 4) keeps a thousand objects' startup short.
+    executor: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(16, thread_name_prefix="reconcile")
     )
-    guard: threading.Lock = field(default_factory=threading.Lock)
 
-    def lock(self, namespace: str, name: str) -> threading.Lock:
-        with self.guard:
-            return self.locks[(namespace, name)]
+    async def run(self, namespace: str, name: str, body: Any = None) -> Outcome:
+        """One reconcile of one object; only ever called from the event loop's thread."""
+        key = (namespace, name)
+        lock = self.locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            if body is not None:
+                spec = body.get("spec") or {}
+                self.router.route(namespace, name, (spec.get("prometheus") or {}).get("url"))
+                target = _target(body)
+                if target is not None:
+                    self.targets[key] = target
+            target = self.targets.get(key)
+            if target is not None:
+                await self.router.prepare(target, datetime.now(UTC))
+            loop = asyncio.get_running_loop()
+            outcome = await loop.run_in_executor(self.executor, self.reconcile, namespace, name)
+        if not outcome.found or outcome.deleting:
+            self.forget(namespace, name)
+        return outcome
 
-    def reconcile(self, namespace: str, name: str, spec: Any = None) -> Outcome:
-        if spec is not None:
-            self.router.route(namespace, name, (spec.get("prometheus") or {}).get("url"))
-        with self.lock(namespace, name):
-            started = time.perf_counter()
-            try:
-                outcome = reconcile(namespace, name, self.ports, datetime.now(UTC))
-            except Exception:
-                self.metrics.errors.inc()
-                raise
-            self.metrics.record(outcome, time.perf_counter() - started)
+    def reconcile(self, namespace: str, name: str) -> Outcome:
+        started = time.perf_counter()
+        try:
+            outcome = reconcile(namespace, name, self.ports, datetime.now(UTC))
+        except TransientApiError as error:  # the next tick tries again; nothing is Degraded for it
+            self.metrics.errors.inc()
+            log.warning("%s/%s: %s; trying again at the next evaluation", namespace, name, error)
+            return Outcome(namespace, name, error=str(error))
+        except Exception:
+            self.metrics.errors.inc()
+            raise
+        self.metrics.record(outcome, time.perf_counter() - started)
         if outcome.error:
             log.warning("%s/%s: %s", namespace, name, outcome.error)
         elif outcome.decision is not None and outcome.decision.rolls:
             log.info("%s/%s: %s", namespace, name, outcome.decision.reason)
-        if not outcome.found:
-            self.router.forget(namespace, name)
-            with self.guard:
-                self.locks.pop((namespace, name), None)
         return outcome
+
+    def forget(self, namespace: str, name: str) -> None:
+        """Free every piece of per-object state: route, cache entries, lock, target, gauges."""
+        key = (namespace, name)
+        self.router.forget(namespace, name)
+        self.metrics.forget(namespace, name)
+        self.targets.pop(key, None)
+        lock = self.locks.get(key)
+        if lock is not None and not lock.locked():
+            del self.locks[key]
 
 
 RUNTIME: Runtime | None = None
@@ -114,8 +151,16 @@ def configure(settings: OperatorSettings) -> Runtime:
     if settings.peering != "standalone":
         kube.ensure_peering(settings.peering_name, settings.namespaces)
     defaults = RenderDefaults(vllm_image=settings.vllm_image, trtllm_image=settings.trtllm_image)
-    ports = Ports(kube, router, defaults, settings.admission_rules(), runtime=HttpEngineRuntime())
-    RUNTIME = Runtime(ports, router, metrics)
+    executor = ThreadPoolExecutor(settings.reconcile_workers, thread_name_prefix="reconcile")
+    ports = Ports(
+        kube,
+        router,
+        defaults,
+        settings.admission_rules(),
+        runtime=HttpEngineRuntime(),
+        prometheus_url_refusal=router.refusal,
+    )
+    RUNTIME = Runtime(ports, router, metrics, executor=executor)
     return RUNTIME
 
 
@@ -126,20 +171,38 @@ def configure(settings: OperatorSettings) -> Runtime:
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 async def on_change(**kwargs: Any) -> None:
-    await asyncio.to_thread(runtime().reconcile, kwargs["namespace"], kwargs["name"], kwargs["spec"])
+    await runtime().run(kwargs["namespace"], kwargs["name"], kwargs["body"])
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
+async def on_delete(**kwargs: Any) -> None:
+    """Free the object's state (optional: no finalizer of its own is added for this)."""
+    runtime().forget(kwargs["namespace"], kwargs["name"])
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
 async def evaluate(**kwargs: Any) -> None:
-    """Re-evaluate this object every evaluationIntervalSeconds (the spec here is live)."""
-    namespace, name, spec, stopped = kwargs["namespace"], kwargs["name"], kwargs["spec"], kwargs["stopped"]
-    while not stopped:
-        try:
-            await asyncio.to_thread(runtime().reconcile, namespace, name, spec)
-        except Exception as error:  # keep evaluating; the next tick reads the world again
-            log.exception("%s/%s: reconcile failed: %s", namespace, name, error)
-        interval = int((spec.get("tuning") or {}).get("evaluationIntervalSeconds") or 30)
-        await stopped.wait(max(1, interval))
+    """Re-evaluate this object every evaluationIntervalSeconds (the body here is live). When the
+    daemon ends (the object is deleted or no longer watched), its state is freed."""
+    namespace, name, body, stopped = kwargs["namespace"], kwargs["name"], kwargs["body"], kwargs["stopped"]
+
+    def interval() -> int:
+        tuning = (body.get("spec") or {}).get("tuning") or {}
+        return max(1, int(tuning.get("evaluationIntervalSeconds") or 30))
+
+    try:
+        # on_change has just reconciled (create or resume): the first evaluation comes within one
+        # interval, spread at random so that a thousand objects started together do not tick together.
+        await stopped.wait(interval() * random.uniform(0.5, 1.5))
+        while not stopped:
+            try:
+                await runtime().run(namespace, name, body)
+            except Exception as error:  # keep evaluating; the next tick reads the world again
+                log.exception("%s/%s: reconcile failed: %s", namespace, name, error)
+            await stopped.wait(interval())
+    finally:
+        if RUNTIME is not None:
+            RUNTIME.forget(namespace, name)
 
 
 @kopf.on.event("apps", "v1", "deployments", labels={LABEL: kopf.PRESENT})
@@ -151,7 +214,7 @@ async def on_engine_deployment(**kwargs: Any) -> None:
     owner = labels.get(LABEL)
     if owner:
         try:
-            await asyncio.to_thread(runtime().reconcile, namespace, owner)
+            await runtime().run(namespace, owner)
         except Exception as error:
             log.warning("%s/%s: reconcile after a Deployment change failed: %s", namespace, owner, error)
 

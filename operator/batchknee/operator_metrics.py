@@ -67,7 +67,7 @@ class OperatorMetrics:
         self.duration = Histogram(
             "batchknee_reconcile_duration_seconds",
             "Time of one reconcile (observe, decide, act, status)",
-            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            buckets=(0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1, 2.5, 5, 10, 30),
             registry=self.registry,
         )
 
@@ -105,7 +105,9 @@ class OperatorMetrics:
             self.retunes.labels(*key).inc()
 
     def forget(self, namespace: str, name: str) -> None:
+        """The object is gone or no longer watched: none of its series stay behind."""
         for gauge in (
+            self.retunes,
             self.applied,
             self.recommended,
             self.b_knee,

@@ -25,6 +25,11 @@ class ApplyConflict(ApplyError):
     since it was found missing: nothing was written, and the next reconcile decides again."""
 
 
+class TransientApiError(Exception):
+    """The apiserver stayed busy or in conflict (409, 429, 5xx) through the adapter's retries: the
+    next reconcile tries again; nothing is reported as Degraded for it."""
+
+
 class KubernetesPort(Protocol):
     def get_llmserving(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The LLMServing as stored (metadata, spec, status), or None when it is gone."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -105,6 +105,8 @@ class Ports:
     defaults: RenderDefaults = field(default_factory=RenderDefaults)
     admission: AdmissionRules = field(default_factory=AdmissionRules)
     runtime: EngineRuntime | None = None  # the engines' runtime endpoints (actuation: Live)
+    # Why an LLMServing may not name this spec.prometheus.url (None: it may); the admin's allow-list.
+    prometheus_url_refusal: Callable[[str], str | None] = lambda url: None
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,7 @@ class Outcome:
     status: LLMServingStatus | None = None
     status_written: bool = False
     error: str | None = None
+    deleting: bool = False  # metadata.deletionTimestamp was set: nothing was done
     events: tuple[str, ...] = ()
     tpot_target_ms: int | None = None  # spec.tuning.tpotP99TargetMilliseconds (for the dashboard)
     conflict: bool = False  # a write met a changed object: nothing applied, decide again
@@ -133,6 +136,8 @@ def reconcile(namespace: str, name: str, ports: Ports, now: datetime) -> Outcome
         raw = ports.kube.get_llmserving(namespace, name)
         if raw is None:
             return Outcome(namespace, name, found=False)
+        if (raw.get("metadata") or {}).get("deletionTimestamp"):
+            return Outcome(namespace, name, deleting=True)  # never roll what is being deleted
         outcome = _Reconcile(raw, ports, now).run()
         if not outcome.conflict:
             break
@@ -288,6 +293,7 @@ class _Reconcile:
         self.old = _old_status(raw)
         self.conditions = _Conditions(self.old.conditions, self.generation, now)
         self.events: list[str] = []
+        self.settling = False
 
     def involved(self) -> dict[str, Any]:
         meta = self.raw.get("metadata", {})
@@ -314,9 +320,10 @@ class _Reconcile:
 
     # -- invalid spec: say so, change nothing else ----------------------------------------------------
 
-    def invalid(self, error: SpecError) -> Outcome:
+    def invalid(self, error: SpecError, reason: str = "InvalidSpec") -> Outcome:
         applied = self.old.max_num_seqs
-        reason = "Forbidden" if isinstance(error, Forbidden) else "InvalidSpec"
+        if isinstance(error, Forbidden):
+            reason = "Forbidden"
         self.conditions.set("Degraded", "True", reason, f"{error}")
         self.conditions.keep_old()
         holding = f"; holding {applied}" if applied is not None else ""
@@ -345,6 +352,9 @@ class _Reconcile:
             rules = tuning_rules(obj.spec)
         except SpecError as error:
             return self.invalid(error)
+        refusal = obj.spec.prometheus.url and self.ports.prometheus_url_refusal(obj.spec.prometheus.url)
+        if refusal:
+            return self.invalid(SpecError("spec.prometheus.url", refusal), "PrometheusURLNotAllowed")
 
         uid = self.raw.get("metadata", {}).get("uid")
         found: dict[str, Any] | None = None
@@ -469,6 +479,12 @@ class _Reconcile:
             ):
                 calibration = add_calibration_point(calibration, point)
 
+        # Right after a rollout the new pods have few samples in the window: expected, not an alarm.
+        self.settling = (
+            rolled
+            or applied.rolling
+            or (settled_since is not None and self.now < settled_since + timedelta(seconds=rules.window_s))
+        )
         crashing = crash_looping(self.pods) if state is not None and state.replicas > 0 else []
         self.set_conditions(obj, state, observation, decision, rolled, apply_error, crashing)
         if target is not None:
@@ -1006,6 +1022,13 @@ class _Reconcile:
             c.set("MetricsAvailable", "True", "Observed", f"{observation.pods} pods reporting")
         elif observation.running.value == 0:
             c.set("MetricsAvailable", "True", "NoTraffic", "engines report no running sequences")
+        elif self.settling and observation.pods > 0:  # the pods report, only not enough yet
+            c.set(
+                "MetricsAvailable",
+                "Unknown",
+                "Settling",
+                f"new pods settling after a rollout: {observation.avg_context_tokens.reason}",
+            )
         else:
             c.set(
                 "MetricsAvailable",

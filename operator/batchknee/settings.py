@@ -17,7 +17,9 @@ class OperatorSettings(BaseSettings):
         "http://127.0.0.1:9090",
         description="Prometheus base URL (an LLMServing's spec.prometheus.url overrides)",
     )
-    prometheus_timeout_seconds: float = Field(5.0, gt=0, description="Timeout of one Prometheus query")
+    prometheus_timeout_seconds: float = Field(
+        5.0, gt=0, description="Total deadline of one Prometheus query (not per read)"
+    )
     prometheus_min_samples: int = Field(3, ge=1, description="Fewer samples in the window read as too thin")
     namespaces: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="Namespaces to watch, comma-separated; empty: the whole cluster"
@@ -54,6 +56,26 @@ class OperatorSettings(BaseSettings):
         description="Allow securityContext fields that loosen the restricted Pod Security Standard "
         "(root, privilege escalation, added capabilities, seccomp Unconfined)",
     )
+
+    # --- Prometheus: what tenants may point the operator at, and how results are shared ---
+    prometheus_allowed_urls: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Prometheus URLs an LLMServing may name in spec.prometheus.url, comma-separated; "
+        "empty: any (the default URL is always allowed)",
+    )
+    prometheus_cache_seconds: float = Field(
+        5.0, gt=0, description="How long one refresh of the engine metrics serves every LLMServing"
+    )
+    reconcile_workers: int = Field(
+        16, ge=1, le=256, description="Reconciles in flight at once (each waits mostly on the apiserver)"
+    )
+
+    @field_validator("prometheus_allowed_urls", mode="before")
+    @classmethod
+    def _split_urls(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
 
     def admission_rules(self) -> AdmissionRules:
         return AdmissionRules(

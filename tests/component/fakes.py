@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from batchknee.core.observation import Observation, ObservationTarget, Reading
-from batchknee.ports import ApplyConflict, ApplyError, EventType, LiveCap, LiveCapError
+from batchknee.ports import ApplyConflict, ApplyError, EventType, LiveCap, LiveCapError, TransientApiError
 
 START = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 
@@ -39,6 +39,7 @@ class MemoryKube:
     status_writes: int = 0
     fail_apply: set[str] = field(default_factory=set)
     fail_status: bool = False
+    busy_applies: int = 0  # this many applies answer as an apiserver still busy after retries
     _uids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     _versions: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
@@ -78,6 +79,9 @@ class MemoryKube:
         kind, meta = obj["kind"], obj["metadata"]
         if kind in self.fail_apply:
             raise ApplyError(f"{kind} {meta['name']}: admission webhook denied the request")
+        if self.busy_applies > 0:
+            self.busy_applies -= 1
+            raise TransientApiError(f"apply {kind} {meta['name']}: 429 Too Many Requests (after 4 tries)")
         key = (kind, meta["namespace"], meta["name"])
         new = copy.deepcopy(obj)
         old = self.objects.get(key)

@@ -456,7 +456,7 @@ def test_prometheus_scrapes_kubelet_pods_with_podmonitor_labels(
         "kind": "Pod",
         "metadata": {
             "name": "scraped",
-            "labels": {"app.kubernetes.io/name": "engine", "tier": "gpu"},
+            "labels": {"app.kubernetes.io/name": "engine", "tier": "gpu", "batchknee.io/llmserving": "chat"},
             "annotations": {"prometheus.io/path": "/metrics"},
         },
         "spec": {"containers": [engine_container("engine", ["--port", "8000"])]},
@@ -473,6 +473,7 @@ def test_prometheus_scrapes_kubelet_pods_with_podmonitor_labels(
     labels = result[0]["metric"]
     assert labels["container"] == "engine"
     assert labels["tier"] == "gpu"
+    assert labels["llmserving"] == "chat"  # as the chart's PodMonitor relabels it
     ip = core.read_namespaced_pod("scraped", namespace).status.pod_ip
     assert labels["instance"] == f"{ip}:8000"
 

@@ -1,11 +1,13 @@
 """The Prometheus adapter against a real Prometheus scraping vLLM-format exporters.
 
 No cluster is needed: the exporters run on loopback addresses and a file_sd file labels them the
-way a PodMonitor labels engine pods (namespace, pod).
+way the chart's PodMonitor labels engine pods (namespace, pod, and llmserving from the pod's
+batchknee.io/llmserving label).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -47,7 +49,8 @@ class Fleet:
         self.file_sd.write_text("[]")
         self.pods: dict[str, tuple[subprocess.Popen[bytes], dict[str, Any], str]] = {}
 
-    def start(self, namespace: str, pod: str, state: dict[str, Any]) -> None:
+    def start(self, namespace: str, pod: str, state: dict[str, Any], llmserving: str | None = None) -> None:
+        """An engine pod of LLMServing `llmserving` (default: the pod name less its two hashes)."""
         host = f"127.1.1.{len(self.pods) + 1}"
         port = free_port(host)
         state_file = self.workdir / f"{pod}.json"
@@ -55,7 +58,9 @@ class Fleet:
         process = subprocess.Popen(
             [sys.executable, str(EXPORTER), "--state", str(state_file), "--host", host, "--port", str(port)]
         )
-        self.pods[pod] = (process, {"namespace": namespace, "pod": pod}, f"{host}:{port}")
+        owner = llmserving or pod.rsplit("-", 2)[0]
+        labels = {"namespace": namespace, "pod": pod, "llmserving": owner}
+        self.pods[pod] = (process, labels, f"{host}:{port}")
         self._write_targets()
 
     def stop(self, pod: str) -> None:
@@ -183,3 +188,108 @@ def test_prometheus_down_makes_everything_unavailable(prometheus: LocalPrometheu
         assert llama.tpot_p99_s.reason.startswith(f"Prometheus at {prometheus.url} unreachable")
     finally:
         prometheus.start()
+
+
+# --- names Kubernetes truncates, fleets, large queries, one slow Prometheus ----------------------------
+
+
+def truncated_pod_name(llmserving: str, suffix: str) -> str:
+    """What Kubernetes names a Deployment's pod: generateName `<name>-<rs hash>-` cut to 58
+    characters, then 5 random ones."""
+    return f"{llmserving}-7c9f8b6d5-"[:58] + suffix
+
+
+def test_long_names_are_observed_by_their_label_not_their_pod_name(
+    fleet: Fleet, prometheus: LocalPrometheus
+) -> None:
+    """Two 63-character names that share their first 58 characters: their pods' names carry
+    neither name whole, and each LLMServing still sees only its own pod."""
+    stem = ("support-bot-llama-3-1-8b-" * 3)[:58]
+    first, second = stem + "-eu-1", stem + "-us-2"
+    assert len(first) == len(second) == 63
+    fleet.start("prod", truncated_pod_name(first, "abcde"), BUSY, llmserving=first)
+    fleet.start("prod", truncated_pod_name(second, "fghij"), {**BUSY, "running": 8}, llmserving=second)
+    try:
+        deadline = time.monotonic() + 30
+        seen = observe(prometheus, first, second)
+        while not all(o.running.available for o in seen.values()) and time.monotonic() < deadline:
+            time.sleep(1)
+            seen = observe(prometheus, first, second)
+        assert seen[first].pods == 1 and seen[first].running.value == pytest.approx(32)
+        assert seen[second].pods == 1 and seen[second].running.value == pytest.approx(8)
+    finally:
+        fleet.stop(truncated_pod_name(first, "abcde"))
+        fleet.stop(truncated_pod_name(second, "fghij"))
+
+
+def test_a_thousand_long_names_are_served_by_the_same_small_queries(prometheus: LocalPrometheus) -> None:
+    now = datetime.now(UTC)
+    one = PrometheusObserver(prometheus.url)
+    one.observe([target("llama")], now)
+    many = PrometheusObserver(prometheus.url)
+    names = [f"{'n' * 58}{i:05d}" for i in range(1000)]
+    seen = many.observe([target(name) for name in [*names, "llama", "ghost"]], now)
+    assert many.queries_sent == one.queries_sent
+    assert many.largest_query_bytes == one.largest_query_bytes < 8 * 1024
+    assert seen[("prod", "llama")].running.value == pytest.approx(48)
+    assert (
+        seen[("prod", names[0])].avg_context_tokens.reason
+        == f"no VLLM engine metrics in the last {WINDOW_S}s"
+    )
+    one.close()
+    many.close()
+
+
+def test_queries_go_in_the_post_body_past_the_url_limit(prometheus: LocalPrometheus) -> None:
+    """A selector value of 200 KB repeated in every matcher makes queries of over 1 MiB: in a GET
+    URL Prometheus would cut the connection (1 MiB header limit); as a POST body it answers."""
+    huge = ObservationTarget("prod", "custom", "VLLM", WINDOW_S, selector={"service": "s" * 200_000})
+    observer = PrometheusObserver(prometheus.url, timeout_s=30)
+    seen = observer.observe([huge], datetime.now(UTC))[huge.key]
+    observer.close()
+    assert observer.largest_query_bytes > 2**20
+    assert seen.avg_context_tokens.reason == f"no VLLM engine metrics in the last {WINDOW_S}s"
+
+
+def test_a_trickling_prometheus_never_delays_objects_of_another(prometheus: LocalPrometheus) -> None:
+    """Two objects, two Prometheus URLs: the one whose Prometheus trickles waits out its deadline
+    while the other is observed through the real Prometheus meanwhile."""
+    from fake_prometheus import FakePrometheus
+
+    from batchknee.adapters.observing import RoutedObserver
+    from batchknee.adapters.prometheus import CachedObserver
+
+    with FakePrometheus("trickle") as slow:
+        cache = CachedObserver(lambda url: PrometheusObserver(url, timeout_s=5), ttl_s=60)
+        router = RoutedObserver(cache, prometheus.url)
+        router.route("prod", "stuck", slow.url)
+        stuck, llama = target("stuck"), target("llama")
+
+        async def both() -> None:
+            now = datetime.now(UTC)
+            waiting = asyncio.create_task(router.prepare(stuck, now))
+            while not slow.requests:  # the slow refresh is in flight
+                await asyncio.sleep(0.05)
+            await router.prepare(llama, now)
+            assert not waiting.done()
+            assert router.observation(llama, now).running.value == pytest.approx(48)
+            await waiting
+            assert router.observation(stuck, now).avg_context_tokens.reason == (
+                f"Prometheus at {slow.url} did not answer within 5s"
+            )
+
+        asyncio.run(both())
+        for url in cache.urls():
+            cache.drop_url(url)
+
+
+def test_a_selector_override_reads_its_own_series(prometheus: LocalPrometheus) -> None:
+    """spec.prometheus.selector: exact label matches instead of the llmserving label."""
+    custom = ObservationTarget("prod", "custom", "VLLM", WINDOW_S, selector={"pod": "llama-7c9f8b6d5-abcde"})
+    observer = PrometheusObserver(prometheus.url)
+    seen = observer.observe([custom, target("llama")], datetime.now(UTC))
+    observer.close()
+    assert seen[custom.key].pods == 1 and seen[custom.key].running.value == pytest.approx(32)
+    assert seen[custom.key].avg_context_tokens.value == pytest.approx(2097, rel=0.01)
+    assert seen[custom.key].tpot_mean_s.value == pytest.approx(0.03, rel=0.01)
+    assert seen[("prod", "llama")].pods == 2

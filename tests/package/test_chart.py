@@ -348,7 +348,7 @@ def test_pod_monitors_select_the_engine_pods_with_the_labels_the_operator_querie
         assert endpoint["port"] in {p["name"] for p in engine_container["ports"]}
         assert endpoint["path"] == METRICS_PATH[engine]  # type: ignore[index]
         targets = {r["targetLabel"]: r["sourceLabels"] for r in endpoint["relabelings"]}
-        # the Prometheus adapter selects and groups by `namespace` and `pod` (POD_SUFFIX regex on pod)
+        # the Prometheus adapter selects by `llmserving` and groups by it, `namespace` and `pod`
         assert targets["namespace"] == ["__meta_kubernetes_namespace"]
         assert targets["pod"] == ["__meta_kubernetes_pod_name"]
         assert targets["llmserving"] == ["__meta_kubernetes_pod_label_batchknee_io_llmserving"]
@@ -359,14 +359,19 @@ def test_pod_monitors_select_the_engine_pods_with_the_labels_the_operator_querie
     assert not any(matches(m["spec"]["selector"], not_an_engine) for m in monitors)
 
 
-def test_the_prometheus_adapter_queries_namespace_and_pod() -> None:
-    """What the PodMonitor relabelings promise, read from the adapter's own matcher."""
-    from batchknee.adapters.prometheus import _scopes
+def test_the_prometheus_adapter_queries_the_labels_the_pod_monitors_set() -> None:
+    """What the PodMonitor relabelings promise (namespace, pod, llmserving), read from the
+    adapter's own queries."""
+    from batchknee.adapters.prometheus import queries, scope_for
     from batchknee.core.observation import ObservationTarget
 
-    target = ObservationTarget(namespace="ml", name="chat", engine="VLLM", window_s=300)  # type: ignore[call-arg]
-    [scope] = _scopes([target])
-    assert 'namespace=~"ml"' in scope.matcher and "pod=~" in scope.matcher
+    for engine in ("VLLM", "TensorRTLLM"):
+        target = ObservationTarget(namespace="ml", name="chat", engine=engine, window_s=300)  # type: ignore[call-arg, arg-type]
+        scope = scope_for(target)
+        assert scope.matcher == 'llmserving!=""'
+        texts = queries(scope).values()
+        assert all("namespace, llmserving" in promql for promql in texts)
+        assert any("namespace, llmserving, pod" in promql for promql in texts)
 
 
 def dashboard(objects: list[dict[str, Any]]) -> dict[str, Any]:

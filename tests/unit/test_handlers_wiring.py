@@ -24,6 +24,8 @@ def test_handlers_register_with_kopf() -> None:
     registry = kopf.get_default_registry()
     ids = {h.id for h in registry._changing.get_all_handlers()}
     assert any("on_change" in i for i in ids)
+    [on_delete] = [h for h in registry._changing.get_all_handlers() if "on_delete" in h.id]
+    assert on_delete.requires_finalizer is False  # optional: frees state, never blocks a delete
     assert any("evaluate" in h.id for h in registry._spawning.get_all_handlers())
     assert any("on_engine_deployment" in h.id for h in registry._watching.get_all_handlers())
     settings = handlers.kopf_settings(handlers.OperatorSettings())
@@ -101,3 +103,23 @@ def test_operator_metrics() -> None:
     assert 'batchknee_demand_sequences{name="chat",namespace="ml"} 60.0' in text
     metrics.record(Outcome("ml", "chat", found=False), 0.01)
     assert 'batchknee_max_num_seqs{name="chat"' not in generate_latest(metrics.registry).decode()
+
+
+def test_the_target_is_read_from_kopfs_body() -> None:
+    import kopf
+
+    from batchknee.handlers import _target
+
+    raw = {
+        "apiVersion": "batchknee.io/v1alpha1",
+        "kind": "LLMServing",
+        "metadata": {"name": "chat", "namespace": "ml"},
+        "spec": {
+            "engine": "VLLM",
+            "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+            "gpu": {"type": "a100-80gb", "count": 1},
+            "tuning": {"windowSeconds": 120},
+        },
+    }
+    assert _target(kopf.Body(raw)) == ObservationTarget("ml", "chat", "VLLM", 120)
+    assert _target(kopf.Body({**raw, "spec": {"engine": "Nope"}})) is None

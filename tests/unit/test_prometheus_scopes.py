@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import re
+import urllib.parse
 
-from batchknee.adapters.prometheus import _scopes
+from batchknee.adapters.prometheus import _scopes, queries, scope_for
 from batchknee.core.observation import ObservationTarget
 
 
@@ -18,26 +18,42 @@ def test_targets_sharing_engine_and_window_share_one_scope() -> None:
         ObservationTarget("prod", "custom", "VLLM", 60, selector={"service": "custom-engine"}),
     ]
     scopes = _scopes(targets)
-    assert sorted((s.engine, s.window_s, len(s.targets)) for s in scopes) == [
+    assert sorted((s.engine, s.window_s, len(members)) for s, members in scopes.items()) == [
         ("TensorRTLLM", 60, 1),
         ("VLLM", 60, 1),
         ("VLLM", 60, 3),
         ("VLLM", 300, 1),
     ]
-    shared = next(s for s in scopes if len(s.targets) == 3)
-    # Pods map back by name: exactly two hash segments after the LLMServing's name.
-    assert shared.owner("prod", "llama-7c9f8b6d5-abcde") == ("prod", "llama")
-    assert shared.owner("prod", "llama-2-7c9f8b6d5-abcde") == ("prod", "llama-2")
-    assert shared.owner("dev", "qwen.v2-7c9f8b6d5-abcde") == ("dev", "qwen.v2")
-    assert shared.owner("dev", "qwenXv2-7c9f8b6d5-abcde") is None  # the dot is literal
-    assert shared.owner("dev", "llama-7c9f8b6d5-abcde") is None  # not a target in that namespace
-    assert shared.owner("prod", "llama-abc") is None
-    assert 'label_replace(x, "llmserving", "$1", "pod", ' in shared.tag("x")
-    assert re.search(r'namespace=~"dev\|prod"', shared.matcher)
+    shared = next(s for s, members in scopes.items() if len(members) == 3)
+    # Series map back by their llmserving label, whatever the pod is called (long names are
+    # truncated in pod names).
+    assert shared.owner({"namespace": "prod", "llmserving": "llama", "pod": "x"}) == ("prod", "llama")
+    assert shared.owner({"namespace": "dev", "llmserving": "qwen.v2"}) == ("dev", "qwen.v2")
+    assert shared.matcher == 'llmserving!=""'
+    assert shared.tag("x") == "x"
 
 
 def test_a_selector_override_queries_its_own_labels() -> None:
-    [scope] = _scopes([ObservationTarget("prod", "custom", "VLLM", 60, selector={"service": 'a"b'})])
+    scope = scope_for(ObservationTarget("prod", "custom", "VLLM", 60, selector={"service": 'a"b'}))
     assert scope.matcher == 'namespace="prod",service="a\\"b"'
-    assert scope.owner("prod", "anything") == ("prod", "custom")
+    assert scope.owner({"namespace": "prod", "pod": "anything"}) == ("prod", "custom")
     assert scope.tag("x") == 'label_replace(x, "llmserving", "custom", "", "")'
+
+
+def test_query_text_does_not_depend_on_the_fleet() -> None:
+    """The queries of a refresh are the same for 1 or 1,000 LLMServings of 63-character names,
+    and each POST body stays far under Prometheus's limits."""
+    long_name = "a" * 63
+    one = _scopes([ObservationTarget("prod", "llama", "VLLM", 300)])
+    many = _scopes(
+        [ObservationTarget(f"ns{i % 50}", f"{long_name[:-4]}{i:04d}", "VLLM", 300) for i in range(1000)]
+    )
+    assert list(one) == list(many)
+    assert len(many) == 1
+    for engine in ("VLLM", "TensorRTLLM"):
+        texts = queries(scope_for(ObservationTarget("prod", long_name, engine, 300)))
+        assert texts == queries(scope_for(ObservationTarget("other", "x", engine, 300)))
+        for promql in texts.values():
+            assert long_name not in promql
+            body = urllib.parse.urlencode({"query": promql, "time": "1767225600.000"})
+            assert len(body) < 8 * 1024, promql

@@ -10,19 +10,71 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import socket
+import time
+from collections.abc import Callable
 from datetime import datetime
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from batchknee.api.models import GROUP, PLURAL, VERSION, bounded, format_timestamp
-from batchknee.ports import ApplyConflict, ApplyError, EventType
+from batchknee.ports import ApplyConflict, ApplyError, EventType, TransientApiError
 from batchknee.render import FIELD_MANAGER
 
 log = logging.getLogger(__name__)
 APPLY = "application/apply-patch+yaml"
+T = TypeVar("T")
+RETRY_DELAYS_S = (0.2, 0.5, 1.0)  # then give up until the next reconcile (bounded: < 2 s in all)
+
+
+def transient(error: ApiException) -> bool:
+    """A conflict, throttling or a server-side failure: worth trying again, not a user error."""
+    status = error.status or 0
+    return status in (409, 429) or 500 <= status <= 599
+
+
+def _retry_after(error: ApiException) -> float | None:
+    headers = error.headers or {}
+    try:
+        return float(headers.get("Retry-After", ""))
+    except (TypeError, ValueError):
+        return None
+
+
+def _finish(response: Any) -> None:
+    """Read an unread (`_preload_content=False`) answer to its end, so that its connection goes
+    back to the pool: left unread, every write would open a new TLS connection."""
+    response.drain_conn()
+    response.release_conn()
+
+
+def with_retries(
+    call: Callable[[], T],
+    what: str,
+    delays: tuple[float, ...] = RETRY_DELAYS_S,
+    *,
+    retry_conflicts: bool = True,
+) -> T:
+    """`call()`, retried with backoff (and jitter, honouring Retry-After up to the step's bound)
+    while the apiserver answers 409 (unless `retry_conflicts` is off), 429 or 5xx; then
+    TransientApiError."""
+    for attempt in range(len(delays) + 1):
+        try:
+            return call()
+        except ApiException as error:
+            if not transient(error) or (error.status == 409 and not retry_conflicts):
+                raise
+            if attempt == len(delays):
+                raise TransientApiError(f"{what}: {_explain(error)} (after {attempt + 1} tries)") from None
+            bound = delays[attempt]
+            hinted = _retry_after(error)
+            pause = min(hinted, 2 * bound) if hinted is not None else bound * random.uniform(0.5, 1.0)
+            log.debug("%s: %s; retrying in %.2f s", what, _explain(error), pause)
+            time.sleep(pause)
+    raise AssertionError("unreachable")
 
 
 def load_config() -> None:
@@ -55,8 +107,11 @@ class KubernetesAdapter:
     # --- reads ---
     def get_llmserving(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            found = self.custom.get_namespaced_custom_object(
-                GROUP, VERSION, namespace, PLURAL, name, _request_timeout=self.timeout_s
+            found = with_retries(
+                lambda: self.custom.get_namespaced_custom_object(
+                    GROUP, VERSION, namespace, PLURAL, name, _request_timeout=self.timeout_s
+                ),
+                f"get LLMServing {namespace}/{name}",
             )
             return cast(dict[str, Any], found)
         except ApiException as error:
@@ -72,8 +127,11 @@ class KubernetesAdapter:
 
     def get_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            response: Any = self.apps.read_namespaced_deployment(
-                name, namespace, _preload_content=False, _request_timeout=self.timeout_s
+            response: Any = with_retries(
+                lambda: self.apps.read_namespaced_deployment(
+                    name, namespace, _preload_content=False, _request_timeout=self.timeout_s
+                ),
+                f"get Deployment {namespace}/{name}",
             )
         except ApiException as error:
             if error.status == 404:
@@ -120,16 +178,21 @@ class KubernetesAdapter:
         }[kind]
         ours = bool(meta.get("resourceVersion"))
         try:
-            method(
-                name,
-                namespace,
-                cast(Any, obj),
-                field_manager=FIELD_MANAGER,
-                force=ours,
-                _content_type=APPLY,
-                _preload_content=False,
-                _request_timeout=self.timeout_s,
+            response = with_retries(
+                lambda: method(
+                    name,
+                    namespace,
+                    cast(Any, obj),
+                    field_manager=FIELD_MANAGER,
+                    force=ours,
+                    _content_type=APPLY,
+                    _preload_content=False,
+                    _request_timeout=self.timeout_s,
+                ),
+                f"apply {kind} {namespace}/{name}",
+                retry_conflicts=False,  # a failed resourceVersion precondition stays failed: decide again
             )
+            _finish(response)
         except ApiException as error:
             # 409: the resourceVersion precondition failed, or (unforced) another manager owns a field
             # of an object that appeared since it was found missing.
@@ -163,17 +226,20 @@ class KubernetesAdapter:
             "metadata": {"name": name, "namespace": namespace},
             "status": status,
         }
-        self.custom.patch_namespaced_custom_object_status(
-            GROUP,
-            VERSION,
-            namespace,
-            PLURAL,
-            name,
-            body,
-            field_manager=FIELD_MANAGER,
-            force=True,
-            _content_type=APPLY,
-            _request_timeout=self.timeout_s,
+        with_retries(
+            lambda: self.custom.patch_namespaced_custom_object_status(
+                GROUP,
+                VERSION,
+                namespace,
+                PLURAL,
+                name,
+                body,
+                field_manager=FIELD_MANAGER,
+                force=True,
+                _content_type=APPLY,
+                _request_timeout=self.timeout_s,
+            ),
+            f"write the status of LLMServing {namespace}/{name}",
         )
 
     def emit_event(
@@ -202,9 +268,13 @@ class KubernetesAdapter:
             "reportingComponent": FIELD_MANAGER,
             "reportingInstance": self.instance,
         }
-        self.core.create_namespaced_event(
-            meta["namespace"], cast(Any, body), _preload_content=False, _request_timeout=self.timeout_s
+        response = with_retries(
+            lambda: self.core.create_namespaced_event(
+                meta["namespace"], cast(Any, body), _preload_content=False, _request_timeout=self.timeout_s
+            ),
+            f"record an Event on {meta['namespace']}/{meta['name']}",
         )
+        _finish(response)
 
     # --- peering ---
     def ensure_peering(self, name: str, namespaces: list[str]) -> None:

@@ -1,13 +1,21 @@
 """reconcile's `Observer` port over the Prometheus adapter's url-aware, tick-cached observer.
 
-An LLMServing may name its own Prometheus (spec.prometheus.url); every other one is read from the
-operator's default URL. The cache behind (`batchknee.adapters.prometheus.CachedObserver`) serves
-all objects of one URL with one batch of queries per tick.
+An LLMServing may name its own Prometheus (spec.prometheus.url) when the admin allows that URL;
+every other one is read from the operator's default URL. The cache behind
+(`batchknee.adapters.prometheus.CachedObserver`) serves all objects of one URL and scope with one
+batch of queries per tick, with one refresh in flight per URL.
+
+`prepare` is the asynchronous half: the handlers await it (under the object's asyncio lock) before
+reconcile goes to a thread, so objects waiting for a slow Prometheus wait as coroutines and never
+hold the threads that objects of another Prometheus need.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import urllib.parse
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Protocol
 
@@ -18,28 +26,78 @@ class UrlObserver(Protocol):
     def observation(self, url: str, target: ObservationTarget, now: datetime) -> Observation: ...
 
 
+def normalise_url(url: str) -> str:
+    return url.strip().rstrip("/")
+
+
+def redact_url(url: str) -> str:
+    """The URL as it may appear in status, Events and logs: no userinfo (credentials), no query."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return "<unparseable URL>"
+    host = parts.netloc.rpartition("@")[2]
+    return urllib.parse.urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
 class RoutedObserver:
     """Implements `batchknee.ports.Observer`: which Prometheus to ask is remembered per object."""
 
-    def __init__(self, inner: UrlObserver, default_url: str) -> None:
+    def __init__(self, inner: UrlObserver, default_url: str, allowed_urls: Iterable[str] = ()) -> None:
         self.inner = inner
         self.default_url = default_url
+        # Empty: any URL may be named; else only these (and the default) are ever fetched.
+        self.allowed_urls = frozenset(normalise_url(u) for u in allowed_urls)
         self.urls: dict[tuple[str, str], str] = {}
         self.lock = threading.Lock()
+        self._preparing: dict[str, asyncio.Lock] = {}
+
+    def allows(self, url: str | None) -> bool:
+        """May an LLMServing name `url` as its Prometheus?"""
+        if not url or not self.allowed_urls:
+            return True
+        return normalise_url(url) in self.allowed_urls | {normalise_url(self.default_url)}
+
+    def refusal(self, url: str) -> str | None:
+        """Why an LLMServing may not name `url` (None: it may)."""
+        if self.allows(url):
+            return None
+        return (
+            f"{redact_url(url)} is not among the Prometheus URLs the operator allows "
+            "(its prometheusAllowedUrls setting, BATCHKNEE_PROMETHEUS_ALLOWED_URLS): name one of "
+            "those, or leave spec.prometheus.url unset to use the operator's default"
+        )
 
     def route(self, namespace: str, name: str, url: str | None) -> None:
+        if url and not self.allows(url):
+            url = None  # reconcile refuses the spec before observing; never fetch a refused URL
         with self.lock:
+            previous = self.urls.get((namespace, name))
             if url:
                 self.urls[(namespace, name)] = url
             else:
                 self.urls.pop((namespace, name), None)
+        if previous and previous != url:
+            self._drop_if_unused(previous)
 
     def forget(self, namespace: str, name: str) -> None:
+        """The object is gone (or no longer watched): drop its route and what only it used."""
         with self.lock:
-            self.urls.pop((namespace, name), None)
+            previous = self.urls.pop((namespace, name), None)
         forget = getattr(self.inner, "forget", None)
         if forget is not None:
             forget((namespace, name))
+        if previous:
+            self._drop_if_unused(previous)
+
+    def _drop_if_unused(self, url: str) -> None:
+        with self.lock:
+            used = url == self.default_url or url in self.urls.values()
+            if not used:
+                self._preparing.pop(url, None)
+        drop = getattr(self.inner, "drop_url", None)
+        if not used and drop is not None:
+            drop(url)
 
     def url(self, target: ObservationTarget) -> str:
         with self.lock:
@@ -47,3 +105,17 @@ class RoutedObserver:
 
     def observation(self, target: ObservationTarget, now: datetime) -> Observation:
         return self.inner.observation(self.url(target), target, now)
+
+    async def prepare(self, target: ObservationTarget, now: datetime) -> None:
+        """Make the cache fresh for `target` without holding a thread while waiting: one refresh
+        per URL runs in a thread, and every other object of that URL awaits it as a coroutine."""
+        is_fresh = getattr(self.inner, "is_fresh", None)
+        refresh = getattr(self.inner, "refresh", None)
+        if is_fresh is None or refresh is None:
+            return
+        url = self.url(target)
+        with self.lock:
+            gate = self._preparing.setdefault(url, asyncio.Lock())
+        async with gate:
+            if not is_fresh(url, target):
+                await asyncio.to_thread(refresh, url, target, now)

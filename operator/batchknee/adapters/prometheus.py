@@ -1,8 +1,16 @@
 """Reading the engines' metric contract from Prometheus (REFERENCE.md §2) into `Observation`s.
 
-This is the only module that knows PromQL and its result shapes. It queries in batches: every
-LLMServing that shares an engine and a window is served by the same dozen queries per tick, each
-grouped server-side by a `llmserving` label derived from the pod name (`<name>-<rs hash>-<pod hash>`).
+This is the only module that knows PromQL and its result shapes. Engine series are selected by a
+fixed matcher — the `llmserving` label that the chart's PodMonitor (and the test kubelet's file_sd)
+copies from every engine pod's `batchknee.io/llmserving` label — and grouped server-side by
+(namespace, llmserving). So every LLMServing that shares an engine and a window is served by the
+same dozen queries, whose size does not depend on how many there are or how long their names are
+(Kubernetes truncates long pod names, so no name pattern is used). An LLMServing with
+`spec.prometheus.selector` gets its own scope with those exact label matches.
+
+Queries go as POST form bodies, concurrently, each with a total deadline (not a per-read timeout),
+so a slow or trickling Prometheus costs one deadline per refresh and never more. Errors name the
+URL without its credentials and carry the HTTP status and a short, single-line excerpt.
 Metric renames across engine versions are handled with PromQL `or` chains (newest first), and both
 spellings of vLLM's names (`vllm:x` and, through OpenMetrics negotiation, `vllm_x`) are matched.
 
@@ -12,20 +20,26 @@ than `min_samples`) becomes `Reading.unavailable(reason)` — never a zero.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import threading
+import time
+import urllib.parse
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, fields
-from datetime import datetime, timedelta
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field, fields
+from datetime import datetime
 from typing import Any
 
 import requests
+import urllib3
 from prometheus_api_client import PrometheusConnect
-from prometheus_api_client.exceptions import PrometheusApiClientException
 from urllib3.util.retry import Retry
 
+from batchknee.adapters.observing import redact_url
 from batchknee.core.observation import (
     Engine,
     Observation,
@@ -35,7 +49,32 @@ from batchknee.core.observation import (
 )
 
 Key = tuple[str, str]
-POD_SUFFIX = "-[a-z0-9]+-[a-z0-9]+"  # a Deployment's pods: <name>-<pod-template-hash>-<random>
+Row = tuple[dict[str, str], float]  # one series: its labels and its value
+LLMSERVING_LABEL = "llmserving"  # target label carrying the pod's batchknee.io/llmserving label
+MAX_BODY_BYTES = 64 * 1024 * 1024  # a query answer larger than this is refused, not buffered
+ERROR_BODY_BYTES = 8 * 1024  # of an error answer, only this much is read
+EXCERPT_CHARS = 200
+
+
+# --- what may be shown ----------------------------------------------------------------------------
+
+
+def excerpt(body: bytes | str, limit: int = EXCERPT_CHARS) -> str:
+    """A short, single-line, printable excerpt of an upstream answer (never the whole body).
+    Prometheus's own JSON errors give their `errorType: error`; HTML loses its tags."""
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, dict) and isinstance(parsed.get("error"), str):
+        text = f"{parsed.get('errorType', 'error')}: {parsed['error']}"
+    else:
+        text = re.sub(r"(?is)<(script|style)\b.*?</\1\s*>", " ", text)
+        text = re.sub(r"<[^>]*>", " ", text)
+    text = "".join(ch if ch.isprintable() else " " for ch in text)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
 
 @dataclass(frozen=True)
@@ -98,30 +137,27 @@ ENGINE_METRICS: dict[Engine, EngineMetrics] = {"VLLM": VLLM_METRICS, "TensorRTLL
 
 @dataclass(frozen=True)
 class _Scope:
-    """Targets queried together: one PromQL matcher, and how a series maps back to its target."""
+    """Targets queried together: one PromQL matcher, and how a series maps back to its target.
+
+    The default scope (one per engine and window) matches every series with an `llmserving` label
+    and maps a series to (namespace, llmserving). A selector scope serves exactly one target."""
 
     engine: Engine
     window_s: int
     matcher: str
-    targets: dict[Key, ObservationTarget]
-    tag_regex: str | None  # default scope: the pod-name regex whose group 1 is the LLMServing name
+    owner_key: Key | None = None  # a selector scope: the one target it serves
+
+    def owner(self, labels: dict[str, str]) -> Key:
+        if self.owner_key is not None:
+            return self.owner_key
+        return labels.get("namespace", ""), labels.get(LLMSERVING_LABEL, "")
 
     def tag(self, expr: str) -> str:
-        """Label every series of `expr` with the LLMServing it belongs to (`llmserving`)."""
-        if self.tag_regex is not None:
-            return f'label_replace({expr}, "llmserving", "$1", "pod", "{_promql_string(self.tag_regex)}")'
-        [target] = self.targets.values()
-        return f'label_replace({expr}, "llmserving", "{_promql_string(target.name)}", "", "")'
-
-    def owner(self, namespace: str, pod: str) -> Key | None:
-        if self.tag_regex is None:
-            [key] = self.targets
-            return key
-        match = re.fullmatch(self.tag_regex, pod)
-        if match is None:
-            return None
-        key = (namespace, match.group(1))
-        return key if key in self.targets else None
+        """A selector scope labels its series with its target's name (so grouping is uniform)."""
+        if self.owner_key is None:
+            return expr
+        name = _promql_string(self.owner_key[1])
+        return f'label_replace({expr}, "{LLMSERVING_LABEL}", "{name}", "", "")'
 
     def select(self, name_regex: str) -> str:
         return f'{{__name__=~"{name_regex}",{self.matcher}}}'
@@ -131,7 +167,7 @@ class _Scope:
 
     def grouped(self, expr: str) -> str:
         """Sum `expr` per LLMServing."""
-        return f"sum by (namespace, llmserving) ({self.tag(expr)})"
+        return f"sum by (namespace, {LLMSERVING_LABEL}) ({self.tag(expr)})"
 
     @property
     def window(self) -> str:
@@ -147,30 +183,24 @@ def _promql_string(text: str) -> str:
     return text.replace("\\", "\\\\").replace('"', '\\"')
 
 
-def _scopes(targets: Iterable[ObservationTarget]) -> list[_Scope]:
-    grouped: dict[tuple[Engine, int], dict[Key, ObservationTarget]] = defaultdict(dict)
-    scopes: list[_Scope] = []
+def scope_for(target: ObservationTarget) -> _Scope:
+    if target.selector or target.pods is not None:
+        # its own scope: exact label matches, and/or an adopted workload's pods by name
+        matchers = [f'namespace="{_promql_string(target.namespace)}"'] + [
+            f'{label}="{_promql_string(value)}"' for label, value in sorted((target.selector or {}).items())
+        ]
+        if target.pods is not None:
+            pods = "|".join(re.escape(pod) for pod in sorted(target.pods)) or "$^"
+            matchers.append(f'pod=~"{_promql_string(pods)}"')
+        return _Scope(target.engine, target.window_s, ",".join(matchers), target.key)
+    return _Scope(target.engine, target.window_s, f'{LLMSERVING_LABEL}!=""')
+
+
+def _scopes(targets: Iterable[ObservationTarget]) -> dict[_Scope, list[ObservationTarget]]:
+    grouped: dict[_Scope, list[ObservationTarget]] = defaultdict(list)
     for target in targets:
-        if target.selector or target.pods is not None:
-            matchers = [f'namespace="{_promql_string(target.namespace)}"'] + [
-                f'{label}="{_promql_string(value)}"'
-                for label, value in sorted((target.selector or {}).items())
-            ]
-            if target.pods is not None:
-                pods = "|".join(re.escape(pod) for pod in sorted(target.pods)) or "$^"
-                matchers.append(f'pod=~"{_promql_string(pods)}"')
-            scopes.append(
-                _Scope(target.engine, target.window_s, ",".join(matchers), {target.key: target}, None)
-            )
-        else:
-            grouped[(target.engine, target.window_s)][target.key] = target
-    for (engine, window_s), members in sorted(grouped.items()):
-        namespaces = "|".join(sorted({re.escape(ns) for ns, _ in members}))
-        names = "|".join(sorted({re.escape(name) for _, name in members}))
-        pod_regex = f"({names}){POD_SUFFIX}"
-        matcher = f'namespace=~"{_promql_string(namespaces)}",pod=~"{_promql_string(pod_regex)}"'
-        scopes.append(_Scope(engine, window_s, matcher, members, pod_regex))
-    return scopes
+        grouped[scope_for(target)].append(target)
+    return dict(grouped)
 
 
 def _first_of(exprs: Iterable[str]) -> str:
@@ -178,246 +208,363 @@ def _first_of(exprs: Iterable[str]) -> str:
     return " or ".join(f"({expr})" for expr in exprs)
 
 
-class PrometheusUnavailable(Exception):
-    """Prometheus could not be reached or refused a query; every target is unavailable."""
+# Queries whose rows are per pod (labels kept) vs per LLMServing (one value per target).
+POD_QUERIES = ("running", "waiting", "usage", "recent_running", "recent_usage", "samples", "capacity")
 
 
-class PrometheusObserver:
-    """Batched observation of many LLMServings through one Prometheus."""
+def queries(scope: _Scope) -> dict[str, str]:
+    """Every PromQL query of one refresh of `scope`, by name. Their text depends on the engine,
+    the window and the matcher only — never on how many LLMServings the scope serves."""
+    metrics = ENGINE_METRICS[scope.engine]
+    window = scope.window
+    by_pod = f"namespace, {LLMSERVING_LABEL}, pod, engine"
 
-    def __init__(self, url: str, *, timeout_s: float = 5.0, min_samples: int = 3) -> None:
-        self.url = url.rstrip("/")
-        self.min_samples = min_samples
-        # One quick retry: a down Prometheus must cost the tick seconds, not minutes.
-        self._client = PrometheusConnect(
-            url=self.url,
-            timeout=timeout_s,
-            retry=Retry(total=1, backoff_factor=0.1, status_forcelist=[502, 503, 504]),
-        )
-        self.queries_sent = 0
+    def gauge_by_pod(names: tuple[str, ...], over: str = window) -> str:
+        return _first_of(f"sum by ({by_pod}) (avg_over_time({scope.select(n)}[{over}]))" for n in names)
 
-    def close(self) -> None:
-        self._client.close()
-
-    def _query(self, promql: str, now: datetime) -> list[dict[str, Any]]:
-        self.queries_sent += 1
-        try:
-            result: list[dict[str, Any]] = self._client.custom_query(
-                promql, params={"time": f"{now.timestamp():.3f}"}
-            )
-        except requests.RequestException as error:
-            raise PrometheusUnavailable(
-                f"Prometheus at {self.url} unreachable: {type(error).__name__}"
-            ) from None
-        except PrometheusApiClientException as error:
-            raise PrometheusUnavailable(f"Prometheus at {self.url} refused a query: {error}") from None
-        return result
-
-    def observe(self, targets: Sequence[ObservationTarget], now: datetime) -> dict[Key, Observation]:
-        """One Observation per target, evaluated at `now`. Never raises for Prometheus trouble:
-        the observations then carry the reason."""
-        observations: dict[Key, Observation] = {}
-        for scope in _scopes(targets):
-            try:
-                observations.update(self._observe_scope(scope, now))
-            except PrometheusUnavailable as error:
-                observations.update({key: Observation.unavailable(now, str(error)) for key in scope.targets})
-        return observations
-
-    # --- one scope ------------------------------------------------------------------------------
-
-    def _per_target(self, scope: _Scope, promql: str, now: datetime) -> dict[Key, float]:
-        """A query grouped by (namespace, llmserving): value per target (may be NaN or ±Inf)."""
-        values: dict[Key, float] = {}
-        for series in self._query(promql, now):
-            labels = series["metric"]
-            key = (labels.get("namespace", ""), labels.get("llmserving", ""))
-            if key in scope.targets:
-                values[key] = float(series["value"][1])
-        return values
-
-    def _per_pod(self, scope: _Scope, promql: str, now: datetime) -> list[tuple[Key, dict[str, str], float]]:
-        """A query grouped by pod (and more): (target, labels, value) for each series of our pods."""
-        rows = []
-        for series in self._query(promql, now):
-            labels = series["metric"]
-            key = scope.owner(labels.get("namespace", ""), labels.get("pod", ""))
-            if key is not None:
-                rows.append((key, labels, float(series["value"][1])))
-        return rows
-
-    def _quantile(self, scope: _Scope, names: tuple[str, ...], quantile: float) -> str:
+    def quantile(names: tuple[str, ...], q: float) -> str:
         return _first_of(
-            f"histogram_quantile({quantile}, sum by (namespace, llmserving, le) ({scope.tag(scope.rate(name + '_bucket'))}))"
+            f"histogram_quantile({q}, sum by (namespace, {LLMSERVING_LABEL}, le) "
+            f"({scope.tag(scope.rate(name + '_bucket'))}))"
             for name in names
         )
 
-    def _mean(self, scope: _Scope, names: tuple[str, ...]) -> str:
+    def mean(names: tuple[str, ...]) -> str:
         """Mean of a histogram over the window: rate(sum) / rate(count), per target."""
         return _first_of(
             f"{scope.grouped(scope.rate(name + '_sum'))} / {scope.grouped(scope.rate(name + '_count'))}"
             for name in names
         )
 
-    def _rate(self, scope: _Scope, names: tuple[str, ...]) -> str:
+    def rate(names: tuple[str, ...]) -> str:
         return _first_of(scope.grouped(scope.rate(name)) for name in names)
 
-    def _observe_scope(self, scope: _Scope, now: datetime) -> dict[Key, Observation]:
-        metrics = ENGINE_METRICS[scope.engine]
-        window = scope.window
-        by_pod = "namespace, pod, engine"
-
-        def gauge_by_pod(names: tuple[str, ...], over: str = window) -> str:
-            return _first_of(f"sum by ({by_pod}) (avg_over_time({scope.select(n)}[{over}]))" for n in names)
-
-        running_rows = self._per_pod(scope, gauge_by_pod(metrics.running), now)
-        waiting_rows = self._per_pod(scope, gauge_by_pod(metrics.waiting), now)
-        usage_rows = self._per_pod(scope, gauge_by_pod(metrics.kv_usage), now)
-        recent_running_rows = self._per_pod(scope, gauge_by_pod(metrics.running, scope.recent_window), now)
-        recent_usage_rows = self._per_pod(scope, gauge_by_pod(metrics.kv_usage, scope.recent_window), now)
-        sample_rows = self._per_pod(
-            scope,
-            _first_of(
-                f"min by ({by_pod}) (count_over_time({scope.select(n)}[{window}]))" for n in metrics.running
-            ),
-            now,
+    found = {
+        "running": gauge_by_pod(metrics.running),
+        "waiting": gauge_by_pod(metrics.waiting),
+        "usage": gauge_by_pod(metrics.kv_usage),
+        "recent_running": gauge_by_pod(metrics.running, scope.recent_window),
+        "recent_usage": gauge_by_pod(metrics.kv_usage, scope.recent_window),
+        "samples": _first_of(
+            f"min by ({by_pod}) (count_over_time({scope.select(n)}[{window}]))" for n in metrics.running
+        ),
+        "capacity": _kv_capacity_query(scope, by_pod),
+        "tpot_p99": quantile(metrics.tpot, 0.99),
+        "tpot_mean": mean(metrics.tpot),
+        "ttft_p99": quantile(metrics.ttft, 0.99),
+        "generation": rate(metrics.generation_tokens),
+    }
+    if metrics.preemptions:
+        found["preemptions"] = rate(metrics.preemptions)
+    if metrics.prefix_hits:
+        found["prefix"] = f"({rate(metrics.prefix_hits)}) / ({rate(metrics.prefix_queries)})"
+    if metrics.prompt_length:
+        found["length_fallback"] = (
+            f"({mean(metrics.prompt_length)}) + ({mean(metrics.generation_length)}) / 2"
         )
-        capacity_rows = self._per_pod(scope, self._kv_capacity_query(scope), now)
-        tpot_p99 = self._per_target(scope, self._quantile(scope, metrics.tpot, 0.99), now)
-        tpot_mean = self._per_target(scope, self._mean(scope, metrics.tpot), now)
-        ttft_p99 = self._per_target(scope, self._quantile(scope, metrics.ttft, 0.99), now)
-        generation = self._per_target(scope, self._rate(scope, metrics.generation_tokens), now)
-        preemptions = (
-            self._per_target(scope, self._rate(scope, metrics.preemptions), now)
-            if metrics.preemptions
-            else {}
-        )
-        prefix = (
-            self._per_target(
-                scope,
-                f"({self._rate(scope, metrics.prefix_hits)}) / ({self._rate(scope, metrics.prefix_queries)})",
-                now,
+        found["prompt_length_mean"] = mean(metrics.prompt_length)
+        found["output_length_mean"] = mean(metrics.generation_length)
+    if metrics.prompt_tokens and metrics.finished_requests:
+        # An engine that reserves prompt + full output per request (TensorRT-LLM's default
+        # scheduler): the mean prompt, to take the decode-time context out of the reservation.
+        def mean_prompt(over: str) -> str:
+            tokens = _first_of(
+                scope.grouped(f"rate({scope.select(n)}[{over}])") for n in metrics.prompt_tokens
             )
-            if metrics.prefix_hits
-            else {}
-        )
-        prompt_mean = (
-            self._per_target(scope, self._mean(scope, metrics.prompt_length), now)
-            if metrics.prompt_length
-            else {}
-        )
-        output_mean = (
-            self._per_target(scope, self._mean(scope, metrics.generation_length), now)
-            if metrics.generation_length
-            else {}
-        )
-        # Each request's KV grows from its prompt to prompt + output while it decodes.
-        length_fallback = {
-            key: prompt_mean[key] + output_mean[key] / 2 for key in prompt_mean.keys() & output_mean.keys()
-        }
-
-        def mean_prompt(over: str) -> dict[Key, float]:
-            ratio = (
-                f"({_first_of(scope.grouped(f'rate({scope.select(n)}[{over}])') for n in metrics.prompt_tokens)})"
-                f" / ({_first_of(scope.grouped(f'rate({scope.select(n)}[{over}])') for n in metrics.finished_requests)})"
+            done = _first_of(
+                scope.grouped(f"rate({scope.select(n)}[{over}])") for n in metrics.finished_requests
             )
-            return self._per_target(scope, ratio, now)
+            return f"({tokens}) / ({done})"
 
-        reserving = bool(metrics.prompt_tokens and metrics.finished_requests)
-        prompt_mean = mean_prompt(window) if reserving else {}
-        recent_prompt_mean = mean_prompt(scope.recent_window) if reserving else {}
+        found["reserved_prompt"] = mean_prompt(window)
+        found["recent_reserved_prompt"] = mean_prompt(scope.recent_window)
+    return found
+
+
+def _kv_capacity_query(scope: _Scope, by_pod: str) -> str:
+    """KV pool size in tokens per pod (and engine): blocks × block size."""
+    window = scope.window
+    if scope.engine == "VLLM":
+        # cache_config_info carries the numbers as labels; the value is always 1.
+        return (
+            f"max by ({by_pod}, num_gpu_blocks, block_size) "
+            f"(last_over_time({scope.select(VLLM_CACHE_INFO)}[{window}]))"
+        )
+    by = f"namespace, {LLMSERVING_LABEL}, pod"
+    blocks = f"max by ({by}) (last_over_time({scope.select('trtllm_kv_cache_max_blocks')}[{window}]))"
+    per_block = (
+        f"max by ({by}) (last_over_time({scope.select('trtllm_kv_cache_tokens_per_block')}[{window}]))"
+    )
+    return f"{blocks} * on ({by}) {per_block}"
+
+
+class PrometheusUnavailable(Exception):
+    """Prometheus could not be reached or refused a query; every target is unavailable."""
+
+
+@dataclass
+class ScopeData:
+    """One refresh of a scope: per-pod rows and per-LLMServing values, by target key, or the
+    reason nothing could be read. Observations of any target of the scope are built from it."""
+
+    scope: _Scope
+    sampled_at: datetime
+    min_samples: int
+    pod_rows: dict[str, dict[Key, list[Row]]] = field(default_factory=dict)
+    values: dict[str, dict[Key, float]] = field(default_factory=dict)
+    error: str | None = None
+
+    def observation(self, key: Key) -> Observation:
+        now = self.sampled_at
+        if self.error is not None:
+            return Observation.unavailable(now, self.error)
+        scope = self.scope
+
+        def rows(name: str) -> list[Row]:
+            return self.pod_rows.get(name, {}).get(key, [])
+
+        def value(name: str, what: str, empty: str = "") -> Reading:
+            return _value(self.values.get(name, {}), key, what, window_text, empty)
 
         window_text = f"in the last {scope.window_s}s"
-        observations = {}
-        for key in scope.targets:
-            pods = {labels.get("pod") for k, labels, _ in running_rows if k == key}
-            samples = [value for k, _, value in sample_rows if k == key]
-            if not pods:
-                observations[key] = Observation.unavailable(
-                    now, f"no {scope.engine} engine metrics {window_text}"
-                )
-                continue
-            thin = min(samples, default=0) < self.min_samples
-            thin_reason = (
-                f"only {min(samples, default=0):.0f} samples per pod {window_text} (need {self.min_samples})"
-            )
+        running_rows = rows("running")
+        pods = {labels.get("pod") for labels, _ in running_rows}
+        if not pods:
+            return Observation.unavailable(now, f"no {scope.engine} engine metrics {window_text}")
+        samples = [v for _, v in rows("samples")]
+        thin = min(samples, default=0) < self.min_samples
+        thin_reason = (
+            f"only {min(samples, default=0):.0f} samples per pod {window_text} (need {self.min_samples})"
+        )
 
-            def gauge(
-                rows: list[tuple[Key, dict[str, str], float]], what: str, combine: str = "sum"
-            ) -> Reading:
-                values = [value for k, _, value in rows if k == key]  # noqa: B023 — used at once
-                if thin:  # noqa: B023
-                    return Reading.unavailable(thin_reason)  # noqa: B023
-                if not values:
-                    return Reading.unavailable(f"no {what} series {window_text}")
-                total = sum(values) if combine == "sum" else sum(values) / len(values)
-                return _checked(total, what)
-
-            running = gauge(running_rows, "running-requests")
-            context = _kv_context(key, running_rows, usage_rows, capacity_rows)
-            if reserving:
-                context = decode_context_under_reservation(
-                    context,
-                    _value(prompt_mean, key, "mean prompt", window_text, empty="no requests finished"),
-                )
+        def gauge(name: str, what: str, combine: str = "sum") -> Reading:
             if thin:
-                context = Reading.unavailable(thin_reason)
-            elif not context.available:
-                fallback = _value(
-                    length_fallback, key, "prompt and generation length histograms", window_text
-                )
+                return Reading.unavailable(thin_reason)
+            values = [v for _, v in rows(name)]
+            if not values:
+                return Reading.unavailable(f"no {what} series {window_text}")
+            total = sum(values) if combine == "sum" else sum(values) / len(values)
+            return _checked(total, what)
+
+        if thin:
+            context = Reading.unavailable(thin_reason)
+            recent_context = context
+        else:
+            context = _kv_context(running_rows, rows("usage"), rows("capacity"))
+            if not context.available:
+                fallback = value("length_fallback", "prompt and generation length histograms")
                 if fallback.available:
                     context = fallback
                 else:
                     context = Reading.unavailable(f"{context.reason}; histogram fallback: {fallback.reason}")
-
-            recent_context = (
-                Reading.unavailable(thin_reason)
-                if thin
-                else _kv_context(key, recent_running_rows, recent_usage_rows, capacity_rows)
-            )
-            if reserving:
+            recent_context = _kv_context(rows("recent_running"), rows("recent_usage"), rows("capacity"))
+            metrics = ENGINE_METRICS[scope.engine]
+            if metrics.prompt_tokens and metrics.finished_requests:
+                context = decode_context_under_reservation(
+                    context, value("reserved_prompt", "mean prompt", empty="no requests finished")
+                )
                 recent_context = decode_context_under_reservation(
                     recent_context,
-                    _value(recent_prompt_mean, key, "mean prompt", window_text, empty="no requests finished"),
+                    value("recent_reserved_prompt", "mean prompt", empty="no requests finished"),
                 )
-            observations[key] = Observation(
-                sampled_at=now,
-                pods=len(pods),
-                avg_context_tokens=context,
-                tpot_p99_s=_value(tpot_p99, key, "TPOT p99", window_text, empty="no requests finished"),
-                tpot_mean_s=_value(tpot_mean, key, "TPOT mean", window_text, empty="no requests finished"),
-                ttft_p99_s=_value(ttft_p99, key, "TTFT p99", window_text, empty="no requests started"),
-                running=running,
-                waiting=gauge(waiting_rows, "waiting-requests"),
-                kv_cache_usage=gauge(usage_rows, "KV-cache usage", combine="mean"),
-                prefix_hit_ratio=_value(
-                    prefix, key, "prefix-cache hit ratio", window_text, empty="no prefix-cache queries"
-                ),
-                preemptions_per_s=_value(preemptions, key, "preemption rate", window_text),
-                generation_tokens_per_s=_value(generation, key, "generation token rate", window_text),
-                recent_avg_context_tokens=recent_context,
-                prompt_tokens_mean=_value(
-                    prompt_mean, key, "mean prompt length", window_text, empty="no requests finished"
-                ),
-                output_tokens_mean=_value(
-                    output_mean, key, "mean output length", window_text, empty="no requests finished"
-                ),
+        return Observation(
+            sampled_at=now,
+            pods=len(pods),
+            avg_context_tokens=context,
+            tpot_p99_s=value("tpot_p99", "TPOT p99", empty="no requests finished"),
+            tpot_mean_s=value("tpot_mean", "TPOT mean", empty="no requests finished"),
+            ttft_p99_s=value("ttft_p99", "TTFT p99", empty="no requests started"),
+            running=gauge("running", "running-requests"),
+            waiting=gauge("waiting", "waiting-requests"),
+            kv_cache_usage=gauge("usage", "KV-cache usage", combine="mean"),
+            prefix_hit_ratio=value("prefix", "prefix-cache hit ratio", empty="no prefix-cache queries"),
+            preemptions_per_s=value("preemptions", "preemption rate"),
+            generation_tokens_per_s=value("generation", "generation token rate"),
+            recent_avg_context_tokens=recent_context,
+            prompt_tokens_mean=value(
+                "prompt_length_mean", "mean prompt length", empty="no requests finished"
+            ),
+            output_tokens_mean=value(
+                "output_length_mean", "mean output length", empty="no requests finished"
+            ),
+        )
+
+
+class PrometheusObserver:
+    """Batched observation of many LLMServings through one Prometheus URL."""
+
+    def __init__(
+        self, url: str, *, timeout_s: float = 5.0, min_samples: int = 3, max_concurrent_queries: int = 8
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.shown_url = redact_url(self.url)
+        self.timeout_s = timeout_s
+        self.min_samples = min_samples
+        # Our own session, handed to the client (its documented `session=`): the client mounts
+        # one quick retry on it (a down Prometheus must cost the tick seconds, not minutes), and
+        # queries go through it as POST form bodies (custom_query, even with method="POST", puts
+        # the query in the URL, whose size Prometheus limits).
+        self._session = requests.Session()
+        self._client = PrometheusConnect(
+            url=self.url,
+            session=self._session,
+            timeout=timeout_s,
+            retry=Retry(
+                total=1,
+                backoff_factor=0.1,
+                status_forcelist=[502, 503, 504],
+                allowed_methods=["GET", "POST"],  # a query changes nothing: safe to repeat
+                raise_on_status=False,  # the last answer is read (its status and excerpt reported)
+            ),
+        )
+        self._pool = ThreadPoolExecutor(max_concurrent_queries, thread_name_prefix="prometheus-query")
+        self._counter_lock = threading.Lock()
+        self.queries_sent = 0
+        self.largest_query_bytes = 0
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._client.close()
+
+    # --- one query ----------------------------------------------------------------------------------
+
+    def _timed_out(self) -> PrometheusUnavailable:
+        return PrometheusUnavailable(
+            f"Prometheus at {self.shown_url} did not answer within {self.timeout_s:g}s"
+        )
+
+    def _query(self, promql: str, now: datetime, deadline: float) -> list[dict[str, Any]]:
+        """One instant query, POSTed, its whole answer read before `deadline` (time.monotonic)."""
+        body = urllib.parse.urlencode({"query": promql, "time": f"{now.timestamp():.3f}"})
+        with self._counter_lock:
+            self.queries_sent += 1
+            self.largest_query_bytes = max(self.largest_query_bytes, len(body))
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise self._timed_out()
+        try:
+            response = self._session.post(
+                f"{self.url}/api/v1/query",
+                data=body,
+                headers={"Content-Type": "application/x-www-form-urlencoded"},
+                timeout=(remaining, remaining),
+                stream=True,
             )
+            limit = MAX_BODY_BYTES if response.status_code == 200 else ERROR_BODY_BYTES
+            content = _read_within(response, deadline, limit)
+        except (_Deadline, requests.Timeout):
+            raise self._timed_out() from None
+        except _TooLarge:
+            raise PrometheusUnavailable(
+                f"Prometheus at {self.shown_url} answered more than {MAX_BODY_BYTES // 2**20} MiB"
+            ) from None
+        except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as error:
+            raise PrometheusUnavailable(
+                f"Prometheus at {self.shown_url} unreachable: {type(error).__name__}"
+            ) from None
+        if response.status_code != 200:
+            raise PrometheusUnavailable(
+                f"Prometheus at {self.shown_url} answered HTTP {response.status_code}: {excerpt(content)}"
+            )
+        try:
+            answer = json.loads(content)
+            result: list[dict[str, Any]] = answer["data"]["result"]
+            if answer.get("status") != "success" or not isinstance(result, list):
+                raise ValueError
+        except (ValueError, KeyError, TypeError):
+            raise PrometheusUnavailable(
+                f"Prometheus at {self.shown_url} answered something that is not a query result: {excerpt(content)}"
+            ) from None
+        return result
+
+    # --- one scope ----------------------------------------------------------------------------------
+
+    def fetch(self, scope: _Scope, now: datetime) -> ScopeData:
+        """Run every query of `scope` concurrently; never raises for Prometheus trouble (the data
+        then carries the reason). Costs at most one deadline, however slowly Prometheus answers."""
+        data = ScopeData(scope, now, self.min_samples)
+        deadline = time.monotonic() + self.timeout_s
+        try:
+            futures = {
+                name: self._pool.submit(self._query, promql, now, deadline)
+                for name, promql in queries(scope).items()
+            }
+        except RuntimeError:  # closed while a refresh was starting
+            data.error = f"Prometheus at {self.shown_url} is no longer used"
+            return data
+        try:
+            for name, future in futures.items():
+                # The worker stops reading at the deadline; a hung header read is cut off here.
+                result = future.result(timeout=max(0.0, deadline - time.monotonic()) + 0.25)
+                if name in POD_QUERIES:
+                    by_key: dict[Key, list[Row]] = defaultdict(list)
+                    for series in result:
+                        labels = series["metric"]
+                        by_key[scope.owner(labels)].append((labels, float(series["value"][1])))
+                    data.pod_rows[name] = dict(by_key)
+                else:
+                    data.values[name] = {
+                        scope.owner(series["metric"]): float(series["value"][1]) for series in result
+                    }
+        except PrometheusUnavailable as error:
+            data.error = str(error)
+        except FutureTimeout:
+            data.error = str(self._timed_out())
+        except (KeyError, IndexError, TypeError, ValueError):
+            data.error = f"Prometheus at {self.shown_url} answered series of an unexpected shape"
+        finally:
+            for future in futures.values():
+                future.cancel()
+        return data
+
+    def observe(self, targets: Sequence[ObservationTarget], now: datetime) -> dict[Key, Observation]:
+        """One Observation per target, evaluated at `now`. Never raises for Prometheus trouble:
+        the observations then carry the reason."""
+        observations: dict[Key, Observation] = {}
+        for scope, members in _scopes(targets).items():
+            data = self.fetch(scope, now)
+            observations.update({target.key: data.observation(target.key) for target in members})
         return observations
 
-    def _kv_capacity_query(self, scope: _Scope) -> str:
-        """KV pool size in tokens per pod (and engine): blocks × block size."""
-        window = scope.window
-        if scope.engine == "VLLM":
-            # cache_config_info carries the numbers as labels; the value is always 1.
-            return (
-                f"max by (namespace, pod, engine, num_gpu_blocks, block_size) "
-                f"(last_over_time({scope.select(VLLM_CACHE_INFO)}[{window}]))"
-            )
-        blocks = f"max by (namespace, pod) (last_over_time({scope.select('trtllm_kv_cache_max_blocks')}[{window}]))"
-        per_block = f"max by (namespace, pod) (last_over_time({scope.select('trtllm_kv_cache_tokens_per_block')}[{window}]))"
-        return f"{blocks} * on (namespace, pod) {per_block}"
+
+class _Deadline(Exception):
+    pass
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def _read_within(response: requests.Response, deadline: float, limit: int) -> bytes:
+    """The body of a streamed response, read before `deadline` (time.monotonic()): each read is
+    given only the time left, so a server that trickles bytes cannot stretch the total."""
+    raw = response.raw
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise _Deadline
+            connection = raw.connection
+            sock = getattr(connection, "sock", None) if connection is not None else None
+            if sock is not None:
+                sock.settimeout(remaining)
+            try:
+                chunk = raw.read1(65536, decode_content=True)
+            except (TimeoutError, urllib3.exceptions.ReadTimeoutError):
+                raise _Deadline from None
+            if not chunk:
+                return b"".join(chunks)
+            size += len(chunk)
+            if size > limit:
+                if limit < MAX_BODY_BYTES:  # an error page: its head is all we show
+                    chunks.append(chunk)
+                    return b"".join(chunks)[:limit]
+                raise _TooLarge
+            chunks.append(chunk)
+    finally:
+        response.close()
 
 
 def _checked(value: float, what: str) -> Reading:
@@ -439,12 +586,7 @@ def _value(values: dict[Key, float], key: Key, what: str, window_text: str, empt
     return _checked(value, what)
 
 
-def _kv_context(
-    key: Key,
-    running_rows: list[tuple[Key, dict[str, str], float]],
-    usage_rows: list[tuple[Key, dict[str, str], float]],
-    capacity_rows: list[tuple[Key, dict[str, str], float]],
-) -> Reading:
+def _kv_context(running_rows: list[Row], usage_rows: list[Row], capacity_rows: list[Row]) -> Reading:
     """Average context per running sequence from the KV pool: Σ usage × pool tokens / Σ running.
     Shared prefix blocks count once — exactly the effective KV per sequence the knee needs."""
 
@@ -452,17 +594,15 @@ def _kv_context(
         return labels.get("pod", ""), labels.get("engine", "")
 
     capacity: dict[tuple[str, str], float] = {}
-    for k, labels, value in capacity_rows:
-        if k != key:
-            continue
+    for labels, value in capacity_rows:
         if "num_gpu_blocks" in labels:  # vLLM: numbers in labels
             try:
                 value = float(labels["num_gpu_blocks"]) * float(labels["block_size"])
             except (KeyError, ValueError):
                 return Reading.unavailable("cache_config_info lacks numeric num_gpu_blocks/block_size labels")
         capacity[pod_engine(labels)] = value
-    usage = {pod_engine(labels): value for k, labels, value in usage_rows if k == key}
-    running = {pod_engine(labels): value for k, labels, value in running_rows if k == key}
+    usage = {pod_engine(labels): value for labels, value in usage_rows}
+    running = {pod_engine(labels): value for labels, value in running_rows}
     if not capacity:
         return Reading.unavailable("no KV pool size (cache config) series")
     tokens = 0.0
@@ -479,40 +619,105 @@ def _kv_context(
     return _checked(tokens / sequences, "average context")
 
 
-class CachedObserver:
-    """Per-object reconciles in one tick share one batch of queries.
+# --- the operator's cache: one refresh in flight per URL ----------------------------------------------
 
-    Every LLMServing the operator knows is registered; the first `observation()` after the cache
-    ages past `ttl_s` refreshes all of them at once.
-    """
+
+@dataclass
+class _Entry:
+    data: ScopeData
+    fetched: float  # time.monotonic() when the refresh finished
+
+
+class _UrlCache:
+    """The refreshed scopes of one Prometheus URL. `refreshing` is held across the HTTP calls of
+    one refresh (one in flight per URL); `guard` only ever around dict reads and writes."""
+
+    def __init__(self, observer: PrometheusObserver) -> None:
+        self.observer = observer
+        self.refreshing = threading.Lock()
+        self.guard = threading.Lock()
+        self.entries: dict[_Scope, _Entry] = {}
+
+    def fresh(self, scope: _Scope, ttl_s: float) -> _Entry | None:
+        with self.guard:
+            entry = self.entries.get(scope)
+        if entry is not None and time.monotonic() - entry.fetched < ttl_s:
+            return entry
+        return None
+
+    def store(self, scope: _Scope, data: ScopeData, ttl_s: float) -> _Entry:
+        entry = _Entry(data, time.monotonic())
+        with self.guard:
+            # Scopes nobody asked for in a while (a window changed, a selector dropped) go.
+            for old in [s for s, e in self.entries.items() if entry.fetched - e.fetched > 10 * ttl_s]:
+                del self.entries[old]
+            self.entries[scope] = entry
+        return entry
+
+
+class CachedObserver:
+    """Reconciles share refreshes: one refresh of a scope (engine, window, matcher) serves every
+    LLMServing of that scope until it is `ttl_s` old. Each Prometheus URL has its own cache and its
+    own refresh lock, so a slow URL delays only the objects that use it; a new LLMServing reads
+    the current refresh of its scope and triggers nothing when that is fresh."""
 
     def __init__(self, observer_for_url: Callable[[str], PrometheusObserver], ttl_s: float = 5.0) -> None:
         self._observer_for_url = observer_for_url
-        self._ttl = timedelta(seconds=ttl_s)
-        self._lock = threading.Lock()
-        self._targets: dict[Key, tuple[str, ObservationTarget]] = {}
-        self._cache: dict[Key, Observation] = {}
+        self.ttl_s = ttl_s
+        self._guard = threading.Lock()
+        self._urls: dict[str, _UrlCache] = {}
 
-    def register(self, url: str, target: ObservationTarget) -> None:
-        with self._lock:
-            if self._targets.get(target.key) != (url, target):
-                self._cache.pop(target.key, None)
-            self._targets[target.key] = (url, target)
+    def _cache(self, url: str) -> _UrlCache:
+        with self._guard:
+            cache = self._urls.get(url)
+            if cache is None:
+                cache = self._urls[url] = _UrlCache(self._observer_for_url(url))
+            return cache
 
-    def forget(self, key: Key) -> None:
-        with self._lock:
-            self._targets.pop(key, None)
-            self._cache.pop(key, None)
+    def is_fresh(self, url: str, target: ObservationTarget) -> bool:
+        return self._cache(url).fresh(scope_for(target), self.ttl_s) is not None
+
+    def refresh(self, url: str, target: ObservationTarget, now: datetime) -> ScopeData:
+        """The scope of `target`, refreshed unless another caller just did (then theirs)."""
+        cache, scope = self._cache(url), scope_for(target)
+        with cache.refreshing:
+            entry = cache.fresh(scope, self.ttl_s)
+            if entry is None:
+                entry = cache.store(scope, cache.observer.fetch(scope, now), self.ttl_s)
+        return entry.data
 
     def observation(self, url: str, target: ObservationTarget, now: datetime) -> Observation:
-        self.register(url, target)
-        with self._lock:
-            cached = self._cache.get(target.key)
-            if cached is not None and timedelta(0) <= now - cached.sampled_at < self._ttl:
-                return cached
-            same_url = [t for u, t in self._targets.values() if u == url]
-            self._cache.update(self._observer_for_url(url).observe(same_url, now))
-            return self._cache[target.key]
+        cache, scope = self._cache(url), scope_for(target)
+        # The handlers refresh before a reconcile goes to a thread (`RoutedObserver.prepare`);
+        # one that waited for a thread a little longer still uses that refresh.
+        entry = cache.fresh(scope, 3 * self.ttl_s)
+        if entry is None and cache.refreshing.locked():
+            # Someone is refreshing this URL (maybe waiting out a slow Prometheus): the last
+            # refresh serves rather than this thread waiting too.
+            with cache.guard:
+                entry = cache.entries.get(scope)
+        data = entry.data if entry is not None else self.refresh(url, target, now)
+        return data.observation(target.key)
+
+    def forget(self, key: Key) -> None:
+        """Drop what only this object used (its selector scopes)."""
+        with self._guard:
+            caches = list(self._urls.values())
+        for cache in caches:
+            with cache.guard:
+                for scope in [s for s in cache.entries if s.owner_key == key]:
+                    del cache.entries[scope]
+
+    def drop_url(self, url: str) -> None:
+        """No object uses `url` any more: its cache and HTTP session go."""
+        with self._guard:
+            cache = self._urls.pop(url, None)
+        if cache is not None:
+            cache.observer.close()
+
+    def urls(self) -> list[str]:
+        with self._guard:
+            return list(self._urls)
 
 
 # --- the queried names, for the contract tests (tests/contract) ----------------------------------

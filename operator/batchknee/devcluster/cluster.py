@@ -52,7 +52,7 @@ DEFAULT_CONTROLLERS = (
     "statefulset-controller",  # adopted StatefulSets (spec.targetRef)
     "horizontal-pod-autoscaler-controller",  # an HPA scaling an LLMServing through its scale subresource
 )
-SERVICE_CIDR = "10.96.0.0/24"  # allocation only (the `kubernetes` Service); nothing routes there
+SERVICE_CIDR = "10.96.0.0/16"  # allocation only (the `kubernetes` Service, the scale benchmark's thousands); nothing routes there
 KEEP_ENV = "BATCHKNEE_KEEP_DEVCLUSTER"
 
 

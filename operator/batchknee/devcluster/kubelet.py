@@ -19,7 +19,8 @@ Run as a child process of `DevCluster` (`python -m batchknee.devcluster.kubelet 
   `terminationGracePeriodSeconds`) runs out — hooks included, with at least 2 s left for SIGTERM, as
   a kubelet allows; then it deletes the pod with grace period 0 (else it stays Terminating forever);
 - writes a Prometheus file_sd JSON of running pods' container ports (kept while they drain), labelled as a PodMonitor
-  would (namespace, pod, container) plus the pod's own labels.
+  would (namespace, pod, container, and llmserving from the pod's batchknee.io/llmserving label) plus
+  the pod's own labels.
 
 No Services/Endpoints: the apiserver rejects loopback addresses in Endpoints and in EndpointSlices
 alike (`ValidateNonSpecialIP` on IPv4/IPv6 slices), so neither endpoint controller can publish these
@@ -62,6 +63,7 @@ log = logging.getLogger("batchknee.kubelet")
 API_TIMEOUT = (5, 15)  # connect, read seconds for every API call
 HEARTBEAT_S = 10.0
 TICK_S = 0.25
+LLMSERVING_POD_LABEL = "batchknee.io/llmserving"  # copied to the `llmserving` target label
 MAX_BACKOFF_S = 10.0
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 SHUTDOWN_GRACE_S = 3.0
@@ -805,6 +807,9 @@ class PodWorker(threading.Thread):
                     continue
                 entry = dict(labels)
                 entry.update({"namespace": self.namespace, "pod": self.pod_name, "container": c["name"]})
+                # as the chart's PodMonitor relabels it: the operator selects and groups by it
+                if LLMSERVING_POD_LABEL in (meta.get("labels") or {}):
+                    entry["llmserving"] = str(meta["labels"][LLMSERVING_POD_LABEL])
                 if p.get("name"):
                     entry["endpoint"] = p["name"]
                 if annotations.get("prometheus.io/path"):

@@ -1,0 +1,371 @@
+"""The scale benchmark (`make bench-scale`): one operator, N LLMServings, the real control plane and
+the real Prometheus. Prints figures; asserts nothing (the machine may be shared and noisy).
+
+    python tests/bench/scale.py [--sizes 200,1000] [--interval 30] [--window 60]
+
+Per N: a fresh set of 10 namespaces with N LLMServings (every tenth with a 55-character name, whose pod
+names Kubernetes would truncate), created before the operator starts; one light exporter
+(tests/bench/fleet_exporter.py) serves one engine pod's series per LLMServing with its namespace,
+pod and llmserving labels — no pods run (the Deployment and ReplicaSet controllers are off, so
+Deployments stay as the operator applied them). The operator runs as its own process
+(`batchknee operator`), its Prometheus URL a counting proxy in front of the real Prometheus.
+
+Printed per N: seconds from the operator's start until every LLMServing has a status and until
+every one has an observation (status.observed), Prometheus queries per evaluation interval and the
+largest query (bytes of the POST body or GET URL) in a steady stretch of two intervals, the
+operator's RSS and CPU share over that stretch, reconcile p50/p95 from its own /metrics histogram.
+The last line is one JSON object with the figures of the largest N.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+
+from batchknee.devcluster import DevCluster, LocalPrometheus
+from batchknee.devcluster.cluster import DEFAULT_CONTROLLERS, free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+CRDS = [ROOT / "crds" / "batchknee.io_llmservings.yaml", ROOT / "crds" / "kopf.dev_peerings.yaml"]
+EXPORTER = Path(__file__).with_name("fleet_exporter.py")
+NAMESPACES = 10
+SCRAPE_S = 5  # the fleet exporter's scrape interval (and timeout)
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+# --- a counting proxy in front of Prometheus ----------------------------------------------------------
+
+
+@dataclass
+class QueryLog:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    sizes: list[tuple[float, int]] = field(default_factory=list)  # (monotonic time, bytes)
+
+    def since(self, start: float) -> list[int]:
+        with self.lock:
+            return [size for at, size in self.sizes if at >= start]
+
+
+@contextmanager
+def counting_proxy(upstream_port: int, log: QueryLog) -> Iterator[str]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def forward(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length else b""
+            if self.path.startswith("/api/v1/query"):
+                with log.lock:
+                    size = len(body) if self.command == "POST" else len(self.path)
+                    log.sizes.append((time.monotonic(), size))
+            upstream = http.client.HTTPConnection("127.0.0.1", upstream_port, timeout=60)
+            try:
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
+                upstream.request(self.command, self.path, body=body or None, headers=headers)
+                answer = upstream.getresponse()
+                data = answer.read()
+                self.send_response(answer.status)
+                for key, value in answer.getheaders():
+                    if key.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(key, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            finally:
+                upstream.close()
+
+        do_GET = do_POST = forward
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+# --- the objects ---------------------------------------------------------------------------------------
+
+
+def llmserving_names(n: int) -> list[str]:
+    names = []
+    for i in range(n):
+        if i % 10 == 0:  # 55 characters: Kubernetes truncates the pod names of names over 46
+            names.append(f"support-assistant-llama-3-1-8b-instruct-eu-west-{i:05d}"[:45] + f"-long-{i:04d}")
+        else:
+            names.append(f"chat-{i:05d}")
+    return names
+
+
+def manifests(n: int, size_tag: str, interval_s: int, window_s: int) -> list[dict[str, Any]]:
+    found = []
+    for i, name in enumerate(llmserving_names(n)):
+        found.append(
+            {
+                "apiVersion": "batchknee.io/v1alpha1",
+                "kind": "LLMServing",
+                "metadata": {"name": name, "namespace": f"bench{size_tag}-{i % NAMESPACES}"},
+                "spec": {
+                    "engine": "VLLM",
+                    "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+                    "gpu": {"type": "a100-80gb", "count": 1},
+                    "tuning": {"evaluationIntervalSeconds": interval_s, "windowSeconds": window_s},
+                },
+            }
+        )
+    return found
+
+
+def create_all(cluster: DevCluster, objects: list[dict[str, Any]], namespaces: list[str]) -> None:
+    for namespace in namespaces:
+        cluster.kubectl("create", "namespace", namespace)
+    api = client.CustomObjectsApi(cluster.api_client())
+
+    def create(obj: dict[str, Any]) -> None:
+        meta = obj["metadata"]
+        api.create_namespaced_custom_object(
+            "batchknee.io", "v1alpha1", meta["namespace"], "llmservings", obj, _request_timeout=30
+        )
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(create, objects))
+
+
+def statuses(cluster: DevCluster, namespaces: set[str]) -> list[dict[str, Any]]:
+    api = client.CustomObjectsApi(cluster.api_client())
+    found: Any = api.list_cluster_custom_object(
+        "batchknee.io", "v1alpha1", "llmservings", _request_timeout=60
+    )
+    return [o.get("status") or {} for o in found["items"] if o["metadata"]["namespace"] in namespaces]
+
+
+# --- the operator's own figures ------------------------------------------------------------------------
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def reconcile_histogram(metrics_url: str) -> list[tuple[float, float]]:
+    """(upper bound, cumulative count) of batchknee_reconcile_duration_seconds."""
+    text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
+    buckets = []
+    for line in text.splitlines():
+        if line.startswith("batchknee_reconcile_duration_seconds_bucket{"):
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            buckets.append((float("inf") if le == "+Inf" else float(le), float(line.rsplit(" ", 1)[1])))
+    return sorted(buckets)
+
+
+def quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
+    """Prometheus's histogram_quantile: linear inside the bucket the rank falls in."""
+    if not buckets or buckets[-1][1] == 0:
+        return None
+    rank = q * buckets[-1][1]
+    lower_bound, lower_count = 0.0, 0.0
+    for bound, count in buckets:
+        if count >= rank:
+            if bound == float("inf"):
+                return lower_bound
+            return lower_bound + (bound - lower_bound) * (rank - lower_count) / max(count - lower_count, 1e-9)
+        lower_bound, lower_count = bound, count
+    return None
+
+
+# --- one size ------------------------------------------------------------------------------------------
+
+
+def run_size(
+    n: int,
+    cluster: DevCluster,
+    prom_port: int,
+    exporter_port: int,
+    workdir: Path,
+    interval_s: int,
+    window_s: int,
+) -> dict[str, Any]:
+    tag = str(n)
+    objects = manifests(n, tag, interval_s, window_s)
+    namespaces = sorted({o["metadata"]["namespace"] for o in objects})
+    fleet = [
+        {
+            "namespace": o["metadata"]["namespace"],
+            "pod": f"{o['metadata']['name'][:52]}-5d8f9c7b6-x{i:04d}",
+            "llmserving": o["metadata"]["name"],
+        }
+        for i, o in enumerate(objects)
+    ]
+    fleet_file = workdir / f"fleet-{n}.json"
+    fleet_file.write_text(json.dumps(fleet))
+    exporter = subprocess.Popen(
+        [sys.executable, str(EXPORTER), "--fleet", str(fleet_file), "--port", str(exporter_port)]
+    )
+    operator: subprocess.Popen[bytes] | None = None
+    log = QueryLog()
+    try:
+        started = time.monotonic()
+        create_all(cluster, objects, namespaces)
+        print(f"[{n}] created {n} LLMServings in {time.monotonic() - started:.0f} s", flush=True)
+        time.sleep(4 * SCRAPE_S)  # a few scrapes of every engine series before the operator starts
+        with counting_proxy(prom_port, log) as proxy_url:
+            metrics_port = free_port()
+            env = cluster.env()
+            env["BATCHKNEE_PROMETHEUS_URL"] = proxy_url
+            operator_log = (workdir / f"operator-{n}.log").open("ab")
+            operator = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "batchknee",
+                    "operator",
+                    *[flag for namespace in namespaces for flag in ("--namespace", namespace)],
+                    "--peering",
+                    "standalone",
+                    "--metrics-port",
+                    str(metrics_port),
+                    "--health-port",
+                    "0",
+                ],
+                env=env,
+                stdout=operator_log,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+            )
+            t0 = time.monotonic()
+            all_status = all_observed = None
+            limit_s = max(10 * interval_s, 600)
+            wanted = set(namespaces)
+            while time.monotonic() - t0 < limit_s and operator.poll() is None:
+                found = statuses(cluster, wanted)
+                with_status = sum(1 for s in found if s.get("observedGeneration") is not None)
+                observed = sum(1 for s in found if (s.get("observed") or {}).get("sampledAt"))
+                elapsed = time.monotonic() - t0
+                if all_status is None and with_status >= n:
+                    all_status = elapsed
+                if all_observed is None and observed >= n:
+                    all_observed = elapsed
+                print(
+                    f"[{n}] t={elapsed:5.0f}s status {with_status}/{n}, observed {observed}/{n}, "
+                    f"operator RSS {rss_mib(operator.pid):.0f} MiB",
+                    flush=True,
+                )
+                if all_status is not None and all_observed is not None:
+                    break
+                time.sleep(5)
+            # A steady stretch of two evaluation intervals.
+            steady_start = time.monotonic()
+            cpu_start = cpu_seconds(operator.pid)
+            time.sleep(2 * interval_s)
+            steady = time.monotonic() - steady_start
+            cpu_share = (cpu_seconds(operator.pid) - cpu_start) / steady
+            sizes = log.since(steady_start)
+            all_sizes = log.since(0)
+            buckets = reconcile_histogram(f"http://127.0.0.1:{metrics_port}/metrics")
+            figures: dict[str, Any] = {
+                "llmservings": n,
+                "allStatusSeconds": None if all_status is None else round(all_status, 1),
+                "allObservedSeconds": None if all_observed is None else round(all_observed, 1),
+                "evaluationIntervalSeconds": interval_s,
+                "queriesPerInterval": round(len(sizes) / (steady / interval_s), 1),
+                "maxQueryBytes": max(all_sizes, default=0),
+                "rssMiB": round(rss_mib(operator.pid), 1),
+                "cpuShare": round(cpu_share, 3),
+                "reconcileP50Ms": round((quantile(buckets, 0.5) or float("nan")) * 1e3, 1),
+                "reconcileP95Ms": round((quantile(buckets, 0.95) or float("nan")) * 1e3, 1),
+                "reconciles": int(buckets[-1][1]) if buckets else 0,
+            }
+            print(
+                f"[{n}] every status {figures['allStatusSeconds']} s, every observation "
+                f"{figures['allObservedSeconds']} s (interval {interval_s} s); "
+                f"{figures['queriesPerInterval']} queries per interval, largest {figures['maxQueryBytes']} B; "
+                f"RSS {figures['rssMiB']} MiB, CPU {cpu_share * 100:.0f} %; reconcile p50 "
+                f"{figures['reconcileP50Ms']} ms, p95 {figures['reconcileP95Ms']} ms "
+                f"({figures['reconciles']} reconciles)",
+                flush=True,
+            )
+            return figures
+    finally:
+        if operator is not None and operator.poll() is None:
+            operator.terminate()
+            try:
+                operator.wait(30)
+            except subprocess.TimeoutExpired:
+                operator.kill()
+                operator.wait(10)
+        exporter.terminate()
+        exporter.wait(10)
+        # The namespaces stay (the cluster is thrown away at the end): their objects keep the
+        # operator's finalizers, and the next size's operator watches only its own namespaces.
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="200,1000", help="comma-separated numbers of LLMServings")
+    parser.add_argument("--interval", type=int, default=30, help="evaluationIntervalSeconds")
+    parser.add_argument("--window", type=int, default=60, help="windowSeconds")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    workdir = Path(tempfile.mkdtemp(prefix="batchknee-bench-scale-"))
+    exporter_port = free_port()
+    controllers = [
+        c for c in DEFAULT_CONTROLLERS if c not in ("deployment-controller", "replicaset-controller")
+    ]
+    results = []
+    with DevCluster(workdir=workdir / "cluster", controllers=controllers) as cluster:
+        for crd in CRDS:
+            cluster.kubectl("apply", "-f", str(crd))
+        cluster.kubectl(
+            "wait", "--for=condition=Established", "crd/llmservings.batchknee.io", "--timeout=60s"
+        )
+        fleet_job = {
+            "job_name": "fleet",
+            "honor_labels": True,
+            "scrape_interval": f"{SCRAPE_S}s",
+            "scrape_timeout": f"{SCRAPE_S}s",
+            "static_configs": [{"targets": [f"127.0.0.1:{exporter_port}"]}],
+        }
+        with LocalPrometheus(
+            cluster.file_sd_path, scrape_interval_s=SCRAPE_S, extra_scrape_configs=[fleet_job]
+        ) as prom:
+            for n in sizes:
+                results.append(
+                    run_size(n, cluster, prom.port, exporter_port, workdir, args.interval, args.window)
+                )
+    print(f"workdir (operator logs): {workdir}")
+    print(json.dumps(results[-1]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,171 @@
+"""The object's life around reconcile: deletion, busy apiservers, the settle window, the admin's
+Prometheus allow-list, and the operator's per-object state (runtime, router, gauges)."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime
+from typing import Any
+
+import pytest
+from conftest import World, llmserving
+from fakes import MemoryObserver, observation
+from prometheus_client import generate_latest
+
+from batchknee.adapters.observing import RoutedObserver
+from batchknee.core.observation import Observation, ObservationTarget
+from batchknee.handlers import Runtime
+from batchknee.operator_metrics import OperatorMetrics
+from batchknee.ports import TransientApiError
+from batchknee.reconcile import Ports
+from batchknee.render import deployment_state
+
+
+def applied(world: World, name: str = "chat") -> int | None:
+    state = deployment_state(world.kube.get_deployment("default", name))
+    return state.max_num_seqs if state else None
+
+
+def settle(world: World, seconds: float = 121) -> None:
+    world.kube.finish_rollout("default", "chat")
+    world.reconcile()
+    world.clock.advance(seconds)
+
+
+def shift_context(world: World, ctx: int) -> None:
+    """Traffic moves to `ctx` and evaluations every 30 s see it for a window (they hold while the
+    windowed average takes the change in); the next evaluation may act on it."""
+    for _ in range(4):
+        world.observer.set("default", "chat", observation(world.clock.now, ctx=ctx))
+        world.reconcile()
+        world.clock.advance(30)
+    world.observer.set("default", "chat", observation(world.clock.now, ctx=ctx))
+
+
+def test_a_deleting_object_is_never_rolled(world: World) -> None:
+    world.kube.create(llmserving())
+    world.observer.set("default", "chat", observation(world.clock.now, ctx=2048))
+    world.reconcile()
+    settle(world)
+    shift_context(world, 8192)  # the next evaluation would roll to 16
+    meta = world.kube.objects[("LLMServing", "default", "chat")]["metadata"]
+    meta["deletionTimestamp"] = "2026-03-01T12:10:00Z"
+    writes, applies = world.kube.status_writes, world.kube.applies
+    outcome = world.reconcile()
+    assert outcome.deleting and outcome.decision is None
+    assert applied(world) == 64
+    assert (world.kube.status_writes, world.kube.applies) == (writes, applies)
+    del meta["deletionTimestamp"]  # the same world without the delete does roll
+    world.reconcile()
+    assert applied(world) == 16
+
+
+def test_a_busy_apiserver_is_retried_later_and_never_degrades(world: World) -> None:
+    world.kube.create(llmserving())
+    world.observer.set("default", "chat", observation(world.clock.now, ctx=2048))
+    world.reconcile()
+    settle(world)
+    shift_context(world, 8192)
+    assert world.kube.condition("default", "chat", "Degraded")["status"] == "False"
+    events = len(world.kube.events)
+    world.kube.busy_applies = 1
+    with pytest.raises(TransientApiError):
+        world.reconcile()
+    assert world.kube.condition("default", "chat", "Degraded")["status"] == "False"
+    assert world.kube.events[events:] == []
+    assert applied(world) == 64
+    world.reconcile()  # the apiserver answers again: the retune goes through
+    assert applied(world) == 16
+    assert world.kube.condition("default", "chat", "Degraded")["status"] == "False"
+
+
+def test_thin_metrics_right_after_a_rollout_are_settling_not_an_alarm(world: World) -> None:
+    world.kube.create(llmserving())
+    world.observer.set("default", "chat", observation(world.clock.now, ctx=2048))
+    world.reconcile()
+    settle(world)
+    shift_context(world, 8192)
+    world.reconcile()
+    assert applied(world) == 16  # rolled
+    thin = "only 1 samples per pod in the last 120s (need 3)"
+    world.observer.set("default", "chat", observation(world.clock.now, ctx=None, running=None, reason=thin))
+    world.reconcile()  # rolling
+    world.kube.finish_rollout("default", "chat")
+    world.clock.advance(10)
+    world.reconcile()  # settled 10 s ago: the new pods have one sample each
+    condition = world.kube.condition("default", "chat", "MetricsAvailable")
+    assert (condition["status"], condition["reason"]) == ("Unknown", "Settling")
+    assert thin in condition["message"]
+    assert not [e for e in world.kube.events if e["reason"] == "MetricsUnavailable"]
+    # Still thin a whole window after the pods settled: that is a real gap.
+    world.clock.advance(121)
+    world.observer.set("default", "chat", observation(world.clock.now, ctx=None, running=None, reason=thin))
+    world.reconcile()
+    condition = world.kube.condition("default", "chat", "MetricsAvailable")
+    assert (condition["status"], condition["reason"]) == ("False", "MetricsUnavailable")
+    assert world.kube.events[-1]["reason"] == "MetricsUnavailable"
+
+
+def test_a_prometheus_url_the_admin_does_not_allow_is_degraded_and_never_fetched(world: World) -> None:
+    router = RoutedObserver(UrlRecorder(world.observer), "http://127.0.0.1:9090", ["http://prom-a:9090"])
+    world.ports = Ports(world.kube, router, prometheus_url_refusal=router.refusal)
+    world.kube.create(llmserving(prometheus={"url": "http://user:hunter2@169.254.169.254/"}))
+    world.reconcile()
+    degraded = world.kube.condition("default", "chat", "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "PrometheusURLNotAllowed")
+    assert degraded["message"].startswith("spec.prometheus.url: http://169.254.169.254/ is not among")
+    assert "hunter2" not in str(world.kube.status("default", "chat"))
+    assert "hunter2" not in str(world.kube.events)
+    assert world.kube.events[-1]["reason"] == "PrometheusURLNotAllowed"
+    router.route("default", "chat", "http://user:hunter2@169.254.169.254/")
+    assert router.url(ObservationTarget("default", "chat", "VLLM", 120)) == "http://127.0.0.1:9090"
+    world.kube.edit_spec("default", "chat", {"prometheus": {"url": "http://prom-a:9090"}})
+    world.reconcile()
+    assert world.kube.condition("default", "chat", "Degraded")["status"] == "False"
+
+
+class UrlRecorder:
+    """The url-aware side of the router over the component tests' in-memory observer."""
+
+    def __init__(self, inner: MemoryObserver) -> None:
+        self.inner = inner
+        self.urls: list[str] = []
+        self.forgotten: list[tuple[str, str]] = []
+        self.dropped: list[str] = []
+
+    def observation(self, url: str, target: ObservationTarget, now: datetime) -> Observation:
+        self.urls.append(url)
+        return self.inner.observation(target, now)
+
+    def forget(self, key: tuple[str, str]) -> None:
+        self.forgotten.append(key)
+
+    def drop_url(self, url: str) -> None:
+        self.dropped.append(url)
+
+
+def test_the_runtime_frees_an_objects_state_when_it_is_gone(world: World) -> None:
+    recorder = UrlRecorder(world.observer)
+    router = RoutedObserver(recorder, "http://127.0.0.1:9090")
+    metrics = OperatorMetrics()
+    runtime = Runtime(Ports(world.kube, router), router, metrics)
+    body: dict[str, Any] = world.kube.create(llmserving(prometheus={"url": "http://127.0.0.2:9090"}))
+
+    async def lifecycle() -> None:
+        await runtime.run("default", "chat", body)  # creates the Deployment
+        await runtime.run("default", "chat", body)  # observes its engines
+        assert recorder.urls == ["http://127.0.0.2:9090"]
+        assert ("default", "chat") in runtime.locks and ("default", "chat") in runtime.targets
+        assert (
+            'batchknee_max_num_seqs{name="chat",namespace="default"}'
+            in generate_latest(metrics.registry).decode()
+        )
+        del world.kube.objects[("LLMServing", "default", "chat")]
+        outcome = await runtime.run("default", "chat")  # e.g. a Deployment event after the delete
+        assert not outcome.found
+
+    asyncio.run(lifecycle())
+    assert runtime.locks == {} and runtime.targets == {} and router.urls == {}
+    assert recorder.forgotten == [("default", "chat")]
+    assert recorder.dropped == ["http://127.0.0.2:9090"]  # nobody else used that Prometheus
+    assert 'name="chat"' not in generate_latest(metrics.registry).decode()

@@ -1,0 +1,111 @@
+"""Misbehaving Prometheus servers on loopback, as real HTTP servers, for the adapter's tests:
+
+    with FakePrometheus("trickle") as slow:      # 200, then one body byte every 0.2 s (bounded)
+        slow.url, slow.requests, slow.bytes_sent, slow.disconnected
+    FakePrometheus("html-error")                  # 502 with a 5 KB HTML page
+    FakePrometheus("empty")                       # a valid empty query result
+
+Every request is recorded (method, path, headers, body) so a test can see what the client sent.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from typing import Any, Literal, Self
+
+Mode = Literal["trickle", "html-error", "empty"]
+TRICKLE_LIMIT_S = 30.0  # a trickle ends on its own after this long (bounded in time)
+HTML_PAGE = (
+    "<!DOCTYPE html>\n<html><head><title>502 Bad Gateway</title>"
+    "<style>body { font-family: sans-serif }</style></head>\n<body>\n<h1>Bad Gateway</h1>\n"
+    + "<p>upstream internal-prometheus-0.monitoring.svc:9090 failed; trace id 5f2c…</p>\n" * 64
+    + "</body></html>\n"
+)
+
+
+@dataclass
+class Request:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+@dataclass
+class FakePrometheus:
+    mode: Mode
+    host: str = "127.0.0.1"
+    requests: list[Request] = field(default_factory=list)
+    bytes_sent: int = 0
+    disconnected: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def handle_one(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                fake.requests.append(Request(self.command, self.path, dict(self.headers), body))
+                if fake.mode == "html-error":
+                    self.reply(502, "text/html", HTML_PAGE.encode())
+                elif fake.mode == "empty":
+                    answer = {"status": "success", "data": {"resultType": "vector", "result": []}}
+                    self.reply(200, "application/json", json.dumps(answer).encode())
+                else:
+                    self.trickle()
+
+            do_GET = do_POST = handle_one
+
+            def reply(self, status: int, content_type: str, data: bytes) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def trickle(self) -> None:
+                data = b'{"status":"success","data":{"resultType":"vector","result":[]}}' + b" " * 10_000
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.flush()
+                started = time.monotonic()
+                for byte in data:
+                    if time.monotonic() - started > TRICKLE_LIMIT_S:
+                        break
+                    try:
+                        self.wfile.write(bytes([byte]))
+                        self.wfile.flush()
+                    except OSError:
+                        fake.disconnected.set()
+                        return
+                    fake.bytes_sent += 1
+                    time.sleep(0.2)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer((self.host, 0), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self.url = f"http://{self.host}:{self.port}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.server.shutdown()
+        self.server.server_close()

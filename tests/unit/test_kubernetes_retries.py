@@ -1,0 +1,110 @@
+"""Transient apiserver answers (409, 429, 5xx) are retried with backoff; others are not.
+
+A loopback HTTP server stands in for an apiserver that is busy: it answers from a script."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from batchknee.adapters import kubernetes as kube_adapter
+from batchknee.adapters.kubernetes import KubernetesAdapter
+from batchknee.ports import ApplyConflict, ApplyError, TransientApiError
+
+DEPLOYMENT = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "chat", "namespace": "ml"}}
+
+
+class Script:
+    def __init__(self) -> None:
+        self.answers: list[tuple[int, dict[str, Any]]] = []
+        self.requests: list[str] = []
+
+
+@pytest.fixture
+def apiserver() -> Iterator[tuple[Script, KubernetesAdapter]]:
+    script = Script()
+
+    class Handler(BaseHTTPRequestHandler):
+        def answer(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            self.rfile.read(length)
+            script.requests.append(f"{self.command} {self.path.split('?')[0]}")
+            status, body = script.answers.pop(0) if script.answers else (500, {"message": "no script"})
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            if status == 429:
+                self.send_header("Retry-After", "0")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        do_GET = do_PATCH = do_POST = answer
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    configuration = client.Configuration()
+    configuration.host = f"http://127.0.0.1:{server.server_address[1]}"
+    api = client.ApiClient(configuration)
+    try:
+        yield script, KubernetesAdapter(api, timeout_s=5)
+    finally:
+        api.close()
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture(autouse=True)
+def quick_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kube_adapter.with_retries, "__defaults__", ((0.01, 0.01, 0.01),))
+
+
+def status(code: int, reason: str) -> tuple[int, dict[str, Any]]:
+    return code, {"kind": "Status", "code": code, "reason": reason, "message": f"{reason} (scripted)"}
+
+
+def test_busy_answers_are_retried_until_one_succeeds(apiserver: tuple[Script, KubernetesAdapter]) -> None:
+    script, adapter = apiserver
+    script.answers = [status(503, "ServiceUnavailable"), status(429, "TooManyRequests"), (200, DEPLOYMENT)]
+    assert adapter.get_deployment("ml", "chat") == DEPLOYMENT
+    assert len(script.requests) == 3
+
+
+def test_an_apply_that_stays_busy_is_transient_not_an_apply_error(
+    apiserver: tuple[Script, KubernetesAdapter],
+) -> None:
+    script, adapter = apiserver
+    script.answers = [status(503, "ServiceUnavailable")] * 4
+    with pytest.raises(TransientApiError, match="503"):
+        adapter.apply({**DEPLOYMENT, "spec": {}})
+    assert len(script.requests) == 4  # the first try and three retries, then the next tick
+
+
+def test_an_apply_conflict_is_not_retried_but_decided_again(
+    apiserver: tuple[Script, KubernetesAdapter],
+) -> None:
+    """A 409 on an apply is its resourceVersion precondition (the object moved since it was read):
+    retrying the same body cannot succeed; reconcile reads again and decides again."""
+    script, adapter = apiserver
+    script.answers = [status(409, "Conflict")]
+    with pytest.raises(ApplyConflict, match="409"):
+        adapter.apply({**DEPLOYMENT, "spec": {}})
+    assert len(script.requests) == 1
+
+
+def test_a_refusal_is_not_retried(apiserver: tuple[Script, KubernetesAdapter]) -> None:
+    script, adapter = apiserver
+    script.answers = [status(422, "Invalid")]
+    with pytest.raises(ApplyError, match="422"):
+        adapter.apply({**DEPLOYMENT, "spec": {}})
+    assert len(script.requests) == 1

@@ -1,0 +1,126 @@
+"""The Prometheus adapter's HTTP behaviour against real loopback servers that misbehave:
+POST bodies of a fixed size, a total deadline against a trickling server, bounded error text,
+credentials that work but never show."""
+
+from __future__ import annotations
+
+import base64
+import logging
+import urllib.parse
+from datetime import UTC, datetime
+
+import pytest
+from fake_prometheus import FakePrometheus
+
+from batchknee.adapters.prometheus import EXCERPT_CHARS, PrometheusObserver, queries, scope_for
+from batchknee.core.observation import ObservationTarget
+
+NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+
+
+def target(name: str, namespace: str = "prod") -> ObservationTarget:
+    return ObservationTarget(namespace, name, "VLLM", 300)
+
+
+def test_queries_are_posted_and_their_size_does_not_grow_with_the_fleet() -> None:
+    with FakePrometheus("empty") as prom:
+        one = PrometheusObserver(prom.url)
+        one.observe([target("llama")], NOW)
+        sent_for_one = list(prom.requests)
+        prom.requests.clear()
+        many = PrometheusObserver(prom.url)
+        fleet = [target(f"{'x' * 59}{i:04d}", f"team-{i % 40}") for i in range(1000)]
+        seen = many.observe(fleet, NOW)
+        one.close()
+        many.close()
+    assert len(seen) == 1000
+    assert seen[fleet[-1].key].avg_context_tokens.reason == "no VLLM engine metrics in the last 300s"
+    assert len(prom.requests) == len(sent_for_one) == len(queries(scope_for(target("llama"))))
+    assert sorted(r.body for r in prom.requests) == sorted(r.body for r in sent_for_one)
+    for request in prom.requests:
+        assert request.method == "POST" and request.path == "/api/v1/query"
+        assert request.headers["Content-Type"] == "application/x-www-form-urlencoded"
+        form = urllib.parse.parse_qs(request.body.decode())
+        assert set(form) == {"query", "time"} and "x" * 59 not in form["query"][0]
+        assert len(request.body) < 8 * 1024
+    assert many.largest_query_bytes == max(len(r.body) for r in prom.requests)
+
+
+def test_a_trickling_server_costs_one_deadline_not_one_read_timeout_per_byte() -> None:
+    """Each byte comes well within any read timeout; only a total deadline ends the query."""
+    with FakePrometheus("trickle") as prom:
+        observer = PrometheusObserver(prom.url, timeout_s=1.0)
+        seen = observer.observe([target("llama")], NOW)[("prod", "llama")]
+        observer.close()
+        assert prom.disconnected.wait(10), "the client kept reading the trickle"
+    assert seen.avg_context_tokens.reason == f"Prometheus at {prom.url} did not answer within 1s"
+    assert prom.bytes_sent < 100  # of a 10 KB answer: the client gave up long before its end
+
+
+def test_an_error_page_becomes_a_status_code_and_a_short_excerpt(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    with FakePrometheus("html-error") as prom:
+        url = f"http://reader:s3cr3t-token@127.0.0.1:{prom.port}/"
+        observer = PrometheusObserver(url)
+        seen = observer.observe([target("llama")], NOW)[("prod", "llama")]
+        observer.close()
+    reason = seen.avg_context_tokens.reason
+    prefix = f"Prometheus at http://127.0.0.1:{prom.port} answered HTTP 502: "
+    assert reason.startswith(prefix)
+    assert reason[len(prefix) :].startswith("502 Bad Gateway Bad Gateway upstream")
+    assert len(reason) <= len(prefix) + EXCERPT_CHARS
+    assert "\n" not in reason and "<" not in reason
+    # The credentials were used, and appear nowhere else.
+    expected = "Basic " + base64.b64encode(b"reader:s3cr3t-token").decode()
+    assert {r.headers.get("Authorization") for r in prom.requests} == {expected}
+    assert "s3cr3t" not in reason and "reader" not in reason
+    assert "s3cr3t" not in caplog.text
+
+
+def test_one_refresh_serves_every_object_of_a_scope_and_a_new_one_triggers_none() -> None:
+    from batchknee.adapters.prometheus import CachedObserver
+
+    with FakePrometheus("empty") as prom:
+        cache = CachedObserver(lambda url: PrometheusObserver(url), ttl_s=3600)
+        per_refresh = len(queries(scope_for(target("a"))))
+        cache.observation(prom.url, target("a"), NOW)
+        assert len(prom.requests) == per_refresh
+        for name in ("b", "c", "a-new-one"):
+            cache.observation(prom.url, target(name), NOW)
+        assert len(prom.requests) == per_refresh
+        other_window = ObservationTarget("prod", "d", "VLLM", 60)
+        cache.observation(prom.url, other_window, NOW)  # another scope: its own refresh only
+        assert len(prom.requests) == 2 * per_refresh
+        cache.drop_url(prom.url)
+        assert cache.urls() == []
+
+
+def test_a_slow_url_holds_no_thread_of_another_url() -> None:
+    """Threads observing through a trickling Prometheus never make a thread observing through
+    another URL wait; and while the slow refresh runs, a second thread of that URL does not wait
+    either when an older refresh exists."""
+    import threading
+
+    from batchknee.adapters.prometheus import CachedObserver
+
+    with FakePrometheus("trickle") as slow, FakePrometheus("empty") as fast:
+        cache = CachedObserver(lambda url: PrometheusObserver(url, timeout_s=3), ttl_s=0.5)
+        cache.observation(slow.url, target("a"), NOW)  # a first (timed-out) refresh exists
+        done = threading.Event()
+        stuck = threading.Thread(target=lambda: (cache.observation(slow.url, target("a"), NOW), done.set()))
+        threading.Event().wait(1.6)  # the first refresh is too old to serve a reconcile now
+        stuck.start()
+        for _ in range(500):  # until the slow refresh is in flight (at most 5 s)
+            if cache._cache(slow.url).refreshing.locked():
+                break
+            threading.Event().wait(0.01)
+        assert cache._cache(slow.url).refreshing.locked()
+        fast_seen = cache.observation(fast.url, target("b"), NOW)
+        assert fast_seen.avg_context_tokens.reason == "no VLLM engine metrics in the last 300s"
+        meanwhile = cache.observation(slow.url, target("c"), NOW)  # served by the older refresh
+        assert not done.is_set()
+        assert meanwhile.avg_context_tokens.reason == f"Prometheus at {slow.url} did not answer within 3s"
+        stuck.join(10)
+        assert done.is_set()
+        for url in cache.urls():
+            cache.drop_url(url)

@@ -1,0 +1,51 @@
+"""What of a Prometheus URL or answer may reach status, Events and logs."""
+
+from __future__ import annotations
+
+from batchknee.adapters.observing import RoutedObserver, redact_url
+from batchknee.adapters.prometheus import EXCERPT_CHARS, excerpt
+
+
+def test_credentials_and_query_never_shown() -> None:
+    assert redact_url("https://user:s3cret@prom.example:9090/prom/") == "https://prom.example:9090/prom/"
+    assert redact_url("http://token@10.0.0.1:9090") == "http://10.0.0.1:9090"
+    assert redact_url("http://prom:9090/api?token=abc#x") == "http://prom:9090/api"
+    assert redact_url("http://[::1]:9090") == "http://[::1]:9090"
+    assert redact_url("http://[bad") == "<unparseable URL>"
+
+
+def test_an_html_error_page_becomes_one_short_line() -> None:
+    page = (
+        "<!DOCTYPE html><html><head><style>body{color:red}</style><script>var x=1;</script>"
+        "<title>502 Bad Gateway</title></head><body>\n<h1>Bad\tGateway</h1>\r\n\x1b[31m"
+        + "<p>"
+        + "internal detail " * 400
+        + "</p></body></html>"
+    )
+    text = excerpt(page.encode())
+    assert text.startswith("502 Bad Gateway Bad Gateway")
+    assert len(text) <= EXCERPT_CHARS
+    assert text.endswith("…")
+    assert all(ch.isprintable() for ch in text)
+    assert "color:red" not in text and "var x" not in text and "<" not in text
+
+
+def test_prometheus_json_errors_keep_their_message() -> None:
+    body = b'{"status":"error","errorType":"bad_data","error":"parse error at char 3:\\nunexpected"}'
+    assert excerpt(body) == "bad_data: parse error at char 3: unexpected"
+
+
+def test_invalid_utf8_is_replaced_not_raised() -> None:
+    assert excerpt(b"\xff\xfeoops\x00") == "\ufffd\ufffdoops"
+
+
+def test_the_admin_allow_list() -> None:
+    router = RoutedObserver(object(), "http://127.0.0.1:9090", ["http://prom-a:9090/", "http://prom-b:9090"])  # type: ignore[arg-type]
+    assert router.allows("http://prom-a:9090")
+    assert router.allows("http://127.0.0.1:9090/")  # the default is always allowed
+    assert router.allows(None)
+    refusal = router.refusal("http://admin:pw@metadata.internal/")
+    assert refusal is not None
+    assert "http://metadata.internal/" in refusal and "pw" not in refusal
+    open_router = RoutedObserver(object(), "http://127.0.0.1:9090")  # type: ignore[arg-type]
+    assert open_router.refusal("http://anything:1") is None
