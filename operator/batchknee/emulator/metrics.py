@@ -28,67 +28,15 @@ from prometheus_client.utils import floatToGoString
 
 from batchknee.emulator.engine import Engine
 from batchknee.emulator.stats import FINISH_REASONS, LEGACY_FINISH_REASONS, Histogram
+from batchknee.engines import trtllm, vllm
 
-VLLM_CURRENT_NAMES = {
-    "vllm:num_requests_running": "gauge",
-    "vllm:num_requests_waiting": "gauge",
-    "vllm:kv_cache_usage_perc": "gauge",
-    "vllm:cache_config_info": "gauge",
-    "vllm:prompt_tokens": "counter",
-    "vllm:generation_tokens": "counter",
-    "vllm:request_success": "counter",
-    "vllm:num_preemptions": "counter",
-    "vllm:prefix_cache_queries": "counter",
-    "vllm:prefix_cache_hits": "counter",
-    "vllm:time_to_first_token_seconds": "histogram",
-    "vllm:inter_token_latency_seconds": "histogram",
-    "vllm:request_time_per_output_token_seconds": "histogram",
-    "vllm:e2e_request_latency_seconds": "histogram",
-    "vllm:request_queue_time_seconds": "histogram",
-    "vllm:request_prompt_tokens": "histogram",
-    "vllm:request_generation_tokens": "histogram",
-    "vllm:iteration_tokens_total": "histogram",
-}
-VLLM_LEGACY_NAMES = {
-    "vllm:gpu_cache_usage_perc": "gauge",
-    "vllm:gpu_prefix_cache_queries": "counter",
-    "vllm:gpu_prefix_cache_hits": "counter",
-    "vllm:time_per_output_token_seconds": "histogram",
-}
-_CURRENT_ONLY = {
-    "vllm:kv_cache_usage_perc",
-    "vllm:prefix_cache_queries",
-    "vllm:prefix_cache_hits",
-    "vllm:inter_token_latency_seconds",
-    "vllm:request_time_per_output_token_seconds",
-}
+VLLM_CURRENT_NAMES = vllm.CURRENT_NAMES
+VLLM_LEGACY_NAMES = vllm.LEGACY_NAMES
+_CURRENT_ONLY = vllm.CURRENT_ONLY
 # CacheConfig fields (cache_config_info labels) that releases before 0.12 had and the pinned
 # release no longer has (tests/contract checks the rest against the release's CacheConfig).
 _PRE_012_CACHE_FIELDS = ("calculate_kv_scales", "cpu_offload_gb", "swap_space")
-TRTLLM_NAMES = {
-    "trtllm_request_success": "counter",
-    "trtllm_e2e_request_latency_seconds": "histogram",
-    "trtllm_time_to_first_token_seconds": "histogram",
-    "trtllm_time_per_output_token_seconds": "histogram",
-    "trtllm_request_queue_time_seconds": "histogram",
-    "trtllm_prompt_tokens": "counter",
-    "trtllm_generation_tokens": "counter",
-    "trtllm_num_requests_completed": "counter",
-    "trtllm_kv_cache_hit_rate": "gauge",
-    "trtllm_kv_cache_reused_blocks": "counter",
-    "trtllm_kv_cache_missed_blocks": "counter",
-    "trtllm_kv_cache_utilization": "gauge",
-    "trtllm_num_requests_running": "gauge",
-    "trtllm_num_requests_waiting": "gauge",
-    "trtllm_iteration_latency_seconds": "gauge",
-    "trtllm_max_batch_size_static": "gauge",
-    "trtllm_max_num_tokens_runtime": "gauge",
-    "trtllm_kv_cache_max_blocks": "gauge",
-    "trtllm_kv_cache_free_blocks": "gauge",
-    "trtllm_kv_cache_used_blocks": "gauge",
-    "trtllm_kv_cache_tokens_per_block": "gauge",
-    "trtllm_kv_cache_config_info": "gauge",
-}
+TRTLLM_NAMES = trtllm.NAMES
 EMULATOR_NAMES = {
     "batchknee_emulator_requests_received": "counter",
     "batchknee_emulator_requests_finished": "counter",

@@ -43,6 +43,7 @@ from batchknee.emulator.metrics import (
     trtllm_iteration_stats,
 )
 from batchknee.emulator.workload import LoadError, LoadSpec
+from batchknee.engines import trtllm, vllm
 
 MAX_STEPS_PER_SYNC = 2_000
 LOAD_FILE_POLL_S = 0.5
@@ -356,7 +357,7 @@ class EmulatorServer:
     def make_app(self) -> web.Application:
         app = web.Application(client_max_size=16 * 1024 * 1024)
         routes = [
-            web.get("/health", self.health),
+            web.get(vllm.HTTP.health_path, self.health),  # every engine's readiness path
             web.get("/load", self.get_load),
             web.post("/load", self.post_load),
             web.post("/v1/completions", self.completions),
@@ -365,11 +366,11 @@ class EmulatorServer:
             web.get("/version", self.version),
         ]
         if self.settings.engine == "vllm":
-            routes.append(web.get("/metrics", self.prometheus_metrics))
+            routes.append(web.get(vllm.HTTP.metrics_path, self.prometheus_metrics))
         else:
             routes += [
-                web.get("/prometheus/metrics", self.prometheus_metrics),
-                web.get("/metrics", self.trtllm_json_metrics),
+                web.get(trtllm.HTTP.metrics_path, self.prometheus_metrics),
+                web.get(trtllm.JSON_METRICS_PATH, self.trtllm_json_metrics),
             ]
         app.add_routes(routes)
         return app
