@@ -39,6 +39,8 @@ from batchknee.emulator.engine import (
     vllm_num_gpu_blocks,
 )
 from batchknee.emulator.workload import DISTRIBUTIONS, MAX_REQUEST_RATE, LoadError, LoadSpec
+from batchknee.engines import trtllm as trtllm_engine
+from batchknee.engines import vllm
 
 ENGINES = ("vllm", "trtllm")
 METRIC_VERSIONS = ("current", "legacy", "both")
@@ -75,7 +77,7 @@ _TRTLLM_SWITCHES = {
     "--disable-gc",
     "--fail-fast-on-attention-window-too-large",
 }
-_SHORT_ALIASES = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size", "-q": "--quantization"}
+_SHORT_ALIASES = {alias: flag for flag, aliases in vllm.SHORT_ALIASES.items() for alias in aliases}
 _NUMBER = re.compile(r"^-?\d+(\.\d+)?([eE][-+]?\d+)?$")
 
 
@@ -187,8 +189,10 @@ def _emulator_parser(engine: str) -> _Parser:
         flags = parser.add_argument_group("vLLM flags")
         flags.add_argument("--max-num-seqs", type=positive_int)
         flags.add_argument("--max-num-batched-tokens", type=positive_int)
-        flags.add_argument("--gpu-memory-utilization", type=unit_fraction, default=0.9)
-        flags.add_argument("--block-size", type=positive_int, default=16)
+        flags.add_argument(
+            "--gpu-memory-utilization", type=unit_fraction, default=vllm.DEFAULT_GPU_MEMORY_UTILIZATION
+        )
+        flags.add_argument("--block-size", type=positive_int, default=vllm.DEFAULT_BLOCK_SIZE)
         flags.add_argument("--served-model-name", nargs="+", default=None)
         flags.add_argument("--tensor-parallel-size", type=positive_int, default=1)
         flags.add_argument("--pipeline-parallel-size", type=positive_int, default=1)
@@ -205,11 +209,19 @@ def _emulator_parser(engine: str) -> _Parser:
         )
     else:
         flags = parser.add_argument_group("trtllm-serve flags (dash or underscore spelling)")
-        flags.add_argument("--max-batch-size", type=positive_int, default=2048)
-        flags.add_argument("--max-num-tokens", type=positive_int, default=8192)
+        flags.add_argument(
+            "--max-batch-size", type=positive_int, default=trtllm_engine.DEFAULT_MAX_BATCH_SIZE
+        )
+        flags.add_argument(
+            "--max-num-tokens", type=positive_int, default=trtllm_engine.DEFAULT_MAX_NUM_TOKENS
+        )
         flags.add_argument("--max-seq-len", type=positive_int, default=None)
         flags.add_argument("--tp-size", type=positive_int, default=1)
-        flags.add_argument("--kv-cache-free-gpu-memory-fraction", type=unit_fraction, default=0.9)
+        flags.add_argument(
+            "--kv-cache-free-gpu-memory-fraction",
+            type=unit_fraction,
+            default=trtllm_engine.DEFAULT_FREE_GPU_MEMORY_FRACTION,
+        )
         flags.add_argument("--extra-llm-api-options", "--config", dest="extra_llm_api_options", type=Path)
         flags.add_argument("--served-model-name", nargs="+", default=None)
         flags.add_argument("--backend", default="pytorch")
@@ -525,7 +537,7 @@ def _trtllm(
     tokens_per_block = (
         _yaml_int(kv, "tokens_per_block", "kv_cache_config.")
         or _yaml_int(document, "tokens_per_block", "")
-        or 32
+        or trtllm_engine.DEFAULT_TOKENS_PER_BLOCK
     )
     max_tokens = _yaml_int(kv, "max_tokens", "kv_cache_config.")
     fraction = kv.get("free_gpu_memory_fraction", args.kv_cache_free_gpu_memory_fraction)
