@@ -27,18 +27,21 @@ from batchknee.api.resolve import trtllm_kv_cache
 from batchknee.core.engine_args import (
     ENGINE_CONFIG_DIR,
     ENGINE_CONFIG_FILE,
+    SGLANG_MANAGED,
     TRTLLM_MANAGED,
     VLLM_MANAGED,
     VLLM_PORT,
     int_flag,
     overridden_flags,
+    sglang_args,
+    sglang_command,
     trtllm_args,
     trtllm_command,
     vllm_args,
     vllm_command,
 )
 from batchknee.core.policy import Rollout
-from batchknee.engines import trtllm, vllm
+from batchknee.engines import sglang, trtllm, vllm
 
 FIELD_MANAGER = "batchknee"
 CONTAINER = "engine"
@@ -51,7 +54,7 @@ CHECKSUM_ANNOTATION = "batchknee.io/engine-config-checksum"
 CONFIG_VOLUME = "batchknee-engine-config"
 ENGINE_CONFIG_COMPONENT = "engine-config"
 ENGINE_CONFIGS_KEPT = 3  # the current options ConfigMap and the two before it
-ENGINE_MODULES = {Engine.VLLM: vllm, Engine.TensorRTLLM: trtllm}
+ENGINE_MODULES = {Engine.VLLM: vllm, Engine.TensorRTLLM: trtllm, Engine.SGLang: sglang}
 METRICS_PATH = {engine: module.HTTP.metrics_path for engine, module in ENGINE_MODULES.items()}
 HEALTH_PATH = {engine: module.HTTP.health_path for engine, module in ENGINE_MODULES.items()}
 APP_NAME = {engine: module.APP_NAME for engine, module in ENGINE_MODULES.items()}
@@ -73,8 +76,11 @@ class RenderDefaults:
 
     vllm_image: str = "vllm/vllm-openai:v0.11.0"
     trtllm_image: str = "nvcr.io/nvidia/tensorrt-llm/release:1.0.0"
+    sglang_image: str = f"lmsysorg/sglang:v{sglang.VERSION}"
 
     def image(self, engine: Engine) -> str:
+        if engine == Engine.SGLang:
+            return self.sglang_image
         return self.vllm_image if engine == Engine.VLLM else self.trtllm_image
 
 
@@ -338,6 +344,14 @@ def deployment(obj: LLMServing, desired: Desired, defaults: RenderDefaults) -> d
             max_num_seqs=desired.max_num_seqs,
             kv_cache_dtype=spec.model.kv_cache_dtype,
         )
+    elif spec.engine == Engine.SGLang:
+        command = sglang_command()
+        args = sglang_args(
+            spec.args,
+            model=spec.model.name,
+            tensor_parallel=spec.gpu.count,
+            max_running_requests=desired.max_num_seqs,
+        )
     else:
         command = trtllm_command(spec.model.name)
         args = trtllm_args(spec.args, tensor_parallel=spec.gpu.count)
@@ -455,6 +469,14 @@ def overridden_args(obj: LLMServing, desired: Desired) -> list[str]:
         cli = vllm.COMMAND_LINE
         if spec.model.kv_cache_dtype != "auto":
             flags.append("--kv-cache-dtype")
+    elif spec.engine == Engine.SGLang:
+        rendered = sglang_args(
+            user,
+            model=spec.model.name,
+            tensor_parallel=spec.gpu.count,
+            max_running_requests=desired.max_num_seqs,
+        )
+        flags, cli = list(SGLANG_MANAGED), sglang.COMMAND_LINE
     else:
         rendered = trtllm_args(user, tensor_parallel=spec.gpu.count)
         flags = [*TRTLLM_MANAGED, trtllm.KNOB_FLAG]
@@ -535,6 +557,9 @@ def deployment_state(deployment: Mapping[str, Any] | None) -> DeploymentState | 
     if command[:1] == [trtllm.PROGRAM]:
         max_num_seqs = as_int(template_annotations.get(MAX_NUM_SEQS_ANNOTATION))
         max_tokens = as_int(template_annotations.get(MAX_TOKENS_ANNOTATION))
+    elif sglang.MODULE in command or command[:1] == [sglang.CLI_PROGRAM]:
+        max_num_seqs = int_flag([*command, *args], sglang.KNOB_FLAG, sglang.COMMAND_LINE)
+        max_tokens = None
     else:
         max_num_seqs = int_flag([*command, *args], vllm.KNOB_FLAG)
         max_tokens = None

@@ -33,7 +33,7 @@ from batchknee.core.observation import (
     Reading,
     decode_context_under_reservation,
 )
-from batchknee.engines import trtllm, vllm
+from batchknee.engines import sglang, trtllm, vllm
 from batchknee.engines.contract import EngineMetrics
 
 Key = tuple[str, str]
@@ -43,7 +43,12 @@ POD_SUFFIX = "-[a-z0-9]+-[a-z0-9]+"  # a Deployment's pods: <name>-<pod-template
 VLLM_METRICS = vllm.METRICS
 VLLM_CACHE_INFO = vllm.CACHE_INFO
 TRTLLM_METRICS = trtllm.METRICS
-ENGINE_METRICS: dict[Engine, EngineMetrics] = {"VLLM": VLLM_METRICS, "TensorRTLLM": TRTLLM_METRICS}
+SGLANG_METRICS = sglang.METRICS
+ENGINE_METRICS: dict[Engine, EngineMetrics] = {
+    "VLLM": VLLM_METRICS,
+    "TensorRTLLM": TRTLLM_METRICS,
+    "SGLang": SGLANG_METRICS,
+}
 
 
 @dataclass(frozen=True)
@@ -365,6 +370,11 @@ class PrometheusObserver:
                 f"max by (namespace, pod, engine, num_gpu_blocks, block_size) "
                 f"(last_over_time({scope.select(VLLM_CACHE_INFO)}[{window}]))"
             )
+        if scope.engine == "SGLang":
+            # the pool in tokens; radix-shared prefixes are held once in it (and in its usage)
+            return (
+                f"max by (namespace, pod) (last_over_time({scope.select(sglang.MAX_TOTAL_TOKENS)}[{window}]))"
+            )
         blocks = f"max by (namespace, pod) (last_over_time({scope.select(trtllm.KV_MAX_BLOCKS)}[{window}]))"
         per_block = (
             f"max by (namespace, pod) (last_over_time({scope.select(trtllm.KV_TOKENS_PER_BLOCK)}[{window}]))"
@@ -511,6 +521,8 @@ def queried_metric_names(engine: Engine) -> list[QueriedMetric]:
     ]
     if engine == "VLLM":
         queried.append(QueriedMetric((VLLM_CACHE_INFO,), "gauge", vllm.CACHE_INFO_LABELS))
+    elif engine == "SGLang":
+        queried.append(QueriedMetric((sglang.MAX_TOTAL_TOKENS,), "gauge"))
     else:  # the KV pool size read by _kv_capacity_query
         queried += [
             QueriedMetric((trtllm.KV_MAX_BLOCKS,), "gauge"),

@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from batchknee.engines import trtllm, vllm
+from batchknee.engines import sglang, trtllm, vllm
 from batchknee.engines.contract import CommandLine
 
 VLLM_PORT = vllm.HTTP.port
@@ -24,6 +24,7 @@ ENGINE_CONFIG_PATH = f"{ENGINE_CONFIG_DIR}/{ENGINE_CONFIG_FILE}"
 
 VLLM_MANAGED = vllm.MANAGED
 TRTLLM_MANAGED = trtllm.MANAGED
+SGLANG_MANAGED = sglang.MANAGED
 SHORT_ALIASES = vllm.SHORT_ALIASES
 VLLM_NEIGHBOURS = vllm.NEIGHBOURS
 _NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
@@ -221,4 +222,46 @@ def vllm_gpu_memory_utilization(
 ) -> float:
     """The fraction of GPU memory vLLM may use (its KV pool is what is left after the weights)."""
     value = float_flag(user_args, "--gpu-memory-utilization")
+    return value if value is not None and 0.0 < value <= 1.0 else default
+
+
+def sglang_command() -> list[str]:
+    return [sglang.PROGRAM, "-m", sglang.MODULE]
+
+
+def sglang_args(
+    user_args: Sequence[str],
+    *,
+    model: str,
+    tensor_parallel: int,
+    max_running_requests: int,
+    port: int = sglang.HTTP.port,
+) -> list[str]:
+    """The managed flags first (the model, the batch limit, tensor parallel, port, and metrics on),
+    then the user's args without any managed flag in any spelling (`--model`, `--tensor-parallel-size`,
+    `--max-running-requests=8`, an unambiguous abbreviation). `--host` is managed: the probes and
+    Prometheus reach the pod on its IP, not SGLang's default 127.0.0.1."""
+    kept = strip_flags(user_args, SGLANG_MANAGED, sglang.COMMAND_LINE)
+    rendered = [
+        "--model-path",
+        model,
+        "--max-running-requests",
+        str(max_running_requests),
+        "--tp-size",
+        str(tensor_parallel),
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(port),
+    ]
+    if sglang.METRICS_SWITCH not in kept:
+        rendered.append(sglang.METRICS_SWITCH)
+    return rendered + kept
+
+
+def sglang_mem_fraction_static(
+    user_args: Sequence[str], default: float = sglang.DEFAULT_MEM_FRACTION_STATIC
+) -> float:
+    """The fraction of the whole GPU memory SGLang takes for weights and the KV pool."""
+    value = float_flag(user_args, "--mem-fraction-static", sglang.COMMAND_LINE)
     return value if value is not None and 0.0 < value <= 1.0 else default
