@@ -39,10 +39,10 @@ from batchknee.emulator.engine import (
     vllm_num_gpu_blocks,
 )
 from batchknee.emulator.workload import DISTRIBUTIONS, MAX_REQUEST_RATE, LoadError, LoadSpec
+from batchknee.engines import sglang, vllm
 from batchknee.engines import trtllm as trtllm_engine
-from batchknee.engines import vllm
 
-ENGINES = ("vllm", "trtllm")
+ENGINES = ("vllm", "trtllm", "sglang")
 METRIC_VERSIONS = ("current", "legacy", "both")
 GPU_ENV = "BATCHKNEE_EMULATOR_GPU"
 DEFAULT_GPU = "a100-80gb"
@@ -77,6 +77,11 @@ _TRTLLM_SWITCHES = {
     "--disable-gc",
     "--fail-fast-on-attention-window-too-large",
 }
+_SGLANG_SWITCHES = {
+    "--trust-remote-code", "--enable-torch-compile", "--disable-cuda-graph", "--enable-mixed-chunk",
+    "--enable-dp-attention", "--disable-overlap-schedule", "--skip-server-warmup", "--log-requests",
+    "--enable-cache-report", "--disable-chunked-prefix-cache", "--enable-hierarchical-cache",
+}  # fmt: skip
 _SHORT_ALIASES = {alias: flag for flag, aliases in vllm.SHORT_ALIASES.items() for alias in aliases}
 _NUMBER = re.compile(r"^-?\d+(\.\d+)?([eE][-+]?\d+)?$")
 
@@ -207,6 +212,27 @@ def _emulator_parser(engine: str) -> _Parser:
             action="store_true",
             help="read shared prefix blocks once per sequence, not once per step",
         )
+    elif engine == "sglang":
+        flags = parser.add_argument_group("SGLang flags (python -m sglang.launch_server, sglang serve)")
+        flags.add_argument("--model-path", dest="model", default=None, help="the model (alias --model)")
+        flags.add_argument("--max-running-requests", type=positive_int, default=None)
+        flags.add_argument(
+            "--tp-size", "--tensor-parallel-size", dest="tp_size", type=positive_int, default=1
+        )
+        flags.add_argument(
+            "--mem-fraction-static", type=unit_fraction, default=sglang.DEFAULT_MEM_FRACTION_STATIC
+        )
+        flags.add_argument("--page-size", type=positive_int, default=sglang.DEFAULT_PAGE_SIZE)
+        flags.add_argument("--context-length", type=token_count, default=None)
+        flags.add_argument("--max-total-tokens", type=positive_int, default=None)
+        flags.add_argument(
+            "--chunked-prefill-size", type=positive_int, default=sglang.DEFAULT_CHUNKED_PREFILL_SIZE
+        )
+        flags.add_argument("--disable-radix-cache", action="store_true")
+        flags.add_argument("--enable-metrics", action="store_true")
+        flags.add_argument("--served-model-name", nargs="+", default=None)
+        flags.add_argument("--kv-cache-dtype", default="auto")
+        flags.add_argument("--dtype", default="auto")
     else:
         flags = parser.add_argument_group("trtllm-serve flags (dash or underscore spelling)")
         flags.add_argument(
@@ -237,7 +263,7 @@ def _split(argv: Sequence[str], parser: _Parser) -> tuple[list[str], list[str], 
             known_flags.add(flag)
             if action.nargs == 0:
                 switches.add(flag)
-    engine_switches = _VLLM_SWITCHES | _TRTLLM_SWITCHES
+    engine_switches = _VLLM_SWITCHES | _TRTLLM_SWITCHES | _SGLANG_SWITCHES
     known: list[str] = []
     positionals: list[str] = []
     ignored: list[str] = []
@@ -249,9 +275,9 @@ def _split(argv: Sequence[str], parser: _Parser) -> tuple[list[str], list[str], 
         if (
             token == "-m"
             and index < len(tokens)
-            and ("vllm" in tokens[index] or "tensorrt_llm" in tokens[index])
+            and any(engine in tokens[index] for engine in ("vllm", "tensorrt_llm", "sglang"))
         ):
-            index += 1  # `python -m vllm.entrypoints.openai.api_server`
+            index += 1  # `python -m vllm.entrypoints.openai.api_server`, `-m sglang.launch_server`
             continue
         if not _is_option(token):
             positionals.append(token)
@@ -347,7 +373,8 @@ def parse_emulator_args(argv: Sequence[str], environ: dict[str, str] | None = No
     """Parse and resolve; EngineArgsError names the option. `--help` raises SystemExit(0) after
     printing the help."""
     env = os.environ if environ is None else environ
-    engine = "vllm"
+    # `python -m sglang.launch_server …` names its engine itself
+    engine = "sglang" if f"{sglang.MODULE}" in argv else "vllm"
     for index, token in enumerate(argv):
         if token == "--engine" and index + 1 < len(argv):
             engine = argv[index + 1]
@@ -425,6 +452,8 @@ def parse_emulator_args(argv: Sequence[str], environ: dict[str, str] | None = No
 
     if engine == "vllm":
         return _vllm(args, common, served, roofline, warnings)
+    if engine == "sglang":
+        return _sglang(args, common, served, roofline, warnings)
     return _trtllm(args, common, served, roofline, warnings)
 
 
@@ -494,6 +523,66 @@ def _vllm(
         "prefix_caching_hash_algo": "sha256",
         "sliding_window": str(roof.model.sliding_window),
         "swap_space": "4",
+    }
+    return EmulatorSettings(
+        **common, served_model_name=served, config=config, cache_info=cache_info, warnings=tuple(warnings)
+    )
+
+
+def _sglang(
+    args: argparse.Namespace, common: dict[str, Any], served: str, roofline: Any, warnings: list[str]
+) -> EmulatorSettings:
+    """SGLang's pool: --mem-fraction-static of the whole GPU memory for weights + KV, in pages of
+    --page-size tokens (1: the radix tree shares a prefix token by token, held once in the pool)."""
+    dtype = _DTYPES.get(args.dtype.lower())
+    if dtype is None:
+        raise EngineArgsError(f"--dtype: {args.dtype!r} is not one of {', '.join(sorted(_DTYPES))}")
+    kv_dtype = _KV_DTYPES.get(args.kv_cache_dtype.lower())
+    if kv_dtype is None:
+        raise EngineArgsError(
+            f"--kv-cache-dtype: {args.kv_cache_dtype!r} is not one of {', '.join(sorted(_KV_DTYPES))}"
+        )
+    # no cascade attention: each sequence reads the shared prefix itself
+    roof = roofline(args.tp_size, dtype, kv_dtype, False)
+    pages = vllm_num_gpu_blocks(roof, args.mem_fraction_static, args.page_size)
+    if args.max_total_tokens is not None:
+        pages = min(pages, args.max_total_tokens // args.page_size)
+    if pages <= 0:
+        raise EngineArgsError(
+            f"--mem-fraction-static: {roof.model.name} ({roof.weight_bytes_per_gpu / 1e9:.1f} GB of weights per "
+            f"GPU) leaves no KV cache memory on {roof.gpu.name} at {args.mem_fraction_static}"
+        )
+    pool_tokens = pages * args.page_size
+    context_length = args.context_length or DEFAULT_MAX_MODEL_LEN
+    if pool_tokens < context_length:
+        warnings.append(
+            f"--context-length {context_length} exceeds the KV pool ({pool_tokens} tokens): using {pool_tokens}"
+        )
+        context_length = pool_tokens
+    max_running = args.max_running_requests or sglang.default_max_running_requests(
+        pool_tokens, context_length
+    )
+    try:
+        config = EngineConfig(
+            roofline=roof,
+            max_num_seqs=max_running,
+            max_num_batched_tokens=max(args.chunked_prefill_size, max_running),
+            num_gpu_blocks=pages,
+            block_size=args.page_size,
+            max_model_len=context_length,
+            enable_prefix_caching=not args.disable_radix_cache,
+            step_noise=args.step_noise,
+            max_waiting=args.max_waiting,
+        )
+    except EngineConfigError as error:
+        raise EngineArgsError(f"--context-length: {error}") from None
+    if not args.enable_metrics:
+        warnings.append("--enable-metrics not given: SGLang would export no metrics; the emulator still does")
+    cache_info = {
+        "page_size": str(args.page_size),
+        "max_total_num_tokens": str(pool_tokens),
+        "mem_fraction_static": str(args.mem_fraction_static),
+        "disable_radix_cache": str(bool(args.disable_radix_cache)),
     }
     return EmulatorSettings(
         **common, served_model_name=served, config=config, cache_info=cache_info, warnings=tuple(warnings)
