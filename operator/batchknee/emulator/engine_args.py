@@ -542,8 +542,9 @@ def _sglang(
         raise EngineArgsError(
             f"--kv-cache-dtype: {args.kv_cache_dtype!r} is not one of {', '.join(sorted(_KV_DTYPES))}"
         )
-    # no cascade attention: each sequence reads the shared prefix itself
-    roof = roofline(args.tp_size, dtype, kv_dtype, False)
+    # the radix-shared prefix counts once, in the pool and in the step's reads: the unique context
+    # per sequence is what the planner sizes the batch for (the knee rises with sharing)
+    roof = roofline(args.tp_size, dtype, kv_dtype, not args.disable_radix_cache)
     pages = vllm_num_gpu_blocks(roof, args.mem_fraction_static, args.page_size)
     if args.max_total_tokens is not None:
         pages = min(pages, args.max_total_tokens // args.page_size)
