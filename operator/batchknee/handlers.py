@@ -113,7 +113,9 @@ def configure(settings: OperatorSettings) -> Runtime:
         metrics.serve(settings.metrics_address, settings.metrics_port)
     if settings.peering != "standalone":
         kube.ensure_peering(settings.peering_name, settings.namespaces)
-    defaults = RenderDefaults(vllm_image=settings.vllm_image, trtllm_image=settings.trtllm_image)
+    defaults = RenderDefaults(
+        vllm_image=settings.vllm_image, trtllm_image=settings.trtllm_image, sglang_image=settings.sglang_image
+    )
     ports = Ports(kube, router, defaults, settings.admission_rules(), runtime=HttpEngineRuntime())
     RUNTIME = Runtime(ports, router, metrics)
     return RUNTIME
