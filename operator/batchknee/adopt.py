@@ -15,14 +15,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from batchknee.api.models import TARGET_ENV_VAR, Engine, TargetRef
+from batchknee.engines import sglang, trtllm, vllm
 from batchknee.render import DeploymentState, as_int, stalled
 
 # The flag each engine's batch limit is set with, as the user wires it in their args.
-KNOB_FLAG = {Engine.VLLM: "--max-num-seqs", Engine.TensorRTLLM: "--max_batch_size"}
+KNOB_FLAG = {
+    Engine.VLLM: vllm.KNOB_FLAG,
+    Engine.TensorRTLLM: trtllm.KNOB_FLAG,
+    Engine.SGLang: sglang.KNOB_FLAG,
+}
 # What in a container's command or args says it starts the engine.
 ENGINE_MARKERS = {
-    Engine.VLLM: ("vllm", "vllm.entrypoints.openai.api_server"),
-    Engine.TensorRTLLM: ("trtllm-serve",),
+    Engine.VLLM: vllm.COMMANDS,
+    Engine.TensorRTLLM: trtllm.COMMANDS,
+    Engine.SGLang: sglang.COMMANDS,
 }
 REFERENCE = f"$({TARGET_ENV_VAR})"
 

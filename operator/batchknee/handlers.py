@@ -150,7 +150,9 @@ def configure(settings: OperatorSettings) -> Runtime:
         metrics.serve(settings.metrics_address, settings.metrics_port)
     if settings.peering != "standalone":
         kube.ensure_peering(settings.peering_name, settings.namespaces)
-    defaults = RenderDefaults(vllm_image=settings.vllm_image, trtllm_image=settings.trtllm_image)
+    defaults = RenderDefaults(
+        vllm_image=settings.vllm_image, trtllm_image=settings.trtllm_image, sglang_image=settings.sglang_image
+    )
     executor = ThreadPoolExecutor(settings.reconcile_workers, thread_name_prefix="reconcile")
     ports = Ports(
         kube,

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from batchknee.adopt import Target, adopt, env_patch, wiring_argument
+from batchknee.adopt import KNOB_FLAG, Target, adopt, env_patch, wiring_argument
 from batchknee.api.admission import AdmissionRules, Forbidden, check_admission
 from batchknee.api.models import (
     API_VERSION,
@@ -387,7 +387,7 @@ class _Reconcile:
             settled_since=settled_since,
             rollouts=history,
         )
-        user_flag = "--max-num-seqs" if obj.spec.engine == Engine.VLLM else "--max_batch_size"
+        user_flag = KNOB_FLAG[obj.spec.engine]
         decision = decide(
             rules,
             roofline,

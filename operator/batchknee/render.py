@@ -27,17 +27,21 @@ from batchknee.api.resolve import trtllm_kv_cache
 from batchknee.core.engine_args import (
     ENGINE_CONFIG_DIR,
     ENGINE_CONFIG_FILE,
+    SGLANG_MANAGED,
     TRTLLM_MANAGED,
     VLLM_MANAGED,
     VLLM_PORT,
     int_flag,
     overridden_flags,
+    sglang_args,
+    sglang_command,
     trtllm_args,
     trtllm_command,
     vllm_args,
     vllm_command,
 )
 from batchknee.core.policy import Rollout
+from batchknee.engines import sglang, trtllm, vllm
 
 FIELD_MANAGER = "batchknee"
 CONTAINER = "engine"
@@ -50,8 +54,10 @@ CHECKSUM_ANNOTATION = "batchknee.io/engine-config-checksum"
 CONFIG_VOLUME = "batchknee-engine-config"
 ENGINE_CONFIG_COMPONENT = "engine-config"
 ENGINE_CONFIGS_KEPT = 3  # the current options ConfigMap and the two before it
-METRICS_PATH = {Engine.VLLM: "/metrics", Engine.TensorRTLLM: "/prometheus/metrics"}
-APP_NAME = {Engine.VLLM: "vllm", Engine.TensorRTLLM: "tensorrt-llm"}
+ENGINE_MODULES = {Engine.VLLM: vllm, Engine.TensorRTLLM: trtllm, Engine.SGLang: sglang}
+METRICS_PATH = {engine: module.HTTP.metrics_path for engine, module in ENGINE_MODULES.items()}
+HEALTH_PATH = {engine: module.HTTP.health_path for engine, module in ENGINE_MODULES.items()}
+APP_NAME = {engine: module.APP_NAME for engine, module in ENGINE_MODULES.items()}
 GPU_RESOURCE = "nvidia.com/gpu"
 # The engine images run as root by default; the restricted profile wants a non-root user (1000 is
 # the first ordinary user of the Debian/Ubuntu bases the engine images build on).
@@ -70,8 +76,11 @@ class RenderDefaults:
 
     vllm_image: str = "vllm/vllm-openai:v0.11.0"
     trtllm_image: str = "nvcr.io/nvidia/tensorrt-llm/release:1.0.0"
+    sglang_image: str = f"lmsysorg/sglang:v{sglang.VERSION}"
 
     def image(self, engine: Engine) -> str:
+        if engine == Engine.SGLang:
+            return self.sglang_image
         return self.vllm_image if engine == Engine.VLLM else self.trtllm_image
 
 
@@ -335,6 +344,14 @@ def deployment(obj: LLMServing, desired: Desired, defaults: RenderDefaults) -> d
             max_num_seqs=desired.max_num_seqs,
             kv_cache_dtype=spec.model.kv_cache_dtype,
         )
+    elif spec.engine == Engine.SGLang:
+        command = sglang_command()
+        args = sglang_args(
+            spec.args,
+            model=spec.model.name,
+            tensor_parallel=spec.gpu.count,
+            max_running_requests=desired.max_num_seqs,
+        )
     else:
         command = trtllm_command(spec.model.name)
         args = trtllm_args(spec.args, tensor_parallel=spec.gpu.count)
@@ -354,7 +371,7 @@ def deployment(obj: LLMServing, desired: Desired, defaults: RenderDefaults) -> d
         "args": args,
         "ports": [{"name": "http", "containerPort": VLLM_PORT, "protocol": "TCP"}],
         "readinessProbe": {
-            "httpGet": {"path": "/health", "port": "http"},
+            "httpGet": {"path": HEALTH_PATH[spec.engine], "port": "http"},
             "periodSeconds": 5,
             "timeoutSeconds": 2,
             "failureThreshold": 3,
@@ -449,20 +466,30 @@ def overridden_args(obj: LLMServing, desired: Desired) -> list[str]:
             kv_cache_dtype=spec.model.kv_cache_dtype,
         )
         flags = [*VLLM_MANAGED, "--max-num-batched-tokens"]
+        cli = vllm.COMMAND_LINE
         if spec.model.kv_cache_dtype != "auto":
             flags.append("--kv-cache-dtype")
+    elif spec.engine == Engine.SGLang:
+        rendered = sglang_args(
+            user,
+            model=spec.model.name,
+            tensor_parallel=spec.gpu.count,
+            max_running_requests=desired.max_num_seqs,
+        )
+        flags, cli = list(SGLANG_MANAGED), sglang.COMMAND_LINE
     else:
         rendered = trtllm_args(user, tensor_parallel=spec.gpu.count)
-        flags = [*TRTLLM_MANAGED, "--max_batch_size"]
-        rendered += ["--max_batch_size", str(desired.max_num_seqs)]  # it lives in the options file
+        flags = [*TRTLLM_MANAGED, trtllm.KNOB_FLAG]
+        rendered += [trtllm.KNOB_FLAG, str(desired.max_num_seqs)]  # it lives in the options file
+        cli = trtllm.COMMAND_LINE
         options = spec.extra_llm_api_options or {}
         given = options.get("max_batch_size") if isinstance(options, dict) else None
         if given is not None and given != desired.max_num_seqs:
             return [
-                *overridden_flags(user, rendered, dict.fromkeys(flags)),
+                *overridden_flags(user, rendered, dict.fromkeys(flags), trtllm.COMMAND_LINE),
                 f"extraLlmApiOptions.max_batch_size {given} → {desired.max_num_seqs}",
             ]
-    return overridden_flags(user, rendered, dict.fromkeys(flags))
+    return overridden_flags(user, rendered, dict.fromkeys(flags), cli)
 
 
 def render(obj: LLMServing, desired: Desired, defaults: RenderDefaults | None = None) -> list[dict[str, Any]]:
@@ -527,11 +554,14 @@ def deployment_state(deployment: Mapping[str, Any] | None) -> DeploymentState | 
     container = _container(deployment)
     command = [str(part) for part in (container.get("command") or [])]
     args = [str(part) for part in (container.get("args") or [])]
-    if command[:1] == ["trtllm-serve"]:
+    if command[:1] == [trtllm.PROGRAM]:
         max_num_seqs = as_int(template_annotations.get(MAX_NUM_SEQS_ANNOTATION))
         max_tokens = as_int(template_annotations.get(MAX_TOKENS_ANNOTATION))
+    elif sglang.MODULE in command or command[:1] == [sglang.CLI_PROGRAM]:
+        max_num_seqs = int_flag([*command, *args], sglang.KNOB_FLAG, sglang.COMMAND_LINE)
+        max_tokens = None
     else:
-        max_num_seqs = int_flag([*command, *args], "--max-num-seqs")
+        max_num_seqs = int_flag([*command, *args], vllm.KNOB_FLAG)
         max_tokens = None
 
     replicas = as_int(spec.get("replicas"))

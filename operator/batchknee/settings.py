@@ -39,6 +39,7 @@ class OperatorSettings(BaseSettings):
     trtllm_image: str = Field(
         "nvcr.io/nvidia/tensorrt-llm/release:1.0.0", description="Default TensorRT-LLM image"
     )
+    sglang_image: str = Field("lmsysorg/sglang:v0.5.23", description="Default SGLang image")
     verbose: bool = Field(False, description="Debug logging")
     # What LLMServings may ask of their engine pods beyond the allow-list (batchknee.api.admission).
     allowed_images: Annotated[list[str], NoDecode] = Field(

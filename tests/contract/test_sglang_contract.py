@@ -9,8 +9,12 @@ optional priority/custom labels, filled in at run time).
 
 from __future__ import annotations
 
-from contracts import sglang_contract
+from contracts import emulator_exposition, sglang_contract
+from extract import family_name
 from wheels import PINNED
+
+from batchknee.adapters.prometheus import queried_metric_names
+from batchknee.engines import sglang
 
 VERSION = PINNED["sglang"]
 
@@ -85,3 +89,67 @@ def test_every_metric_registers_one_label_set_per_type() -> None:
         if name in needed and len(variants) > 1
     ]
     assert not clashes, "\n".join(clashes)
+
+
+def colon_name(pattern: str) -> str:
+    """`sglang[:_]x` (the adapter matches both spellings) → `sglang:x`, the name SGLang registers."""
+    return pattern.replace("[:_]", ":")
+
+
+def test_every_name_the_adapter_queries_exists_in_the_pinned_release_with_its_type() -> None:
+    contract = sglang_contract()
+    problems = []
+    for queried in queried_metric_names("SGLang"):
+        for pattern in queried.chain:
+            name = colon_name(pattern)
+            family = family_name(name, queried.type)
+            found = contract.types(family)
+            if queried.type not in found:
+                registered = "/".join(sorted(found)) or "nothing"
+                problems.append(
+                    f"{name}: the adapter queries a {queried.type}; sglang {VERSION} registers {registered}"
+                )
+    assert not problems, "\n".join(problems)
+
+
+EMULATOR = ["-m", "sglang.launch_server", "--model-path", "llama-3-8b", "--enable-metrics", "--gpu", "h100"]
+
+
+def test_the_emulator_exports_every_name_the_adapter_queries() -> None:
+    exported = emulator_exposition(EMULATOR)
+    missing = [
+        f"{family_name(colon_name(pattern), queried.type)} ({queried.type})"
+        for queried in queried_metric_names("SGLang")
+        for pattern in queried.chain
+        if family_name(colon_name(pattern), queried.type) not in exported
+    ]
+    assert not missing, "the adapter queries these and the emulator does not export them:\n" + "\n".join(
+        missing
+    )
+
+
+def test_the_emulator_exports_the_release_names_types_and_labels() -> None:
+    # The collector's `<labels>` are filled in at run time (model_name, engine_type, and the
+    # scheduler's parallel ranks); the rest of each label set is spelled out in the release.
+    exported = emulator_exposition(EMULATOR)
+    contract = sglang_contract()
+    collector = set(sglang.SCHEDULER_LABELS) | set(sglang.TOKENIZER_LABELS)
+    problems = []
+    for family, have in sorted(exported.items()):
+        if not family.startswith("sglang:"):
+            continue
+        variants = contract.metrics.get(family)
+        if not variants:
+            problems.append(f"{family}: the emulator exports it; sglang {VERSION} does not register it")
+            continue
+        if have.type not in {m.type for m in variants}:
+            problems.append(
+                f"{family}: the emulator exports a {have.type}; sglang registers {variants[0].type}"
+            )
+            continue
+        if not any(have.labels - collector == m.static_labels and m.dynamic for m in variants):
+            problems.append(
+                f"{family}: the emulator's labels {sorted(have.labels)}; sglang {VERSION} has "
+                + " or ".join(str(m.labels) for m in variants)
+            )
+    assert not problems, "\n".join(problems)

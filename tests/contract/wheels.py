@@ -6,7 +6,8 @@
 A wheel lands in `${XDG_CACHE_HOME:-~/.cache}/batchknee/wheels/<name>-<version>/` through
 `pip download --no-deps --only-binary=:all:`; a warm cache downloads nothing. The directory appears
 atomically (download into a sibling, then rename) under a file lock, so parallel runs neither race nor
-leave a half-written wheel behind. A version bump is the one line in `PINNED`.
+leave a half-written wheel behind. A version bump is the one line `VERSION` in the engine's module
+(batchknee/engines/).
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ import tempfile
 import time
 from pathlib import Path
 
-# The engine releases the metric contract is checked against. Bump here, then `make test-contract`
-# names every metric that moved.
-PINNED: dict[str, str] = {"vllm": "0.33.0", "sglang": "0.5.23"}
+from batchknee.engines import sglang, vllm
+
+# The engine releases the metric contract is checked against: each engine module's VERSION. Bump
+# it there, then `make test-contract` names every metric that moved.
+PINNED: dict[str, str] = {"vllm": vllm.VERSION, "sglang": sglang.VERSION}
 
 
 def cache_root() -> Path:

@@ -340,8 +340,8 @@ def test_pod_monitors_select_the_engine_pods_with_the_labels_the_operator_querie
     render: Render, values: dict[str, Any]
 ) -> None:
     monitors = kinds(render(values), "PodMonitor")
-    assert len(monitors) == 2
-    for engine in ("VLLM", "TensorRTLLM"):
+    assert len(monitors) == 3
+    for engine in ("VLLM", "TensorRTLLM", "SGLang"):
         labels, engine_container = engine_pod_labels(engine)
         [monitor] = [m for m in monitors if matches(m["spec"]["selector"], labels)]
         [endpoint] = monitor["spec"]["podMetricsEndpoints"]

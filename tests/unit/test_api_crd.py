@@ -91,7 +91,7 @@ def test_schema_is_structural_and_every_field_is_described() -> None:
 
 def test_names_the_issue_fixes() -> None:
     spec = schema()["properties"]["spec"]["properties"]
-    assert spec["engine"]["enum"] == ["VLLM", "TensorRTLLM"]
+    assert spec["engine"]["enum"] == ["VLLM", "TensorRTLLM", "SGLang"]
     tuning = spec["tuning"]["properties"]
     assert tuning["mode"]["enum"] == ["Auto", "Recommend", "Pinned"]
     assert (tuning["kneeFactorPercent"]["minimum"], tuning["kneeFactorPercent"]["maximum"]) == (100, 200)
@@ -182,7 +182,7 @@ def test_defaults_fill_in() -> None:
         ({"tuning": {"goal": "SLO"}}, "spec.tuning", "goal SLO needs tpotP99TargetMilliseconds"),
         ({"tuning": {"goal": "Throughput"}}, "spec.tuning.goal", "Knee"),
         ({"gpu": {"type": "a100-80gb", "count": 0}}, "spec.gpu.count", "greater than or equal to 1"),
-        ({"engine": "SGLang"}, "spec.engine", "VLLM"),
+        ({"engine": "TGI"}, "spec.engine", "SGLang"),
         ({"rollout": {"maxSurge": 0, "maxUnavailable": "0%"}}, "spec.rollout", "both be zero"),
     ],
 )

@@ -202,3 +202,26 @@ def test_goal_slo_runs_the_p99_bound_past_the_knee(capsys: pytest.CaptureFixture
     assert row["tpotP99Ms"] > row["tpotMs"]  # the prefill chunks' tail
     status, _, err = run(capsys, "plan", *common, "--context", "2048", "--goal", "slo")
     assert status == 2 and "--goal slo: needs --tpot-target-ms" in err
+
+
+def test_sglang_plan_names_its_knob_and_its_own_default(capsys: pytest.CaptureFixture[str]) -> None:
+    from batchknee.engines import sglang
+
+    status, out, _ = run(capsys, *SEED, "--engine", "sglang", "--context", "2048,8192")
+    assert status == 0
+    assert "recommended --max-running-requests 64" in out and "--max-num-seqs" not in out
+    # the pool SGLang would size at its --mem-fraction-static, and the batch limit it derives from it
+    pool = (80 * 1024**3 * sglang.DEFAULT_MEM_FRACTION_STATIC - 16e9 - 1024**3) / 131072
+    line = next(line for line in out.splitlines() if line.startswith("SGLang's own pick"))
+    assert f"{sglang.default_max_running_requests(int(pool), 8192)} (KV pool" in line
+
+
+def test_sglang_shared_prefix_raises_the_knee(capsys: pytest.CaptureFixture[str]) -> None:
+    def knee(*extra: str) -> float:
+        status, out, _ = run(
+            capsys, *SEED, "--engine", "sglang", "--context", "4096", "--output", "json", *extra
+        )
+        assert status == 0
+        return float(json.loads(out)[0]["bKnee"])
+
+    assert knee("--prefix-sharing", "0.6", "--output-tokens", "256") > 1.8 * knee()

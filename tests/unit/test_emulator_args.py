@@ -108,7 +108,7 @@ def test_defaults_follow_vllm_per_gpu() -> None:
             "--max-num-batched-tokens",
         ),
         (["llama-3-8b", "--speedup", "-1"], "--speedup"),
-        (["llama-3-8b", "--engine", "sglang"], "--engine"),
+        (["llama-3-8b", "--engine", "tgi"], "--engine"),
         (["llama-3-8b", "--kv-cache-dtype", "int2"], "--kv-cache-dtype"),
         (["llama-3-70b", "--gpu", "l4"], "--gpu-memory-utilization"),
         (["llama-3-8b", "--request-rate", "1e9"], "--request-rate"),
@@ -184,3 +184,22 @@ def test_module_entry_point_takes_the_engine_as_first_word(capsys: pytest.Captur
     assert module_main(["trtllm", "serve", "llama-3-8b", "--max_batch_size", "0"]) == 2
     err = capsys.readouterr().err
     assert "--max-batch-size" in err and err.count("\n") == 1
+
+
+def test_sglang_command_lines_both_forms() -> None:
+    launch = parse_emulator_args(
+        ["-m", "sglang.launch_server", "--model", "llama-3-8b", "--tp", "2", "--tensor-parallel-size", "2",
+         "--max-running-requests", "96", "--mem-fraction-static", "0.8", "--context-length", "4096",
+         "--enable-metrics", "--trust-remote-code", "--gpu", "h100"],
+        environ={},
+    )  # fmt: skip
+    assert launch.engine == "sglang" and launch.model == "llama-3-8b"
+    config = launch.config
+    assert (config.max_num_seqs, config.roofline.tensor_parallel, config.block_size) == (96, 2, 1)
+    assert config.max_model_len == 4096 and config.enable_prefix_caching
+    serve = parse_emulator_args(
+        ["--engine", "sglang", "serve", "--model-path", "llama-3-8b", "--disable-radix-cache"], environ={}
+    )
+    assert serve.model == "llama-3-8b" and not serve.config.enable_prefix_caching
+    # no --max-running-requests: SGLang's own default, derived from the pool
+    assert serve.config.max_num_seqs == 4096

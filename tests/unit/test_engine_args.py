@@ -125,3 +125,31 @@ def test_overridden_flags_name_what_the_user_wrote() -> None:
     rendered = vllm_args(user, served_model_name="m", tensor_parallel=1, max_num_seqs=64)
     notes = overridden_flags(user, rendered, ["--max-num-seqs", "--tensor-parallel-size", "--port"])
     assert notes == ["--max-num-seqs 999 → 64", "-tp 2 → 1"]  # --port 8000 is what it gets anyway
+
+
+def test_sglang_managed_flags_are_stripped_in_every_spelling_and_others_pass_through() -> None:
+    from batchknee.core.engine_args import sglang_args
+    from batchknee.engines import sglang
+
+    user = [
+        "--model-path", "a", "--model=b", "--tp", "4", "--tensor-parallel-size=2", "--tp-size", "1",
+        "--max-running", "9", "--max-running-requests=7", "--port", "1", "--host=127.0.0.1",
+        "--max-total-tokens", "1000", "--chunked-prefill-size", "4096", "--disable-radix-cache",
+        "--context-length", "8192",
+    ]  # fmt: skip
+    rendered = sglang_args(user, model="m", tensor_parallel=2, max_running_requests=64)
+    assert rendered == [
+        "--model-path", "m", "--max-running-requests", "64", "--tp-size", "2", "--host", "0.0.0.0",
+        "--port", "8000", "--enable-metrics", "--max-total-tokens", "1000", "--chunked-prefill-size",
+        "4096", "--disable-radix-cache", "--context-length", "8192",
+    ]  # fmt: skip
+    # `--max` is ambiguous in SGLang's parser (argparse refuses it): not a managed flag, kept as given
+    assert strip_flags(["--max", "3"], sglang.MANAGED, sglang.COMMAND_LINE) == ["--max", "3"]
+    assert int_flag(["--max-running-req=12"], "--max-running-requests", sglang.COMMAND_LINE) == 12
+    # --enable-metrics is never doubled
+    assert (
+        sglang_args(["--enable-metrics"], model="m", tensor_parallel=1, max_running_requests=1).count(
+            "--enable-metrics"
+        )
+        == 1
+    )

@@ -295,3 +295,48 @@ def test_overridden_args_name_the_users_spelling_and_the_value_run() -> None:
         "extraLlmApiOptions.max_batch_size 300 → 16",
     ]
     assert overridden_args(obj(args=["--seed", "3"]), Desired(64, 0)) == []
+
+
+def test_sglang_deployment_runs_launch_server_with_the_managed_flags_first() -> None:
+    user = [
+        "--model",
+        "other/model",
+        "--tp",
+        "8",
+        "--max-running-requests=999",
+        "--mem-fraction-static",
+        "0.8",
+    ]
+    dep = deployment(obj(engine="SGLang", args=user), Desired(48, 0), RenderDefaults())
+    c = container(dep)
+    assert c["command"] == ["python", "-m", "sglang.launch_server"]
+    assert c["args"] == [
+        "--model-path", "meta-llama/Llama-3.1-8B-Instruct", "--max-running-requests", "48", "--tp-size", "2",
+        "--host", "0.0.0.0", "--port", "8000", "--enable-metrics", "--mem-fraction-static", "0.8",
+    ]  # fmt: skip
+    assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    pod = dep["spec"]["template"]
+    assert pod["metadata"]["annotations"]["prometheus.io/path"] == "/metrics"
+    assert pod["metadata"]["labels"]["app.kubernetes.io/name"] == "sglang"
+    assert c["image"] == "lmsysorg/sglang:v0.5.23"
+    assert [o["kind"] for o in render(obj(engine="SGLang"), Desired(48, 0))] == [
+        "Service",
+        "PodDisruptionBudget",
+        "Deployment",
+    ]
+    state = deployment_state(dep)
+    assert state is not None and state.max_num_seqs == 48
+
+
+def test_sglang_overridden_args_list_every_managed_flag_and_alias() -> None:
+    sglang = obj(
+        engine="SGLang",
+        args=["--tensor-parallel-size", "4", "--max-running-requests", "512", "--model=x", "--port", "30000"],
+    )
+    assert overridden_args(sglang, Desired(32, 0)) == [
+        "--max-running-requests 512 → 32",
+        "--tensor-parallel-size 4 → 2",
+        "--port 30000 → 8000",
+        "--model=x → meta-llama/Llama-3.1-8B-Instruct",
+    ]
+    assert overridden_args(obj(engine="SGLang", args=["--enable-metrics"]), Desired(32, 0)) == []

@@ -47,6 +47,8 @@ from batchknee.core.observation import (
     Reading,
     decode_context_under_reservation,
 )
+from batchknee.engines import sglang, trtllm, vllm
+from batchknee.engines.contract import EngineMetrics
 
 Key = tuple[str, str]
 Row = tuple[dict[str, str], float]  # one series: its labels and its value
@@ -77,62 +79,15 @@ def excerpt(body: bytes | str, limit: int = EXCERPT_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
 
-@dataclass(frozen=True)
-class EngineMetrics:
-    """Metric names of one engine family; each tuple is a fallback chain, newest name first."""
-
-    running: tuple[str, ...]
-    waiting: tuple[str, ...]
-    kv_usage: tuple[str, ...]
-    tpot: tuple[str, ...]  # histograms (base names)
-    ttft: tuple[str, ...]
-    generation_tokens: tuple[str, ...]  # counters
-    preemptions: tuple[str, ...]
-    prefix_hits: tuple[str, ...]
-    prefix_queries: tuple[str, ...]
-    prompt_length: tuple[str, ...]  # histograms of tokens per request
-    generation_length: tuple[str, ...]
-    # Engines that reserve prompt + whole output per request (the KV pool shows the reservation):
-    # the prompt-token counter and the finished-request counter give the mean prompt.
-    prompt_tokens: tuple[str, ...] = ()
-    finished_requests: tuple[str, ...] = ()
-
-
-VLLM_METRICS = EngineMetrics(
-    running=("vllm[:_]num_requests_running",),
-    waiting=("vllm[:_]num_requests_waiting",),
-    kv_usage=("vllm[:_]kv_cache_usage_perc", "vllm[:_]gpu_cache_usage_perc"),
-    tpot=(
-        "vllm[:_]request_time_per_output_token_seconds",
-        "vllm[:_]inter_token_latency_seconds",
-        "vllm[:_]time_per_output_token_seconds",
-    ),
-    ttft=("vllm[:_]time_to_first_token_seconds",),
-    generation_tokens=("vllm[:_]generation_tokens_total",),
-    preemptions=("vllm[:_]num_preemptions_total",),
-    prefix_hits=("vllm[:_]prefix_cache_hits_total", "vllm[:_]gpu_prefix_cache_hits_total"),
-    prefix_queries=("vllm[:_]prefix_cache_queries_total", "vllm[:_]gpu_prefix_cache_queries_total"),
-    prompt_length=("vllm[:_]request_prompt_tokens",),
-    generation_length=("vllm[:_]request_generation_tokens",),
-)
-VLLM_CACHE_INFO = "vllm[:_]cache_config_info"
-
-TRTLLM_METRICS = EngineMetrics(
-    running=("trtllm_num_requests_running",),
-    waiting=("trtllm_num_requests_waiting",),
-    kv_usage=("trtllm_kv_cache_utilization",),
-    tpot=("trtllm_time_per_output_token_seconds",),
-    ttft=("trtllm_time_to_first_token_seconds",),
-    generation_tokens=("trtllm_generation_tokens_total",),
-    preemptions=(),
-    prefix_hits=(),
-    prefix_queries=(),
-    prompt_length=(),
-    generation_length=(),
-    prompt_tokens=("trtllm_prompt_tokens_total",),
-    finished_requests=("trtllm_e2e_request_latency_seconds_count",),
-)
-ENGINE_METRICS: dict[Engine, EngineMetrics] = {"VLLM": VLLM_METRICS, "TensorRTLLM": TRTLLM_METRICS}
+VLLM_METRICS = vllm.METRICS
+VLLM_CACHE_INFO = vllm.CACHE_INFO
+TRTLLM_METRICS = trtllm.METRICS
+SGLANG_METRICS = sglang.METRICS
+ENGINE_METRICS: dict[Engine, EngineMetrics] = {
+    "VLLM": VLLM_METRICS,
+    "TensorRTLLM": TRTLLM_METRICS,
+    "SGLang": SGLANG_METRICS,
+}
 
 
 @dataclass(frozen=True)
@@ -291,10 +246,11 @@ def _kv_capacity_query(scope: _Scope, by_pod: str) -> str:
             f"(last_over_time({scope.select(VLLM_CACHE_INFO)}[{window}]))"
         )
     by = f"namespace, {LLMSERVING_LABEL}, pod"
-    blocks = f"max by ({by}) (last_over_time({scope.select('trtllm_kv_cache_max_blocks')}[{window}]))"
-    per_block = (
-        f"max by ({by}) (last_over_time({scope.select('trtllm_kv_cache_tokens_per_block')}[{window}]))"
-    )
+    if scope.engine == "SGLang":
+        # the pool in tokens; radix-shared prefixes are held once in it (and in its usage)
+        return f"max by ({by}) (last_over_time({scope.select(sglang.MAX_TOTAL_TOKENS)}[{window}]))"
+    blocks = f"max by ({by}) (last_over_time({scope.select(trtllm.KV_MAX_BLOCKS)}[{window}]))"
+    per_block = f"max by ({by}) (last_over_time({scope.select(trtllm.KV_TOKENS_PER_BLOCK)}[{window}]))"
     return f"{blocks} * on ({by}) {per_block}"
 
 
@@ -749,16 +705,26 @@ def queried_metric_names(engine: Engine) -> list[QueriedMetric]:
         "prefix_queries": "counter",
         "prompt_length": "histogram",
         "generation_length": "histogram",
+        "prompt_tokens": "counter",
+        "finished_requests": "histogram",  # its `_count` series, read with rate()
     }
     unknown = {f.name for f in fields(EngineMetrics)} - set(kinds)
     if unknown:
         raise ValueError(f"EngineMetrics fields without a query type here: {', '.join(sorted(unknown))}")
-    queried = [QueriedMetric(getattr(metrics, f), kind) for f, kind in kinds.items() if getattr(metrics, f)]
+    queried = [
+        QueriedMetric(tuple(name.removesuffix("_count") for name in getattr(metrics, f)), kind)
+        if f == "finished_requests"
+        else QueriedMetric(getattr(metrics, f), kind)
+        for f, kind in kinds.items()
+        if getattr(metrics, f)
+    ]
     if engine == "VLLM":
-        queried.append(QueriedMetric((VLLM_CACHE_INFO,), "gauge", ("num_gpu_blocks", "block_size")))
+        queried.append(QueriedMetric((VLLM_CACHE_INFO,), "gauge", vllm.CACHE_INFO_LABELS))
+    elif engine == "SGLang":
+        queried.append(QueriedMetric((sglang.MAX_TOTAL_TOKENS,), "gauge"))
     else:  # the KV pool size read by _kv_capacity_query
         queried += [
-            QueriedMetric(("trtllm_kv_cache_max_blocks",), "gauge"),
-            QueriedMetric(("trtllm_kv_cache_tokens_per_block",), "gauge"),
+            QueriedMetric((trtllm.KV_MAX_BLOCKS,), "gauge"),
+            QueriedMetric((trtllm.KV_TOKENS_PER_BLOCK,), "gauge"),
         ]
     return queried

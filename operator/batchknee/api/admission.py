@@ -26,6 +26,10 @@ DEFAULT_ALLOWED_IMAGES = (
     "docker.io/vllm/vllm-openai@sha256:*",
     "nvcr.io/nvidia/tensorrt-llm/release:*",
     "nvcr.io/nvidia/tensorrt-llm/release@sha256:*",
+    "lmsysorg/sglang:*",
+    "lmsysorg/sglang@sha256:*",
+    "docker.io/lmsysorg/sglang:*",
+    "docker.io/lmsysorg/sglang@sha256:*",
 )
 # Capabilities the restricted Pod Security Standard lets a container add.
 RESTRICTED_CAPABILITIES = frozenset({"NET_BIND_SERVICE"})

@@ -50,7 +50,7 @@ CHART_PEERING_CRD_CONDITION = (
 )
 
 PRINTER_COLUMNS: list[dict[str, Any]] = [
-    {"name": "Engine", "type": "string", "jsonPath": ".spec.engine", "description": "VLLM or TensorRTLLM"},
+    {"name": "Engine", "type": "string", "jsonPath": ".spec.engine", "description": "The engine"},
     {"name": "Model", "type": "string", "jsonPath": ".spec.model.name", "description": "The served model"},
     {
         "name": "Ctx",

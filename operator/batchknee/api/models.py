@@ -122,6 +122,7 @@ class _Model(BaseModel):
 class Engine(StrEnum):
     VLLM = "VLLM"
     TensorRTLLM = "TensorRTLLM"
+    SGLang = "SGLang"
 
 
 class TuningMode(StrEnum):
@@ -1028,7 +1029,7 @@ class LLMServingSpec(_Model):
 
     model_config = ConfigDict(json_schema_extra=_validations(*_adopted_rules()))
 
-    engine: Engine = Field(description="The engine: VLLM or TensorRTLLM.")
+    engine: Engine = Field(description="The engine: VLLM, TensorRTLLM or SGLang.")
     model: ModelSpec = Field(description="The model the engine serves.")
     gpu: GpuSpec = Field(description="The GPUs of one replica.")
     replicas: int | None = Field(
@@ -1056,7 +1057,8 @@ class LLMServingSpec(_Model):
         max_length=MAX_ARGS,
         description=f"Extra engine arguments (at most {MAX_ARGS}, each at most {MAX_ARG_LENGTH} characters), "
         "kept as given. The operator owns --max-num-seqs, "
-        "--tensor-parallel-size, --port and --served-model-name (vLLM) and the options file (TensorRT-LLM); "
+        "--tensor-parallel-size, --port and --served-model-name (vLLM), the options file (TensorRT-LLM), "
+        "--model-path, --max-running-requests, --tp-size, --host and --port (SGLang, aliases included); "
         "those are replaced, never duplicated.",
     )
     extra_llm_api_options: Opaque | None = Field(

@@ -12,10 +12,16 @@ from pydantic import ValidationError
 
 from batchknee.api.models import Engine, LLMServing, LLMServingSpec
 from batchknee.core.catalog import GIB, CatalogError, GpuSpec, ModelArchitecture, find_gpu, find_model
-from batchknee.core.engine_args import float_flag, int_flag, vllm_gpu_memory_utilization
+from batchknee.core.engine_args import (
+    float_flag,
+    int_flag,
+    sglang_mem_fraction_static,
+    vllm_gpu_memory_utilization,
+)
 from batchknee.core.observation import ObservationTarget
 from batchknee.core.policy import TuningRules
 from batchknee.core.roofline import DEFAULT_RESERVE_BYTES, DecodeRoofline
+from batchknee.engines import sglang, trtllm, vllm
 
 TRTLLM_FREE_GPU_MEMORY_FRACTION = 0.9  # TensorRT-LLM's default share of the memory left after weights
 TRTLLM_MAX_TOKENS_LIMIT = 2**31 - 1  # kv_cache_config.max_tokens is a 32-bit integer in the engine
@@ -179,6 +185,12 @@ def kv_pool_bytes(spec: LLMServingSpec, roofline: DecodeRoofline) -> float:
         budget = (
             f"{roofline.gpu.memory_bytes / GIB:.0f} GiB (free fraction {kv.free_gpu_memory_fraction:.2f})"
         )
+    elif spec.engine == Engine.SGLang:
+        # --mem-fraction-static: the share of the whole GPU memory for weights + KV pool, the same
+        # budget vLLM's --gpu-memory-utilization sets (activations live outside it in both).
+        fraction = sglang_mem_fraction_static(spec.args)
+        pool = roofline.kv_pool_bytes(fraction)
+        budget = f"{roofline.gpu.memory_bytes / GIB:.0f} GiB × {fraction:.2f} (--mem-fraction-static)"
     else:
         utilization = vllm_gpu_memory_utilization(spec.args)
         pool = roofline.kv_pool_bytes(utilization)
@@ -205,6 +217,14 @@ def _no_room_cause(spec: LLMServingSpec, roofline: DecodeRoofline) -> tuple[str,
                 f"--gpu-memory-utilization {utilization:g} is too low for this model; raise it "
                 f"(vLLM's default is {default:g}) or drop it"
             )
+    if spec.engine == Engine.SGLang:
+        fraction = sglang_mem_fraction_static(spec.args)
+        default = sglang_mem_fraction_static([])
+        if fraction < default and roofline.kv_pool_bytes(default) > 0:
+            return "spec.args", (
+                f"--mem-fraction-static {fraction:g} is too low for this model; raise it "
+                f"(the planner assumes SGLang's {default:g}) or drop it"
+            )
     if spec.model.params is not None:
         without = resolve_roofline(
             spec.model_copy(update={"model": spec.model.model_copy(update={"params": None})})
@@ -223,10 +243,13 @@ def _no_room_cause(spec: LLMServingSpec, roofline: DecodeRoofline) -> tuple[str,
 
 def _step_token_budget(spec: LLMServingSpec) -> int:
     """The engine's prefill + decode tokens per step: its flag in spec.args, else its default
-    (vLLM 2048, TensorRT-LLM 8192)."""
+    (vLLM 2048, TensorRT-LLM 8192, SGLang's chunked prefill 8192)."""
     if spec.engine == Engine.VLLM:
-        return int_flag(spec.args, "--max-num-batched-tokens") or 2048
-    return int_flag(spec.args, "--max_num_tokens") or 8192
+        return int_flag(spec.args, "--max-num-batched-tokens") or vllm.DEFAULT_MAX_NUM_BATCHED_TOKENS
+    if spec.engine == Engine.SGLang:
+        chunk = int_flag(spec.args, "--chunked-prefill-size", sglang.COMMAND_LINE)
+        return chunk if chunk is not None and chunk > 0 else sglang.DEFAULT_CHUNKED_PREFILL_SIZE
+    return int_flag(spec.args, "--max_num_tokens") or trtllm.DEFAULT_MAX_NUM_TOKENS
 
 
 def tuning_rules(spec: LLMServingSpec) -> TuningRules:

@@ -19,6 +19,26 @@ from batchknee.core.catalog import CatalogError, ModelArchitecture, find_gpu, fi
 from batchknee.core.dtypes import KV_DTYPES, WEIGHT_DTYPES
 from batchknee.core.hf_config import ConfigError, architecture_from_hf_config
 from batchknee.core.roofline import DecodeRoofline
+from batchknee.engines import sglang
+
+ENGINE_CHOICES = ("vllm", "trtllm", "sglang")
+
+
+def add_engine_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--engine",
+        choices=ENGINE_CHOICES,
+        default="vllm",
+        help="whose defaults to assume: sglang takes --mem-fraction-static "
+        f"{sglang.DEFAULT_MEM_FRACTION_STATIC} of the GPU for weights + KV, pages of "
+        f"{sglang.DEFAULT_PAGE_SIZE} token (a radix-shared prefix held once), a "
+        f"{sglang.DEFAULT_CHUNKED_PREFILL_SIZE}-token prefill chunk",
+    )
+
+
+def knob_flag(args: argparse.Namespace) -> str:
+    """The batch-limit flag of the engine the command plans for."""
+    return sglang.KNOB_FLAG if getattr(args, "engine", "vllm") == "sglang" else "--max-num-seqs"
 
 
 def add_roofline_options(parser: argparse.ArgumentParser) -> None:

@@ -1,7 +1,8 @@
 """`batchknee emulate`: a GPU-free engine pod (see batchknee.emulator.server).
 
-The rest of the command line is the engine's own (an optional `serve`, the model, vLLM's or
-trtllm-serve's flags) plus the emulator's options; it is parsed by the emulator itself, so that a
+The rest of the command line is the engine's own (an optional engine word — `vllm`, `trtllm`,
+`sglang` — and `serve`, the model, vLLM's, trtllm-serve's or SGLang's flags; SGLang's
+`-m sglang.launch_server` too) plus the emulator's options; it is parsed by the emulator itself, so that a
 pod's args work unchanged and flags the emulator does not model are ignored with a warning.
 """
 
@@ -19,7 +20,7 @@ def register(subparsers: Any) -> None:
     # parsed by the emulator (argparse would reject the engine's flags it does not know).
     parser = subparsers.add_parser(
         "emulate",
-        help="a GPU-free vLLM / TensorRT-LLM engine with the real /metrics (batchknee emulate --help)",
+        help="a GPU-free vLLM / TensorRT-LLM / SGLang engine with the real /metrics (batchknee emulate --help)",
         add_help=False,
         prefix_chars="\x00",
     )
@@ -29,10 +30,13 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     require_extra("demo", "batchknee emulate", ("aiohttp",))
-    from batchknee.emulator.engine_args import EngineArgsError, parse_emulator_args
+    from batchknee.emulator.engine_args import ENGINES, EngineArgsError, parse_emulator_args
 
+    argv = list(args.argv)
+    if argv and argv[0] in ENGINES:  # `batchknee emulate sglang …` = `--engine sglang …`
+        argv = ["--engine", argv[0], *argv[1:]]
     try:
-        settings = parse_emulator_args(args.argv)
+        settings = parse_emulator_args(argv)
     except EngineArgsError as error:
         raise UsageError(str(error)) from None
     from batchknee.emulator.server import run_emulator

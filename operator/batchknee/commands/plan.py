@@ -8,9 +8,16 @@ from typing import Any
 
 from batchknee.argtypes import fraction, int_list, non_negative_float, positive_float, positive_int
 from batchknee.commands import UsageError, require_extra
-from batchknee.commands._options import add_roofline_options, describe, resolve_roofline
+from batchknee.commands._options import (
+    add_engine_option,
+    add_roofline_options,
+    describe,
+    knob_flag,
+    resolve_roofline,
+)
 from batchknee.core.plan import ContextPlan, build_plan
 from batchknee.core.roofline import DecodeRoofline
+from batchknee.engines import sglang
 
 
 def register(subparsers: Any) -> None:
@@ -20,6 +27,7 @@ def register(subparsers: Any) -> None:
         description="Roofline TPOT and throughput by batch size, B_knee and the recommended batch limit.",
     )
     add_roofline_options(parser)
+    add_engine_option(parser)
     parser.add_argument(
         "--context", type=int_list, default=[512, 2048, 8192], help="context lengths (tokens)"
     )
@@ -57,7 +65,10 @@ def register(subparsers: Any) -> None:
         "chunks it brings set the TPOT p99; 0 models decode steps only",
     )
     parser.add_argument(
-        "--max-num-batched-tokens", type=positive_int, default=2048, help="the engine's token budget per step"
+        "--max-num-batched-tokens",
+        type=positive_int,
+        default=None,
+        help=f"the engine's token budget per step (default 2048; sglang: {sglang.DEFAULT_CHUNKED_PREFILL_SIZE})",
     )
     parser.add_argument("--output", choices=("table", "json"), default="table")
     parser.add_argument("--plot", metavar="FILE.png", help="write TPOT and throughput against batch")
@@ -84,13 +95,24 @@ def run(args: argparse.Namespace) -> int:
         prefix_sharing_of_prompt=args.prefix_sharing or None,
         output_tokens=args.output_tokens,
         prompt_fraction=args.prompt_fraction,
-        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_batched_tokens=args.max_num_batched_tokens
+        or (sglang.DEFAULT_CHUNKED_PREFILL_SIZE if args.engine == "sglang" else 2048),
+        gpu_memory_utilization=sglang.DEFAULT_MEM_FRACTION_STATIC if args.engine == "sglang" else 0.9,
         goal="SLO" if args.goal == "slo" else "Knee",
     )
     if args.output == "json":
         print(json.dumps([plan.to_json() for plan in plans], indent=2))
     else:
-        print(render_table(roofline, plans))
+        print(render_table(roofline, plans, knob_flag(args)))
+        if args.engine == "sglang":
+            pool_tokens = int(
+                roofline.kv_pool_bytes(sglang.DEFAULT_MEM_FRACTION_STATIC) / roofline.kv_bytes_per_token
+            )
+            unset = sglang.default_max_running_requests(pool_tokens, max(args.context))
+            print(
+                f"\nSGLang's own pick without --max-running-requests: {unset} (KV pool {pool_tokens:,} tokens at "
+                f"--mem-fraction-static {sglang.DEFAULT_MEM_FRACTION_STATIC}, context length {max(args.context):,})"
+            )
     if args.plot:
         from pathlib import Path
 
@@ -104,7 +126,7 @@ def _change(current: float, previous: float | None) -> str:
     return "" if previous is None else f"{(current / previous - 1) * 100:+.0f}%"
 
 
-def render_table(roofline: DecodeRoofline, plans: list[ContextPlan]) -> str:
+def render_table(roofline: DecodeRoofline, plans: list[ContextPlan], knob: str = "--max-num-seqs") -> str:
     lines = [
         describe(roofline),
         f"model bytes {roofline.model_bytes / 1e9:.2f} GB, KV bytes per token {roofline.kv_bytes_per_token:,.0f}",
@@ -115,7 +137,7 @@ def render_table(roofline: DecodeRoofline, plans: list[ContextPlan]) -> str:
             "",
             f"context {plan.context_tokens:,} tokens: KV per sequence {plan.kv_bytes_per_seq / 1e6:,.1f} MB, "
             f"B_knee {rec.b_knee:.1f}",
-            f"  recommended --max-num-seqs {rec.max_num_seqs}   TensorRT-LLM max_tokens {rec.max_tokens:,}"
+            f"  recommended {knob} {rec.max_num_seqs}   TensorRT-LLM max_tokens {rec.max_tokens:,}"
             f"   ({rec.explain()})",
             f"  {'batch':>6} {'TPOT ms':>9} {'ΔTPOT':>7} {'tok/s':>9} {'Δtok/s':>7} {'p99 ms':>7}",
         ]

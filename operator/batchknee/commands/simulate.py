@@ -18,13 +18,14 @@ from typing import Any
 
 from batchknee.argtypes import fraction, int_list, non_negative_float, positive_float, positive_int
 from batchknee.commands import UsageError, require_extra
-from batchknee.commands._options import add_roofline_options, describe, resolve_roofline
+from batchknee.commands._options import add_engine_option, add_roofline_options, describe, resolve_roofline
 from batchknee.core.recommend import recommend
 from batchknee.core.roofline import DecodeRoofline, PrefillMix
 from batchknee.emulator.engine import Engine, EngineConfig, EngineConfigError, vllm_num_gpu_blocks
 from batchknee.emulator.engine_args import load_from_args
 from batchknee.emulator.sweep import SweepResult, default_duration_s, sweep
 from batchknee.emulator.workload import DISTRIBUTIONS, MAX_REQUEST_RATE, LoadError, LoadSpec
+from batchknee.engines import sglang
 
 BENCHMARK_RATE = 100.0
 BENCHMARK_DURATION_S = 3600.0
@@ -40,6 +41,7 @@ def register(subparsers: Any) -> None:
         ),
     )
     add_roofline_options(parser)
+    add_engine_option(parser)
     parser.add_argument("--prompt-tokens", type=positive_int, default=512, help="mean prompt length")
     parser.add_argument("--output-tokens", type=positive_int, default=512, help="mean output length")
     parser.add_argument("--prompt-distribution", choices=DISTRIBUTIONS, default="fixed")
@@ -78,9 +80,24 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--warmup", type=non_negative_float, help="simulated seconds not measured (default: 30%% of duration)"
     )
-    parser.add_argument("--max-num-batched-tokens", type=positive_int, default=2048)
-    parser.add_argument("--gpu-memory-utilization", type=positive_float, default=0.9)
-    parser.add_argument("--block-size", type=positive_int, default=16)
+    parser.add_argument(
+        "--max-num-batched-tokens",
+        type=positive_int,
+        default=None,
+        help=f"default 2048 (sglang: --chunked-prefill-size {sglang.DEFAULT_CHUNKED_PREFILL_SIZE})",
+    )
+    parser.add_argument(
+        "--gpu-memory-utilization",
+        type=positive_float,
+        default=None,
+        help=f"default 0.9 (sglang: --mem-fraction-static {sglang.DEFAULT_MEM_FRACTION_STATIC})",
+    )
+    parser.add_argument(
+        "--block-size",
+        type=positive_int,
+        default=None,
+        help=f"default 16 (sglang: --page-size {sglang.DEFAULT_PAGE_SIZE})",
+    )
     parser.add_argument(
         "--max-model-len", type=positive_int, help="default: 8192, or prompt + output if longer"
     )
@@ -102,7 +119,19 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(handler=run)
 
 
+def _engine_defaults(args: argparse.Namespace) -> None:
+    """Fill the engine's own defaults in where the command line left them out."""
+    is_sglang = args.engine == "sglang"
+    if args.max_num_batched_tokens is None:
+        args.max_num_batched_tokens = sglang.DEFAULT_CHUNKED_PREFILL_SIZE if is_sglang else 2048
+    if args.gpu_memory_utilization is None:
+        args.gpu_memory_utilization = sglang.DEFAULT_MEM_FRACTION_STATIC if is_sglang else 0.9
+    if args.block_size is None:
+        args.block_size = sglang.DEFAULT_PAGE_SIZE if is_sglang else 16
+
+
 def _engine_config(args: argparse.Namespace, roofline: DecodeRoofline, max_num_seqs: int) -> EngineConfig:
+    _engine_defaults(args)
     if args.gpu_memory_utilization > 1.0:
         raise UsageError("--gpu-memory-utilization: must be in (0, 1]")
     max_model_len = args.max_model_len or max(8192, args.prompt_tokens + args.output_tokens)

@@ -14,66 +14,19 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-VLLM_PORT = 8000
+from batchknee.engines import sglang, trtllm, vllm
+from batchknee.engines.contract import CommandLine
+
+VLLM_PORT = vllm.HTTP.port
 ENGINE_CONFIG_DIR = "/etc/batchknee"
 ENGINE_CONFIG_FILE = "engine.yaml"
 ENGINE_CONFIG_PATH = f"{ENGINE_CONFIG_DIR}/{ENGINE_CONFIG_FILE}"
 
-VLLM_MANAGED = ("--max-num-seqs", "--tensor-parallel-size", "--port", "--served-model-name")
-TRTLLM_MANAGED = (
-    "--max_batch_size",
-    "--tp_size",
-    "--port",
-    "--host",
-    "--extra_llm_api_options",
-    "--config",
-)
-
-# Short aliases from vLLM's own argparse (vllm/engine/arg_utils.py: `-tp`, `-pp`, `-dp`, `-q`).
-SHORT_ALIASES: dict[str, tuple[str, ...]] = {
-    "--tensor-parallel-size": ("-tp",),
-    "--pipeline-parallel-size": ("-pp",),
-    "--data-parallel-size": ("-dp",),
-    "--quantization": ("-q",),
-}
-# vLLM long options that share a stem with the managed ones: an abbreviation is a managed flag only
-# when it is a prefix of that flag and of none of these (argparse refuses an ambiguous one).
-VLLM_NEIGHBOURS = (
-    "--max-num-batched-tokens",
-    "--max-num-partial-prefills",
-    "--max-long-partial-prefills",
-    "--max-model-len",
-    "--max-logprobs",
-    "--max-loras",
-    "--max-lora-rank",
-    "--max-cpu-loras",
-    "--max-parallel-loading-workers",
-    "--max-seq-len-to-capture",
-    "--tensor-parallel-size",
-    "--tokenizer",
-    "--tokenizer-mode",
-    "--tool-call-parser",
-    "--tool-parser-plugin",
-    "--trust-remote-code",
-    "--task",
-    "--port",
-    "--pipeline-parallel-size",
-    "--preemption-mode",
-    "--prefix-caching-hash-algo",
-    "--served-model-name",
-    "--seed",
-    "--scheduling-policy",
-    "--scheduler-cls",
-    "--kv-cache-dtype",
-    "--kv-cache-memory-bytes",
-    "--kv-transfer-config",
-    "--kv-events-config",
-    "--kv-sharing-fast-prefill",
-    "--kv-offloading-size",
-    "--kv-offloading-backend",
-    "--max-num-seqs",
-)
-_ABBREVIABLE = frozenset(VLLM_NEIGHBOURS)
+VLLM_MANAGED = vllm.MANAGED
+TRTLLM_MANAGED = trtllm.MANAGED
+SGLANG_MANAGED = sglang.MANAGED
+SHORT_ALIASES = vllm.SHORT_ALIASES
+VLLM_NEIGHBOURS = vllm.NEIGHBOURS
 _NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
 
 
@@ -82,31 +35,35 @@ def _normal(name: str) -> str:
     return name.replace("_", "-")
 
 
-def _spellings(flag: str) -> set[str]:
+def _spellings(flag: str, cli: CommandLine) -> set[str]:
     body = flag.lstrip("-")
-    return {
-        f"--{body}",
-        f"--{body.replace('-', '_')}",
-        f"--{body.replace('_', '-')}",
-        *SHORT_ALIASES.get(f"--{body.replace('_', '-')}", ()),
-    }
+    canonical = f"--{body.replace('_', '-')}"
+    spellings = {f"--{body}", f"--{body.replace('-', '_')}", canonical, *cli.aliases.get(canonical, ())}
+    for alias in cli.aliases.get(canonical, ()):
+        if alias.startswith("--"):
+            spellings.add(alias.replace("-", "_").replace("__", "--", 1))
+    return spellings
 
 
-def _abbreviates(name: str, flag: str) -> bool:
-    """Whether argparse would read the long option `name` as an abbreviation of vLLM's `flag`."""
-    flag, name = _normal(flag), _normal(name)
-    if flag not in _ABBREVIABLE or not name.startswith("--") or len(name) < 4:
+def _abbreviates(name: str, flag: str, cli: CommandLine) -> bool:
+    """Whether argparse would read the long option `name` as an abbreviation of the engine's `flag`
+    (or of one of its long aliases)."""
+    name = _normal(name)
+    if not name.startswith("--") or len(name) < 4:
         return False
-    if name == flag or not flag.startswith(name):
+    canonical = _normal(flag)
+    targets = {canonical, *(a for a in cli.aliases.get(canonical, ()) if a.startswith("--"))}
+    targets &= cli.abbreviable
+    if not targets or name in targets or not any(t.startswith(name) for t in targets):
         return False
-    return not any(other != flag and other.startswith(name) for other in _ABBREVIABLE)
+    return not any(other not in targets and other.startswith(name) for other in cli.abbreviable)
 
 
-def _matches(token: str, flag: str) -> tuple[bool, bool]:
+def _matches(token: str, flag: str, cli: CommandLine) -> tuple[bool, bool]:
     """(is this `flag` in any spelling, does the token carry its own value `--flag=value`)."""
-    spellings = _spellings(flag)
+    spellings = _spellings(flag, cli)
     name, sep, _ = token.partition("=")
-    if name in spellings or _abbreviates(name, flag):
+    if name in spellings or _abbreviates(name, flag, cli):
         return True, bool(sep)
     return False, False
 
@@ -126,12 +83,12 @@ class FlagUse:
     width: int  # tokens it occupies (1 or 2)
 
 
-def flag_uses(args: Sequence[str], flag: str) -> list[FlagUse]:
+def flag_uses(args: Sequence[str], flag: str, cli: CommandLine = vllm.COMMAND_LINE) -> list[FlagUse]:
     """Every occurrence of the valued `flag` (any spelling) in `args`."""
     uses: list[FlagUse] = []
     index = 0
     while index < len(args):
-        is_flag, inline = _matches(args[index], flag)
+        is_flag, inline = _matches(args[index], flag, cli)
         if not is_flag:
             index += 1
             continue
@@ -147,30 +104,33 @@ def flag_uses(args: Sequence[str], flag: str) -> list[FlagUse]:
     return uses
 
 
-def flag_value(args: Sequence[str], flag: str) -> str | None:
+def flag_value(args: Sequence[str], flag: str, cli: CommandLine = vllm.COMMAND_LINE) -> str | None:
     """The value of the last `flag` in `args` (any spelling), or None when absent."""
-    values = [use.value for use in flag_uses(args, flag) if use.value is not None]
+    values = [use.value for use in flag_uses(args, flag, cli) if use.value is not None]
     return values[-1] if values else None
 
 
-def strip_flags(args: Sequence[str], flags: Iterable[str]) -> list[str]:
+def strip_flags(args: Sequence[str], flags: Iterable[str], cli: CommandLine = vllm.COMMAND_LINE) -> list[str]:
     """`args` without any occurrence of the valued `flags` (any spelling) and their values."""
     dropped: set[int] = set()
     for flag in flags:
-        for use in flag_uses(args, flag):
+        for use in flag_uses(args, flag, cli):
             dropped.update(range(use.index, use.index + use.width))
     return [arg for index, arg in enumerate(args) if index not in dropped]
 
 
 def overridden_flags(
-    user_args: Sequence[str], rendered_args: Sequence[str], flags: Iterable[str]
+    user_args: Sequence[str],
+    rendered_args: Sequence[str],
+    flags: Iterable[str],
+    cli: CommandLine = vllm.COMMAND_LINE,
 ) -> list[str]:
     """The user's uses of `flags` that the rendered command line replaces with another value, as
     `<as written> <value> → <rendered value>` (or `→ removed`)."""
     notes: list[str] = []
     for flag in flags:
-        rendered = flag_value(rendered_args, flag)
-        for use in flag_uses(user_args, flag):
+        rendered = flag_value(rendered_args, flag, cli)
+        for use in flag_uses(user_args, flag, cli):
             if use.value == rendered:
                 continue
             given = use.written if use.width == 1 else f"{use.written} {use.value}"
@@ -178,17 +138,17 @@ def overridden_flags(
     return notes
 
 
-def int_flag(args: Sequence[str], flag: str) -> int | None:
+def int_flag(args: Sequence[str], flag: str, cli: CommandLine = vllm.COMMAND_LINE) -> int | None:
     """An integer flag's value; None when absent or not a whole number."""
-    value = flag_value(args, flag)
+    value = flag_value(args, flag, cli)
     try:
         return int(value) if value is not None else None
     except ValueError:
         return None
 
 
-def float_flag(args: Sequence[str], flag: str) -> float | None:
-    value = flag_value(args, flag)
+def float_flag(args: Sequence[str], flag: str, cli: CommandLine = vllm.COMMAND_LINE) -> float | None:
+    value = flag_value(args, flag, cli)
     try:
         return float(value) if value is not None else None
     except ValueError:
@@ -196,7 +156,7 @@ def float_flag(args: Sequence[str], flag: str) -> float | None:
 
 
 def vllm_command(model: str) -> list[str]:
-    return ["vllm", "serve", model]
+    return [vllm.PROGRAM, "serve", model]
 
 
 def vllm_args(
@@ -238,12 +198,12 @@ def vllm_args(
 
 
 def trtllm_command(model: str) -> list[str]:
-    return ["trtllm-serve", model]
+    return [trtllm.PROGRAM, model]
 
 
 def trtllm_args(user_args: Sequence[str], *, tensor_parallel: int, port: int = VLLM_PORT) -> list[str]:
     """trtllm-serve's flags: the batch limit lives in the options file, which overrides flags."""
-    kept = strip_flags(user_args, TRTLLM_MANAGED)
+    kept = strip_flags(user_args, TRTLLM_MANAGED, trtllm.COMMAND_LINE)
     return [
         "--host",
         "0.0.0.0",
@@ -257,7 +217,51 @@ def trtllm_args(user_args: Sequence[str], *, tensor_parallel: int, port: int = V
     ]
 
 
-def vllm_gpu_memory_utilization(user_args: Sequence[str], default: float = 0.9) -> float:
+def vllm_gpu_memory_utilization(
+    user_args: Sequence[str], default: float = vllm.DEFAULT_GPU_MEMORY_UTILIZATION
+) -> float:
     """The fraction of GPU memory vLLM may use (its KV pool is what is left after the weights)."""
     value = float_flag(user_args, "--gpu-memory-utilization")
+    return value if value is not None and 0.0 < value <= 1.0 else default
+
+
+def sglang_command() -> list[str]:
+    return [sglang.PROGRAM, "-m", sglang.MODULE]
+
+
+def sglang_args(
+    user_args: Sequence[str],
+    *,
+    model: str,
+    tensor_parallel: int,
+    max_running_requests: int,
+    port: int = sglang.HTTP.port,
+) -> list[str]:
+    """The managed flags first (the model, the batch limit, tensor parallel, port, and metrics on),
+    then the user's args without any managed flag in any spelling (`--model`, `--tensor-parallel-size`,
+    `--max-running-requests=8`, an unambiguous abbreviation). `--host` is managed: the probes and
+    Prometheus reach the pod on its IP, not SGLang's default 127.0.0.1."""
+    kept = strip_flags(user_args, SGLANG_MANAGED, sglang.COMMAND_LINE)
+    rendered = [
+        "--model-path",
+        model,
+        "--max-running-requests",
+        str(max_running_requests),
+        "--tp-size",
+        str(tensor_parallel),
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(port),
+    ]
+    if sglang.METRICS_SWITCH not in kept:
+        rendered.append(sglang.METRICS_SWITCH)
+    return rendered + kept
+
+
+def sglang_mem_fraction_static(
+    user_args: Sequence[str], default: float = sglang.DEFAULT_MEM_FRACTION_STATIC
+) -> float:
+    """The fraction of the whole GPU memory SGLang takes for weights and the KV pool."""
+    value = float_flag(user_args, "--mem-fraction-static", sglang.COMMAND_LINE)
     return value if value is not None and 0.0 < value <= 1.0 else default

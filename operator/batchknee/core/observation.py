@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
-Engine = Literal["VLLM", "TensorRTLLM"]
+Engine = Literal["VLLM", "TensorRTLLM", "SGLang"]
 
 
 @dataclass(frozen=True)

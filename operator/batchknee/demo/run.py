@@ -28,7 +28,7 @@ def rollouts(world: DemoWorld, name: str) -> int:
 def tokens_per_second(world: DemoWorld, name: str, speedup: float) -> float | None:
     """Output tokens per simulated second of all the LLMServing's pods, over the last 15 s."""
     value = world.query(
-        f'sum(rate({{__name__=~"vllm[:_]generation_tokens_total",namespace="{NAMESPACE}",'
+        f'sum(rate({{__name__=~"(vllm|sglang)[:_]generation_tokens_total",namespace="{NAMESPACE}",'
         f'pod=~"{name}-[a-z0-9]+-[a-z0-9]+"}}[15s]))'
     )
     return None if value is None else value / speedup

@@ -10,7 +10,7 @@ rather than the prefill chunks riding along.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 OUTPUT_SPREAD = 0.5  # outputs uniform in [0.5, 1.5] × the mean
 
@@ -22,6 +22,7 @@ class Phase:
     output_tokens: int  # mean
     concurrency: int  # requests in flight per pod
     duration_s: float
+    prefix_sharing: float = 0.0  # the share of each prompt all requests share (a system prompt)
 
     @property
     def prompt_tokens(self) -> int:
@@ -37,6 +38,7 @@ class Phase:
             "outputTokens": self.output_tokens,
             "outputDistribution": "uniform",
             "outputSpread": OUTPUT_SPREAD,
+            **({"prefixSharing": self.prefix_sharing} if self.prefix_sharing else {}),
         }
 
 
@@ -67,3 +69,10 @@ def _phases(*durations_s: float) -> tuple[Phase, ...]:
 # reported per simulated second.
 FULL = Scenario("full", _phases(150.0, 170.0, 190.0), sample_interval_s=5.0, speedup=20.0)
 FAST = Scenario("fast", _phases(60.0, 80.0, 110.0), sample_interval_s=4.0, speedup=20.0)
+# The fast scenario with 60 % of every prompt shared (SGLang's radix cache holds it once).
+FAST_SHARED = Scenario(
+    "fast-shared",
+    tuple(replace(phase, prefix_sharing=0.6) for phase in FAST.phases),
+    sample_interval_s=FAST.sample_interval_s,
+    speedup=FAST.speedup,
+)

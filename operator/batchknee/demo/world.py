@@ -63,13 +63,19 @@ class DemoWorld:
     def _start(self) -> None:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.set_load({"concurrency": 0, "requestRate": 0})
-        emulate = [
-            sys.executable, "-m", "batchknee", "emulate", "--engine", "vllm", "--gpu", self.gpu,
-            "--speedup", str(self.speedup), "--load-file", str(self.load_file),
-            "--drain-grace-s", "60",  # finish what is in flight: the pods' grace period is 90 s
-            "--drain-linger-s", "3",  # let Prometheus scrape the final counters of a drained pod
-        ]  # fmt: skip
-        self.cluster = self._stack.enter_context(DevCluster(runtimes={"vllm": emulate}))
+
+        def emulate(engine: str) -> list[str]:
+            return [
+                sys.executable, "-m", "batchknee", "emulate", "--engine", engine, "--gpu", self.gpu,
+                "--speedup", str(self.speedup), "--load-file", str(self.load_file),
+                "--drain-grace-s", "60",  # finish what is in flight: the pods' grace period is 90 s
+                "--drain-linger-s", "3",  # let Prometheus scrape the final counters of a drained pod
+            ]  # fmt: skip
+
+        # vLLM pods run `vllm serve …`; SGLang pods `python -m sglang.launch_server …` (the emulator
+        # skips the `-m sglang.launch_server` words)
+        runtimes = {"vllm": emulate("vllm"), "python": emulate("sglang")}
+        self.cluster = self._stack.enter_context(DevCluster(runtimes=runtimes))
         self.prometheus = self._stack.enter_context(
             LocalPrometheus(self.cluster.file_sd_path, scrape_interval_s=1)
         )

@@ -1,6 +1,8 @@
-"""`python -m batchknee.emulator vllm|trtllm <engine command line>`: the same as
-`python -m batchknee emulate --engine vllm|trtllm …`, shaped as a test-kubelet runtime prefix
-(`runtimes={"vllm": [python, "-m", "batchknee.emulator", "vllm"]}`)."""
+"""`python -m batchknee.emulator vllm|trtllm|sglang <engine command line>`: the same as
+`python -m batchknee emulate --engine vllm|trtllm|sglang …`, shaped as a test-kubelet runtime prefix
+(`runtimes={"vllm": [python, "-m", "batchknee.emulator", "vllm"]}`; SGLang's rendered
+`python -m sglang.launch_server …` runs under `runtimes={"python": [..., "sglang"]}`, the
+`-m sglang.launch_server` words skipped)."""
 
 from __future__ import annotations
 

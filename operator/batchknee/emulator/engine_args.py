@@ -45,8 +45,10 @@ from batchknee.emulator.engine import (
     vllm_num_gpu_blocks,
 )
 from batchknee.emulator.workload import DISTRIBUTIONS, MAX_REQUEST_RATE, LoadError, LoadSpec
+from batchknee.engines import sglang, vllm
+from batchknee.engines import trtllm as trtllm_engine
 
-ENGINES = ("vllm", "trtllm")
+ENGINES = ("vllm", "trtllm", "sglang")
 METRIC_VERSIONS = ("current", "legacy", "both")
 GPU_ENV = "BATCHKNEE_EMULATOR_GPU"
 LIVE_ENDPOINTS_ENV = "BATCHKNEE_EMULATOR_LIVE_ENDPOINTS"
@@ -83,7 +85,12 @@ _TRTLLM_SWITCHES = {
     "--disable-gc",
     "--fail-fast-on-attention-window-too-large",
 }
-_SHORT_ALIASES = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size", "-q": "--quantization"}
+_SGLANG_SWITCHES = {
+    "--trust-remote-code", "--enable-torch-compile", "--disable-cuda-graph", "--enable-mixed-chunk",
+    "--enable-dp-attention", "--disable-overlap-schedule", "--skip-server-warmup", "--log-requests",
+    "--enable-cache-report", "--disable-chunked-prefix-cache", "--enable-hierarchical-cache",
+}  # fmt: skip
+_SHORT_ALIASES = {alias: flag for flag, aliases in vllm.SHORT_ALIASES.items() for alias in aliases}
 _NUMBER = re.compile(r"^-?\d+(\.\d+)?([eE][-+]?\d+)?$")
 
 
@@ -233,8 +240,10 @@ def _emulator_parser(engine: str) -> _Parser:
         flags = parser.add_argument_group("vLLM flags")
         flags.add_argument("--max-num-seqs", type=positive_int)
         flags.add_argument("--max-num-batched-tokens", type=positive_int)
-        flags.add_argument("--gpu-memory-utilization", type=unit_fraction, default=0.9)
-        flags.add_argument("--block-size", type=positive_int, default=16)
+        flags.add_argument(
+            "--gpu-memory-utilization", type=unit_fraction, default=vllm.DEFAULT_GPU_MEMORY_UTILIZATION
+        )
+        flags.add_argument("--block-size", type=positive_int, default=vllm.DEFAULT_BLOCK_SIZE)
         flags.add_argument("--served-model-name", nargs="+", default=None)
         flags.add_argument("--tensor-parallel-size", type=positive_int, default=1)
         flags.add_argument("--pipeline-parallel-size", type=positive_int, default=1)
@@ -249,13 +258,42 @@ def _emulator_parser(engine: str) -> _Parser:
             action="store_true",
             help="read shared prefix blocks once per sequence, not once per step",
         )
+    elif engine == "sglang":
+        flags = parser.add_argument_group("SGLang flags (python -m sglang.launch_server, sglang serve)")
+        flags.add_argument("--model-path", dest="model", default=None, help="the model (alias --model)")
+        flags.add_argument("--max-running-requests", type=positive_int, default=None)
+        flags.add_argument(
+            "--tp-size", "--tensor-parallel-size", dest="tp_size", type=positive_int, default=1
+        )
+        flags.add_argument(
+            "--mem-fraction-static", type=unit_fraction, default=sglang.DEFAULT_MEM_FRACTION_STATIC
+        )
+        flags.add_argument("--page-size", type=positive_int, default=sglang.DEFAULT_PAGE_SIZE)
+        flags.add_argument("--context-length", type=token_count, default=None)
+        flags.add_argument("--max-total-tokens", type=positive_int, default=None)
+        flags.add_argument(
+            "--chunked-prefill-size", type=positive_int, default=sglang.DEFAULT_CHUNKED_PREFILL_SIZE
+        )
+        flags.add_argument("--disable-radix-cache", action="store_true")
+        flags.add_argument("--enable-metrics", action="store_true")
+        flags.add_argument("--served-model-name", nargs="+", default=None)
+        flags.add_argument("--kv-cache-dtype", default="auto")
+        flags.add_argument("--dtype", default="auto")
     else:
         flags = parser.add_argument_group("trtllm-serve flags (dash or underscore spelling)")
-        flags.add_argument("--max-batch-size", type=positive_int, default=2048)
-        flags.add_argument("--max-num-tokens", type=positive_int, default=8192)
+        flags.add_argument(
+            "--max-batch-size", type=positive_int, default=trtllm_engine.DEFAULT_MAX_BATCH_SIZE
+        )
+        flags.add_argument(
+            "--max-num-tokens", type=positive_int, default=trtllm_engine.DEFAULT_MAX_NUM_TOKENS
+        )
         flags.add_argument("--max-seq-len", type=positive_int, default=None)
         flags.add_argument("--tp-size", type=positive_int, default=1)
-        flags.add_argument("--kv-cache-free-gpu-memory-fraction", type=unit_fraction, default=0.9)
+        flags.add_argument(
+            "--kv-cache-free-gpu-memory-fraction",
+            type=unit_fraction,
+            default=trtllm_engine.DEFAULT_FREE_GPU_MEMORY_FRACTION,
+        )
         flags.add_argument("--extra-llm-api-options", "--config", dest="extra_llm_api_options", type=Path)
         flags.add_argument("--served-model-name", nargs="+", default=None)
         flags.add_argument("--backend", default="pytorch")
@@ -271,7 +309,7 @@ def _split(argv: Sequence[str], parser: _Parser) -> tuple[list[str], list[str], 
             known_flags.add(flag)
             if action.nargs == 0:
                 switches.add(flag)
-    engine_switches = _VLLM_SWITCHES | _TRTLLM_SWITCHES
+    engine_switches = _VLLM_SWITCHES | _TRTLLM_SWITCHES | _SGLANG_SWITCHES
     known: list[str] = []
     positionals: list[str] = []
     ignored: list[str] = []
@@ -283,9 +321,9 @@ def _split(argv: Sequence[str], parser: _Parser) -> tuple[list[str], list[str], 
         if (
             token == "-m"
             and index < len(tokens)
-            and ("vllm" in tokens[index] or "tensorrt_llm" in tokens[index])
+            and any(engine in tokens[index] for engine in ("vllm", "tensorrt_llm", "sglang"))
         ):
-            index += 1  # `python -m vllm.entrypoints.openai.api_server`
+            index += 1  # `python -m vllm.entrypoints.openai.api_server`, `-m sglang.launch_server`
             continue
         if not _is_option(token):
             positionals.append(token)
@@ -398,7 +436,8 @@ def parse_emulator_args(argv: Sequence[str], environ: dict[str, str] | None = No
     """Parse and resolve; EngineArgsError names the option. `--help` raises SystemExit(0) after
     printing the help."""
     env = os.environ if environ is None else environ
-    engine = "vllm"
+    # `python -m sglang.launch_server …` names its engine itself
+    engine = "sglang" if f"{sglang.MODULE}" in argv else "vllm"
     for index, token in enumerate(argv):
         if token == "--engine" and index + 1 < len(argv):
             engine = argv[index + 1]
@@ -487,6 +526,8 @@ def parse_emulator_args(argv: Sequence[str], environ: dict[str, str] | None = No
 
     if engine == "vllm":
         return _vllm(args, common, served, roofline, warnings)
+    if engine == "sglang":
+        return _sglang(args, common, served, roofline, warnings)
     return _trtllm(args, common, served, roofline, warnings)
 
 
@@ -584,6 +625,67 @@ def _fault(args: argparse.Namespace) -> dict[str, Any]:
     return {"fault_step_slowdown": args.fault_step_slowdown, "fault_above_running": args.fault_above_running}
 
 
+def _sglang(
+    args: argparse.Namespace, common: dict[str, Any], served: str, roofline: Any, warnings: list[str]
+) -> EmulatorSettings:
+    """SGLang's pool: --mem-fraction-static of the whole GPU memory for weights + KV, in pages of
+    --page-size tokens (1: the radix tree shares a prefix token by token, held once in the pool)."""
+    dtype = _DTYPES.get(args.dtype.lower())
+    if dtype is None:
+        raise EngineArgsError(f"--dtype: {args.dtype!r} is not one of {', '.join(sorted(_DTYPES))}")
+    kv_dtype = _KV_DTYPES.get(args.kv_cache_dtype.lower())
+    if kv_dtype is None:
+        raise EngineArgsError(
+            f"--kv-cache-dtype: {args.kv_cache_dtype!r} is not one of {', '.join(sorted(_KV_DTYPES))}"
+        )
+    # the radix-shared prefix counts once, in the pool and in the step's reads: the unique context
+    # per sequence is what the planner sizes the batch for (the knee rises with sharing)
+    roof = roofline(args.tp_size, dtype, kv_dtype, not args.disable_radix_cache)
+    pages = vllm_num_gpu_blocks(roof, args.mem_fraction_static, args.page_size)
+    if args.max_total_tokens is not None:
+        pages = min(pages, args.max_total_tokens // args.page_size)
+    if pages <= 0:
+        raise EngineArgsError(
+            f"--mem-fraction-static: {roof.model.name} ({roof.weight_bytes_per_gpu / 1e9:.1f} GB of weights per "
+            f"GPU) leaves no KV cache memory on {roof.gpu.name} at {args.mem_fraction_static}"
+        )
+    pool_tokens = pages * args.page_size
+    context_length = args.context_length or DEFAULT_MAX_MODEL_LEN
+    if pool_tokens < context_length:
+        warnings.append(
+            f"--context-length {context_length} exceeds the KV pool ({pool_tokens} tokens): using {pool_tokens}"
+        )
+        context_length = pool_tokens
+    max_running = args.max_running_requests or sglang.default_max_running_requests(
+        pool_tokens, context_length
+    )
+    try:
+        config = EngineConfig(
+            roofline=roof,
+            max_num_seqs=max_running,
+            max_num_batched_tokens=max(args.chunked_prefill_size, max_running),
+            num_gpu_blocks=pages,
+            block_size=args.page_size,
+            max_model_len=context_length,
+            enable_prefix_caching=not args.disable_radix_cache,
+            step_noise=args.step_noise,
+            max_waiting=args.max_waiting,
+        )
+    except EngineConfigError as error:
+        raise EngineArgsError(f"--context-length: {error}") from None
+    if not args.enable_metrics:
+        warnings.append("--enable-metrics not given: SGLang would export no metrics; the emulator still does")
+    cache_info = {
+        "page_size": str(args.page_size),
+        "max_total_num_tokens": str(pool_tokens),
+        "mem_fraction_static": str(args.mem_fraction_static),
+        "disable_radix_cache": str(bool(args.disable_radix_cache)),
+    }
+    return EmulatorSettings(
+        **common, served_model_name=served, config=config, cache_info=cache_info, warnings=tuple(warnings)
+    )
+
+
 def read_trtllm_yaml(path: Path) -> dict[str, Any]:
     try:
         document = yaml.safe_load(path.read_text())
@@ -621,7 +723,7 @@ def _trtllm(
     tokens_per_block = (
         _yaml_int(kv, "tokens_per_block", "kv_cache_config.")
         or _yaml_int(document, "tokens_per_block", "")
-        or 32
+        or trtllm_engine.DEFAULT_TOKENS_PER_BLOCK
     )
     max_tokens = _yaml_int(kv, "max_tokens", "kv_cache_config.")
     fraction = kv.get("free_gpu_memory_fraction", args.kv_cache_free_gpu_memory_fraction)

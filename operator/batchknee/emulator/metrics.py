@@ -28,67 +28,15 @@ from prometheus_client.utils import floatToGoString
 
 from batchknee.emulator.engine import Engine
 from batchknee.emulator.stats import FINISH_REASONS, LEGACY_FINISH_REASONS, Histogram
+from batchknee.engines import sglang, trtllm, vllm
 
-VLLM_CURRENT_NAMES = {
-    "vllm:num_requests_running": "gauge",
-    "vllm:num_requests_waiting": "gauge",
-    "vllm:kv_cache_usage_perc": "gauge",
-    "vllm:cache_config_info": "gauge",
-    "vllm:prompt_tokens": "counter",
-    "vllm:generation_tokens": "counter",
-    "vllm:request_success": "counter",
-    "vllm:num_preemptions": "counter",
-    "vllm:prefix_cache_queries": "counter",
-    "vllm:prefix_cache_hits": "counter",
-    "vllm:time_to_first_token_seconds": "histogram",
-    "vllm:inter_token_latency_seconds": "histogram",
-    "vllm:request_time_per_output_token_seconds": "histogram",
-    "vllm:e2e_request_latency_seconds": "histogram",
-    "vllm:request_queue_time_seconds": "histogram",
-    "vllm:request_prompt_tokens": "histogram",
-    "vllm:request_generation_tokens": "histogram",
-    "vllm:iteration_tokens_total": "histogram",
-}
-VLLM_LEGACY_NAMES = {
-    "vllm:gpu_cache_usage_perc": "gauge",
-    "vllm:gpu_prefix_cache_queries": "counter",
-    "vllm:gpu_prefix_cache_hits": "counter",
-    "vllm:time_per_output_token_seconds": "histogram",
-}
-_CURRENT_ONLY = {
-    "vllm:kv_cache_usage_perc",
-    "vllm:prefix_cache_queries",
-    "vllm:prefix_cache_hits",
-    "vllm:inter_token_latency_seconds",
-    "vllm:request_time_per_output_token_seconds",
-}
+VLLM_CURRENT_NAMES = vllm.CURRENT_NAMES
+VLLM_LEGACY_NAMES = vllm.LEGACY_NAMES
+_CURRENT_ONLY = vllm.CURRENT_ONLY
 # CacheConfig fields (cache_config_info labels) that releases before 0.12 had and the pinned
 # release no longer has (tests/contract checks the rest against the release's CacheConfig).
 _PRE_012_CACHE_FIELDS = ("calculate_kv_scales", "cpu_offload_gb", "swap_space")
-TRTLLM_NAMES = {
-    "trtllm_request_success": "counter",
-    "trtllm_e2e_request_latency_seconds": "histogram",
-    "trtllm_time_to_first_token_seconds": "histogram",
-    "trtllm_time_per_output_token_seconds": "histogram",
-    "trtllm_request_queue_time_seconds": "histogram",
-    "trtllm_prompt_tokens": "counter",
-    "trtllm_generation_tokens": "counter",
-    "trtllm_num_requests_completed": "counter",
-    "trtllm_kv_cache_hit_rate": "gauge",
-    "trtllm_kv_cache_reused_blocks": "counter",
-    "trtllm_kv_cache_missed_blocks": "counter",
-    "trtllm_kv_cache_utilization": "gauge",
-    "trtllm_num_requests_running": "gauge",
-    "trtllm_num_requests_waiting": "gauge",
-    "trtllm_iteration_latency_seconds": "gauge",
-    "trtllm_max_batch_size_static": "gauge",
-    "trtllm_max_num_tokens_runtime": "gauge",
-    "trtllm_kv_cache_max_blocks": "gauge",
-    "trtllm_kv_cache_free_blocks": "gauge",
-    "trtllm_kv_cache_used_blocks": "gauge",
-    "trtllm_kv_cache_tokens_per_block": "gauge",
-    "trtllm_kv_cache_config_info": "gauge",
-}
+TRTLLM_NAMES = trtllm.NAMES
 EMULATOR_NAMES = {
     "batchknee_emulator_requests_received": "counter",
     "batchknee_emulator_requests_finished": "counter",
@@ -480,6 +428,70 @@ class TrtllmCollector(Collector):
             [info[k] for k in sorted(info)],
             1.0,
         )
+
+
+class SglangCollector(Collector):
+    """SGLang's `/metrics` with `--enable-metrics`: the scheduler's gauges (labelled with the parallel
+    ranks) and the tokenizer's counters and histograms (model and engine type, plus `is_streaming`
+    or `cache_source` where the release has them). Names and labels: batchknee.engines.sglang."""
+
+    def __init__(self, engine: Engine, model_name: str, page_size: int) -> None:
+        self.engine = engine
+        self.model_name = model_name
+        self.page_size = page_size
+
+    def collect(self) -> Iterator[Metric]:
+        engine, stats = self.engine, self.engine.stats
+        scheduler = list(sglang.SCHEDULER_LABELS)
+        ranks = [self.model_name, "unified", "0", "0", "0"]
+        tokenizer = list(sglang.TOKENIZER_LABELS)
+        base = [self.model_name, "unified"]
+        pool = engine.total_blocks * self.page_size
+        used = engine.used_blocks * self.page_size
+        context = sum(r.prompt + r.generated for r in engine.running.values())
+        gauges = {
+            "num_running_reqs": engine.num_running,
+            "num_queue_reqs": engine.num_waiting,
+            "token_usage": engine.kv_cache_usage,
+            "full_token_usage": engine.kv_cache_usage,
+            "kv_used_tokens": used,
+            "kv_available_tokens": pool - used,
+            "max_total_num_tokens": pool,
+            "page_size": self.page_size,
+            "num_pages": engine.total_blocks,
+            "decode_sum_seq_lens": context,
+        }
+        for name, value in gauges.items():
+            yield _gauge(f"sglang:{name}", f"SGLang {name.replace('_', ' ')}.", scheduler, ranks, value)
+        yield _counter(
+            "sglang:num_retracted_requests",
+            "Number of retracted requests.",
+            scheduler,
+            ranks,
+            stats.preemptions,
+        )
+        streaming = [*tokenizer, "is_streaming"]
+        yield _counter(
+            "sglang:prompt_tokens", "Number of prefill tokens processed.", streaming, [*base, "false"],
+            stats.prompt_tokens,
+        )  # fmt: skip
+        yield _counter(
+            "sglang:generation_tokens", "Number of generation tokens processed.", streaming,
+            [*base, "false"], stats.generation_tokens,
+        )  # fmt: skip
+        yield _counter(
+            "sglang:cached_tokens", "Number of cached prompt tokens.", [*tokenizer, "cache_source"],
+            [*base, "device"], stats.prefix_cache_hits,
+        )  # fmt: skip
+        histograms = (
+            ("time_to_first_token_seconds", streaming, [*base, "false"], stats.ttft),
+            ("inter_token_latency_seconds", tokenizer, base, stats.itl),
+            ("request_time_per_output_token_seconds", streaming, [*base, "false"], stats.request_tpot),
+            ("prompt_tokens_histogram", tokenizer, base, stats.request_prompt_tokens),
+            ("generation_tokens_histogram", tokenizer, base, stats.request_generation_tokens),
+        )
+        for name, labels, values, hist in histograms:
+            yield _histogram(f"sglang:{name}", f"SGLang {name.replace('_', ' ')}.", labels, values, hist)
 
 
 class EmulatorCollector(Collector):

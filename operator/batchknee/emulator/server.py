@@ -40,12 +40,14 @@ from batchknee.emulator.engine_args import EmulatorSettings
 from batchknee.emulator.metrics import (
     EmulatorCollector,
     EmulatorState,
+    SglangCollector,
     TrtllmCollector,
     VllmCollector,
     build_registry,
     trtllm_iteration_stats,
 )
 from batchknee.emulator.workload import LoadError, LoadSpec
+from batchknee.engines import sglang, trtllm, vllm
 
 MAX_STEPS_PER_SYNC = 2_000
 LOAD_FILE_POLL_S = 0.5
@@ -115,9 +117,11 @@ class EmulatorServer:
         }
         emulator = EmulatorCollector(self.engine, model, self.state, info)
         if settings.engine == "vllm":
-            engine_collector: VllmCollector | TrtllmCollector = VllmCollector(
+            engine_collector: VllmCollector | TrtllmCollector | SglangCollector = VllmCollector(
                 self.engine, model, settings.metric_version, settings.cache_info
             )
+        elif settings.engine == "sglang":
+            engine_collector = SglangCollector(self.engine, model, settings.config.block_size)
         else:
             engine_collector = TrtllmCollector(
                 self.engine, model, settings.cache_info, settings.config.max_num_batched_tokens
@@ -360,7 +364,7 @@ class EmulatorServer:
     def make_app(self) -> web.Application:
         app = web.Application(client_max_size=16 * 1024 * 1024)
         routes = [
-            web.get("/health", self.health),
+            web.get(vllm.HTTP.health_path, self.health),  # every engine's readiness path
             web.get("/load", self.get_load),
             web.post("/load", self.post_load),
             web.post("/v1/completions", self.completions),
@@ -369,11 +373,17 @@ class EmulatorServer:
             web.get("/version", self.version),
         ]
         if self.settings.engine == "vllm":
-            routes.append(web.get("/metrics", self.prometheus_metrics))
+            routes.append(web.get(vllm.HTTP.metrics_path, self.prometheus_metrics))
+        elif self.settings.engine == "sglang":
+            routes += [
+                web.get(sglang.HTTP.metrics_path, self.prometheus_metrics),
+                web.get("/get_server_info", self.sglang_server_info),
+                web.post("/generate", self.sglang_generate),
+            ]
         else:
             routes += [
-                web.get("/prometheus/metrics", self.prometheus_metrics),
-                web.get("/metrics", self.trtllm_json_metrics),
+                web.get(trtllm.HTTP.metrics_path, self.prometheus_metrics),
+                web.get(trtllm.JSON_METRICS_PATH, self.trtllm_json_metrics),
             ]
         if self.settings.runtime_config_endpoint:
             routes += [
@@ -554,6 +564,77 @@ class EmulatorServer:
                         "max_model_len": self.settings.config.max_model_len,
                     }
                 ],
+            }
+        )
+
+    async def sglang_server_info(self, request: web.Request) -> web.Response:
+        """SGLang's `/get_server_info`: the resolved server arguments the pool and batch come from."""
+        config, info = self.settings.config, self.settings.cache_info
+        return web.json_response(
+            {
+                "model_path": self.settings.model,
+                "served_model_name": self.settings.served_model_name,
+                "tp_size": config.roofline.tensor_parallel,
+                "max_running_requests": config.max_num_seqs,
+                "page_size": config.block_size,
+                "mem_fraction_static": float(info["mem_fraction_static"]),
+                "max_total_num_tokens": config.num_gpu_blocks * config.block_size,
+                "context_length": config.max_model_len,
+                "chunked_prefill_size": config.max_num_batched_tokens,
+                "disable_radix_cache": not config.enable_prefix_caching,
+                "version": sglang.VERSION,
+            }
+        )
+
+    async def sglang_generate(self, request: web.Request) -> web.Response:
+        """SGLang's native `/generate` (`text` or `input_ids`, `sampling_params.max_new_tokens`),
+        answered when the request finishes, with SGLang's `meta_info`."""
+        if not self.ready or self.draining:
+            return self._unavailable()
+        try:
+            body = await request.json()
+        except (ValueError, UnicodeDecodeError):
+            return _openai_error("the body must be a JSON object", 400)
+        if not isinstance(body, dict):
+            return _openai_error("the body must be a JSON object", 400)
+        if body.get("stream"):
+            return _openai_error("stream: the emulator's /generate answers whole requests only", 400)
+        ids, text = body.get("input_ids"), body.get("text")
+        if isinstance(ids, list) and ids and all(isinstance(i, int) for i in ids):
+            prompt_tokens = len(ids)
+        elif isinstance(text, str) and text:
+            prompt_tokens = text_tokens(text)
+        else:
+            return _openai_error("text: give a non-empty string (or input_ids: a list of token ids)", 400)
+        params = body.get("sampling_params") or {}
+        max_new = params.get("max_new_tokens", 128) if isinstance(params, dict) else None
+        if isinstance(max_new, bool) or not isinstance(max_new, int) or max_new < 1:
+            return _openai_error("sampling_params.max_new_tokens must be a positive integer", 400)
+        if prompt_tokens >= self.settings.config.max_model_len:
+            return _openai_error(
+                f"The input ({prompt_tokens} tokens) is longer than the model's context length "
+                f"({self.settings.config.max_model_len} tokens).",
+                400,
+            )
+        self.sync()
+        waiter = _Waiter(asyncio.get_running_loop().create_future())
+        engine_request = self.engine.submit(prompt_tokens, max_new, at=self.sim_now(), tag=waiter)
+        if engine_request.state == REJECTED:
+            return _openai_error("the queue is full", 503, "ServiceUnavailableError")
+        self._wake.set()
+        done = await waiter.future
+        if done.state != FINISHED:
+            return _openai_error("the request did not finish", 503, "ServiceUnavailableError")
+        return web.json_response(
+            {
+                "text": ("lorem " * done.output).rstrip() if done.output <= 65_536 else "lorem",
+                "meta_info": {
+                    "id": str(done.id),
+                    "prompt_tokens": done.prompt,
+                    "completion_tokens": done.output,
+                    "finish_reason": {"type": done.finish_reason, "length": done.output},
+                    "e2e_latency": done.e2e_s,
+                },
             }
         )
 

@@ -1,0 +1,128 @@
+"""vLLM: `vllm serve MODEL`, batch limit `--max-num-seqs`, `vllm:` metrics (REFERENCE.md §2).
+
+The metric names are pinned to the release in `VERSION` (tests/contract reads that release's wheel).
+"""
+
+from __future__ import annotations
+
+from batchknee.engines.contract import CommandLine, EngineMetrics, HttpSurface
+
+VERSION = "0.33.0"
+APP_NAME = "vllm"
+KNOB_FLAG = "--max-num-seqs"
+PROGRAM = "vllm"
+# `vllm serve` and the older module entry point (adoption recognises both).
+COMMANDS = ("vllm", "vllm.entrypoints.openai.api_server")
+HTTP = HttpSurface(port=8000, health_path="/health", metrics_path="/metrics")
+
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+DEFAULT_BLOCK_SIZE = 16
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+
+MANAGED = ("--max-num-seqs", "--tensor-parallel-size", "--port", "--served-model-name")
+# Short aliases from vLLM's own argparse (vllm/engine/arg_utils.py: `-tp`, `-pp`, `-dp`, `-q`).
+SHORT_ALIASES: dict[str, tuple[str, ...]] = {
+    "--tensor-parallel-size": ("-tp",),
+    "--pipeline-parallel-size": ("-pp",),
+    "--data-parallel-size": ("-dp",),
+    "--quantization": ("-q",),
+}
+# vLLM long options that share a stem with the managed ones: an abbreviation is a managed flag only
+# when it is a prefix of that flag and of none of these (argparse refuses an ambiguous one).
+NEIGHBOURS = (
+    "--max-num-batched-tokens",
+    "--max-num-partial-prefills",
+    "--max-long-partial-prefills",
+    "--max-model-len",
+    "--max-logprobs",
+    "--max-loras",
+    "--max-lora-rank",
+    "--max-cpu-loras",
+    "--max-parallel-loading-workers",
+    "--max-seq-len-to-capture",
+    "--tensor-parallel-size",
+    "--tokenizer",
+    "--tokenizer-mode",
+    "--tool-call-parser",
+    "--tool-parser-plugin",
+    "--trust-remote-code",
+    "--task",
+    "--port",
+    "--pipeline-parallel-size",
+    "--preemption-mode",
+    "--prefix-caching-hash-algo",
+    "--served-model-name",
+    "--seed",
+    "--scheduling-policy",
+    "--scheduler-cls",
+    "--kv-cache-dtype",
+    "--kv-cache-memory-bytes",
+    "--kv-transfer-config",
+    "--kv-events-config",
+    "--kv-sharing-fast-prefill",
+    "--kv-offloading-size",
+    "--kv-offloading-backend",
+    "--max-num-seqs",
+)
+COMMAND_LINE = CommandLine(managed=MANAGED, aliases=SHORT_ALIASES, abbreviable=frozenset(NEIGHBOURS))
+
+# What the adapter queries: `vllm[:_]x` matches both spellings (`vllm:x`, and `vllm_x` through
+# OpenMetrics negotiation). Older names follow the newest as fallbacks.
+METRICS = EngineMetrics(
+    running=("vllm[:_]num_requests_running",),
+    waiting=("vllm[:_]num_requests_waiting",),
+    kv_usage=("vllm[:_]kv_cache_usage_perc", "vllm[:_]gpu_cache_usage_perc"),
+    tpot=(
+        "vllm[:_]request_time_per_output_token_seconds",
+        "vllm[:_]inter_token_latency_seconds",
+        "vllm[:_]time_per_output_token_seconds",
+    ),
+    ttft=("vllm[:_]time_to_first_token_seconds",),
+    generation_tokens=("vllm[:_]generation_tokens_total",),
+    preemptions=("vllm[:_]num_preemptions_total",),
+    prefix_hits=("vllm[:_]prefix_cache_hits_total", "vllm[:_]gpu_prefix_cache_hits_total"),
+    prefix_queries=("vllm[:_]prefix_cache_queries_total", "vllm[:_]gpu_prefix_cache_queries_total"),
+    prompt_length=("vllm[:_]request_prompt_tokens",),
+    generation_length=("vllm[:_]request_generation_tokens",),
+)
+# The KV pool size: cache_config_info carries the numbers as labels (the value is always 1).
+CACHE_INFO = "vllm[:_]cache_config_info"
+CACHE_INFO_LABELS = ("num_gpu_blocks", "block_size")
+
+# What a release line exports (family name → type), for the emulator's `--metric-version`:
+# `current` (0.12+), `legacy` (≤ 0.9: these names instead of `CURRENT_ONLY`), `both` (0.10–0.11).
+CURRENT_NAMES = {
+    "vllm:num_requests_running": "gauge",
+    "vllm:num_requests_waiting": "gauge",
+    "vllm:kv_cache_usage_perc": "gauge",
+    "vllm:cache_config_info": "gauge",
+    "vllm:prompt_tokens": "counter",
+    "vllm:generation_tokens": "counter",
+    "vllm:request_success": "counter",
+    "vllm:num_preemptions": "counter",
+    "vllm:prefix_cache_queries": "counter",
+    "vllm:prefix_cache_hits": "counter",
+    "vllm:time_to_first_token_seconds": "histogram",
+    "vllm:inter_token_latency_seconds": "histogram",
+    "vllm:request_time_per_output_token_seconds": "histogram",
+    "vllm:e2e_request_latency_seconds": "histogram",
+    "vllm:request_queue_time_seconds": "histogram",
+    "vllm:request_prompt_tokens": "histogram",
+    "vllm:request_generation_tokens": "histogram",
+    "vllm:iteration_tokens_total": "histogram",
+}
+LEGACY_NAMES = {
+    "vllm:gpu_cache_usage_perc": "gauge",
+    "vllm:gpu_prefix_cache_queries": "counter",
+    "vllm:gpu_prefix_cache_hits": "counter",
+    "vllm:time_per_output_token_seconds": "histogram",
+}
+CURRENT_ONLY = frozenset(
+    {
+        "vllm:kv_cache_usage_perc",
+        "vllm:prefix_cache_queries",
+        "vllm:prefix_cache_hits",
+        "vllm:inter_token_latency_seconds",
+        "vllm:request_time_per_output_token_seconds",
+    }
+)
