@@ -434,15 +434,20 @@ def test_the_chart_installs_and_its_service_account_runs_the_operator_through_a_
         )
         assert f'batchknee_observed_context_tokens{{name="chat",namespace="{namespace}"}}' in text
         log = (tmp_path / "operator.log").read_text(errors="replace")
-        assert "403" not in log and "Forbidden" not in log and "Not enough permissions" not in log, log[
-            -3000:
-        ]
+        # RBAC denials only: a cluster-wide operator also meets other tests' namespaces being deleted,
+        # where the apiserver refuses new content with a 403 that is not about permissions
+        assert "is forbidden: User" not in log and "Not enough permissions" not in log, log[-3000:]
     finally:
         harness.stop_operator()
 
     # the audit log of that identity: nothing denied, nothing outside the table, every entry used
     events = audited(cluster, user)
-    denied = [(e["verb"], e["requestURI"]) for e in events if e.get("responseStatus", {}).get("code") == 403]
+    denied = [
+        (e["verb"], e["requestURI"])
+        for e in events
+        if e.get("responseStatus", {}).get("code") == 403
+        and "being terminated" not in e.get("responseStatus", {}).get("message", "")
+    ]
     assert denied == []
     table = {c.permission for c in calls}
     outside = sorted(

@@ -43,7 +43,7 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalPromet
          "--max-running-requests", "128", "--enable-metrics"]
     )  # fmt: skip
     file_sd = workdir / "targets.json"
-    labels = {"namespace": "prod", "pod": "sgl-7c9f8b6d5-abcde"}
+    labels = {"namespace": "prod", "pod": "sgl-7c9f8b6d5-abcde", "llmserving": "sgl"}
     file_sd.write_text(json.dumps([{"targets": [f"{host}:{port}"], "labels": labels}]))
     try:
         with LocalPrometheus(file_sd, scrape_interval_s=1) as prom:

@@ -2,7 +2,7 @@
 
 The engine emulator runs as a trtllm-serve pod would (GUARANTEED_NO_EVICT: each request reserves
 its prompt and whole output), serving `/prometheus/metrics`; a real Prometheus scrapes it with the
-labels a PodMonitor gives (namespace, pod). The KV pool shows the reservation, about 1.54× the
+labels a PodMonitor gives (namespace, pod, llmserving). The KV pool shows the reservation, about 1.54× the
 context; the adapter reads the context from the token counters and the reservation together.
 """
 
@@ -62,7 +62,12 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalPromet
         ]
     )
     file_sd = workdir / "targets.json"
-    labels = {"namespace": "prod", "pod": "trt-7c9f8b6d5-abcde", "__metrics_path__": "/prometheus/metrics"}
+    labels = {
+        "namespace": "prod",
+        "pod": "trt-7c9f8b6d5-abcde",
+        "llmserving": "trt",
+        "__metrics_path__": "/prometheus/metrics",
+    }
     file_sd.write_text(json.dumps([{"targets": [f"{host}:{port}"], "labels": labels}]))
     try:
         with LocalPrometheus(file_sd, scrape_interval_s=1) as prom:
