@@ -254,6 +254,9 @@ def window_figures(figures: Figures) -> WindowFigures:
         tokens_per_second_per_pod=round(figures.tokens_per_s_per_pod, 1),
         tpot_p99_milliseconds=round(figures.tpot_p99_s * 1e3, 2),
         preemptions_per_second=round(figures.preemptions_per_s, 3),
+        tpot_mean_milliseconds=round(figures.tpot_mean_s * 1e3, 2)
+        if figures.tpot_mean_s is not None
+        else None,
     )
 
 
@@ -781,6 +784,7 @@ class _Reconcile:
                 before.tokens_per_second_per_pod,
                 before.tpot_p99_milliseconds / 1e3,
                 before.preemptions_per_second,
+                before.tpot_mean_milliseconds / 1e3 if before.tpot_mean_milliseconds is not None else None,
             ),
             after,
             rules.dead_band_percent,

@@ -1169,6 +1169,7 @@ class WindowFigures(_Model):
     tokens_per_second_per_pod: float = Field(ge=0, description="Generation throughput per pod (tokens/s).")
     tpot_p99_milliseconds: float = Field(ge=0, description="Time per output token, p99 (ms).")
     preemptions_per_second: float = Field(ge=0, description="Preemptions per second, all pods.")
+    tpot_mean_milliseconds: float | None = Field(None, ge=0, description="Time per output token, mean (ms).")
 
 
 class HistoryEntry(_Model):

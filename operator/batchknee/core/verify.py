@@ -33,6 +33,7 @@ class Figures:
     tokens_per_s_per_pod: float
     tpot_p99_s: float
     preemptions_per_s: float
+    tpot_mean_s: float | None = None  # exact (sum/count); the p99 moves in histogram buckets
 
     @classmethod
     def of(cls, observation: Observation | None) -> Figures | None:
@@ -45,7 +46,7 @@ class Figures:
         preemptions = observation.preemptions_per_s.value
         if ctx is None or tokens is None or tpot is None or preemptions is None:
             return None
-        return cls(ctx, tokens / observation.pods, tpot, preemptions)
+        return cls(ctx, tokens / observation.pods, tpot, preemptions, observation.tpot_mean_s.value)
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,13 @@ def verify(
         f"({change * 100:+.0f} %), TPOT p99 {before.tpot_p99_s * 1e3:.1f} → {after.tpot_p99_s * 1e3:.1f} ms, "
         f"preemptions/s {before.preemptions_per_s:.2f} → {after.preemptions_per_s:.2f}"
     )
-    tpot_gained = after.tpot_p99_s <= before.tpot_p99_s * (1 - TPOT_GAIN)
+    # A TPOT gain shows in the p99 or, since Prometheus interpolates the p99 inside the engine's
+    # histogram buckets (25, 50, 75 ms…), in the exact mean.
+    tpot_gained = after.tpot_p99_s <= before.tpot_p99_s * (1 - TPOT_GAIN) or (
+        before.tpot_mean_s is not None
+        and after.tpot_mean_s is not None
+        and after.tpot_mean_s <= before.tpot_mean_s * (1 - TPOT_GAIN)
+    )
     if change < -THROUGHPUT_DROP and not tpot_gained:
         return Check("Reverted", f"throughput fell without a TPOT gain: {figures}")
     if before.preemptions_per_s < PREEMPTIONS_NONE <= after.preemptions_per_s:

@@ -68,7 +68,7 @@ def _phases(*durations_s: float) -> tuple[Phase, ...]:
 # finishes (and drains) in seconds; latencies stay in simulated GPU seconds, and throughput is
 # reported per simulated second.
 FULL = Scenario("full", _phases(150.0, 170.0, 190.0), sample_interval_s=5.0, speedup=20.0)
-FAST = Scenario("fast", _phases(60.0, 80.0, 110.0), sample_interval_s=4.0, speedup=20.0)
+FAST = Scenario("fast", _phases(75.0, 110.0, 150.0), sample_interval_s=4.0, speedup=20.0)
 # The fast scenario with 60 % of every prompt shared (SGLang's radix cache holds it once).
 FAST_SHARED = Scenario(
     "fast-shared",
