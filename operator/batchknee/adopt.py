@@ -16,7 +16,7 @@ from typing import Any
 
 from batchknee.api.models import TARGET_ENV_VAR, Engine, TargetRef
 from batchknee.engines import sglang, trtllm, vllm
-from batchknee.render import DeploymentState, as_int, stalled
+from batchknee.render import DeploymentState, as_int, rollout_state
 
 # The flag each engine's batch limit is set with, as the user wires it in their args.
 KNOB_FLAG = {
@@ -101,43 +101,7 @@ def env_value(container: Mapping[str, Any]) -> int | None:
 
 def workload_state(workload: Mapping[str, Any], container: Mapping[str, Any]) -> DeploymentState:
     """How far the workload's rollout is (Deployment or StatefulSet) and the value it runs."""
-    meta, spec = workload.get("metadata", {}), workload.get("spec", {})
-    status = workload.get("status") or {}
-    replicas = as_int(spec.get("replicas"))
-    replicas = 1 if replicas is None else replicas
-    generation = as_int(meta.get("generation")) or 0
-    observed = as_int(status.get("observedGeneration")) or 0
-    updated = as_int(status.get("updatedReplicas")) or 0
-    ready = as_int(status.get("readyReplicas")) or 0
-    available = as_int(status.get("availableReplicas"))
-    available = ready if available is None else available
-    total = as_int(status.get("replicas")) or 0
-    revision = status.get("updateRevision")
-    if workload.get("kind") == "StatefulSet" and revision and status.get("currentRevision") == revision:
-        updated = max(updated, total)  # a StatefulSet is updated once its current revision is the update one
-    if observed < generation:
-        rolling, message = True, "waiting for the controller to observe the new spec"
-    elif updated < replicas:
-        rolling, message = True, f"{updated} of {replicas} pods updated"
-    elif total > updated:
-        rolling, message = True, f"{total - updated} old pods terminating"
-    elif available < updated:
-        rolling, message = True, f"{available} of {updated} updated pods available"
-    else:
-        rolling, message = False, f"{available} of {replicas} pods available"
-    is_stalled = stalled(status)
-    return DeploymentState(
-        max_num_seqs=env_value(container),
-        max_tokens=None,
-        rollouts=(),
-        replicas=replicas,
-        updated_replicas=updated,
-        ready_replicas=ready,
-        available_replicas=available,
-        rolling=rolling,
-        stalled=is_stalled,
-        message="rollout stalled: progress deadline exceeded" if is_stalled else message,
-    )
+    return rollout_state(workload, env_value(container), None, ())
 
 
 def adopt(ref: TargetRef, engine: Engine, workload: Mapping[str, Any] | None, namespace: str) -> Target:

@@ -549,7 +549,6 @@ def deployment_state(deployment: Mapping[str, Any] | None) -> DeploymentState | 
         return None
     meta = deployment.get("metadata", {})
     spec = deployment.get("spec", {})
-    status = deployment.get("status") or {}
     template_annotations = spec.get("template", {}).get("metadata", {}).get("annotations") or {}
     container = _container(deployment)
     command = [str(part) for part in (container.get("command") or [])]
@@ -564,6 +563,20 @@ def deployment_state(deployment: Mapping[str, Any] | None) -> DeploymentState | 
         max_num_seqs = int_flag([*command, *args], vllm.KNOB_FLAG)
         max_tokens = None
 
+    rollouts = decode_rollouts((meta.get("annotations") or {}).get(ROLLOUTS_ANNOTATION))
+    return rollout_state(deployment, max_num_seqs, max_tokens, rollouts)
+
+
+def rollout_state(
+    workload: Mapping[str, Any],
+    max_num_seqs: int | None,
+    max_tokens: int | None,
+    rollouts: tuple[Rollout, ...],
+) -> DeploymentState:
+    """How far a Deployment's or StatefulSet's rollout is, with the batch limit it runs."""
+    meta, spec = workload.get("metadata", {}), workload.get("spec", {})
+    status = workload.get("status") or {}
+    kind = str(workload.get("kind") or "Deployment")
     replicas = as_int(spec.get("replicas"))
     replicas = 1 if replicas is None else replicas
     generation = as_int(meta.get("generation")) or 0
@@ -571,10 +584,16 @@ def deployment_state(deployment: Mapping[str, Any] | None) -> DeploymentState | 
     updated = as_int(status.get("updatedReplicas")) or 0
     total = as_int(status.get("replicas")) or 0
     ready = as_int(status.get("readyReplicas")) or 0
-    available = as_int(status.get("availableReplicas")) or 0
+    available = as_int(status.get("availableReplicas"))
+    if kind == "StatefulSet":
+        available = ready if available is None else available
+        revision = status.get("updateRevision")
+        if revision and status.get("currentRevision") == revision:
+            updated = max(updated, total)  # updated once its current revision is the update one
+    available = available or 0
 
     if observed < generation:
-        rolling, message = True, "waiting for the Deployment controller to observe the new spec"
+        rolling, message = True, f"waiting for the {kind} controller to observe the new spec"
     elif updated < replicas:
         rolling, message = True, f"{updated} of {replicas} pods updated"
     elif total > updated:
@@ -589,7 +608,7 @@ def deployment_state(deployment: Mapping[str, Any] | None) -> DeploymentState | 
     return DeploymentState(
         max_num_seqs=max_num_seqs,
         max_tokens=max_tokens,
-        rollouts=decode_rollouts((meta.get("annotations") or {}).get(ROLLOUTS_ANNOTATION)),
+        rollouts=rollouts,
         replicas=replicas,
         updated_replicas=updated,
         ready_replicas=ready,
