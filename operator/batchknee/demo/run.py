@@ -52,7 +52,16 @@ def sample(world: DemoWorld, name: str, phase: str, elapsed: float, speedup: flo
         running=observed.get("running"),
         rollouts=rollouts(world, name),
         reason=status.get("reason", ""),
+        holdReason=status.get("holdReason"),
     )
+
+
+QUIESCENT = ("at-target", "dead-band")
+
+
+def converged(current: Sample) -> bool:
+    """Only an Auto LLMServing converges; it has when its loop holds at the target or in the dead band."""
+    return current.mode != "Auto" or current.holdReason in QUIESCENT
 
 
 def wait_ready(world: DemoWorld, timeout_s: float = 120) -> None:
@@ -100,12 +109,25 @@ def run_scenario(
                 file=out,
                 flush=True,
             )
-            while (elapsed := time.monotonic() - began) < start + phase.duration_s:
-                for name in world.names:
-                    current = sample(world, name, phase.name, elapsed, scenario.speedup)
-                    samples.append(current)
+            end, latest = start + phase.duration_s, start + phase.duration_s + scenario.converge_grace_s
+            while (elapsed := time.monotonic() - began) < latest:
+                current_samples = [
+                    sample(world, name, phase.name, elapsed, scenario.speedup) for name in world.names
+                ]
+                for current in current_samples:
                     print(current.line(), file=out, flush=True)
-                time.sleep(max(0.0, min(scenario.sample_interval_s, start + phase.duration_s - elapsed)))
+                samples.extend(current_samples)
+                if elapsed >= end and all(map(converged, current_samples)):
+                    break
+                if elapsed >= end:
+                    print(
+                        f"   (phase extended: the loop is still converging, up to {latest:.0f} s)",
+                        file=out,
+                        flush=True,
+                    )
+                time.sleep(
+                    max(0.0, min(scenario.sample_interval_s, (end if elapsed < end else latest) - elapsed))
+                )
             bounds.append((phase.name, start, time.monotonic() - began))
             snapshot = world.cluster.kubectl("get", "llms", "-n", NAMESPACE, "-o", "wide", check=False)
             print(f"\n$ kubectl get llms -o wide\n{snapshot.stdout.rstrip()}", file=out, flush=True)

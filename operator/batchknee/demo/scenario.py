@@ -48,6 +48,10 @@ class Scenario:
     phases: tuple[Phase, ...]
     sample_interval_s: float
     speedup: float  # simulated seconds per wall second in the emulators
+    # After a phase's duration, up to this long more while an Auto LLMServing is still converging
+    # (rolling, settling, holding a shift long enough): a slow machine delays the loop's reaction,
+    # and a phase cut short mid-rollout shows a timing, not what the loop converges to.
+    converge_grace_s: float = 0.0
 
     @property
     def duration_s(self) -> float:
@@ -68,11 +72,14 @@ def _phases(*durations_s: float) -> tuple[Phase, ...]:
 # finishes (and drains) in seconds; latencies stay in simulated GPU seconds, and throughput is
 # reported per simulated second.
 FULL = Scenario("full", _phases(150.0, 170.0, 190.0), sample_interval_s=5.0, speedup=20.0)
-FAST = Scenario("fast", _phases(75.0, 110.0, 150.0), sample_interval_s=4.0, speedup=20.0)
+FAST = Scenario(
+    "fast", _phases(75.0, 110.0, 150.0), sample_interval_s=4.0, speedup=20.0, converge_grace_s=90.0
+)
 # The fast scenario with 60 % of every prompt shared (SGLang's radix cache holds it once).
 FAST_SHARED = Scenario(
     "fast-shared",
     tuple(replace(phase, prefix_sharing=0.6) for phase in FAST.phases),
     sample_interval_s=FAST.sample_interval_s,
     speedup=FAST.speedup,
+    converge_grace_s=FAST.converge_grace_s,
 )

@@ -32,6 +32,7 @@ class Sample:
     running: float | None
     rollouts: int
     reason: str
+    holdReason: str | None = None
 
     def line(self) -> str:
         def number(value: float | None, spec: str) -> str:
