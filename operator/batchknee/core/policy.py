@@ -497,7 +497,13 @@ def _target(
         guard = replace(guard, source="estimated")
     value, limited_by, text = rec.max_num_seqs, str(rec.limited_by), rec.explain()
     unrounded = rec.unrounded
-    if guard is not None:
+    # The one-window estimate takes all excess time as lost bandwidth: extrapolated from a batch
+    # well below it, it holds the knee back (204 for 240 at 512 tokens), and every batch it then
+    # reaches lifts it again — a restart per step. Before calibration it bounds only the limit it
+    # was read at: it steps down from a limit it says breaks the target, and never caps a raise.
+    if guard is not None and guard.source == "estimated" and applied is not None and guard.cap >= applied:
+        text += f" ({guard.text}: no cap on a raise before calibration)"
+    elif guard is not None:
         capped = max(rules.min_max_num_seqs, round_down_under_cap(guard.cap, rules.granularity))
         if capped < value:
             value, limited_by = capped, "tpot-target"
@@ -685,6 +691,45 @@ def _knee(
     )
 
 
+def _origin(
+    rules: TuningRules, roofline: DecodeRoofline, kv_pool_bytes: float, applied: Applied, current: int
+) -> float:
+    """The dead band's origin: the unrounded target behind the applied setting. A creation at the
+    initial context's knee counts from that knee unrounded, as a tuned setting does: rounding up to
+    the granularity (59.6 → 64 at 2,048 tokens) would otherwise put traffic a few percent off the
+    guess (54 at 2,300 tokens) outside the band, and replace a guess that was right."""
+    if applied.origin is not None and applied.tuned_to_traffic:
+        return applied.origin
+    created = applied.rollouts[-1] if applied.rollouts else None
+    if created is not None and created.from_value is None and created.to_value == current:
+        guess = _knee(rules, roofline, kv_pool_bytes, float(rules.initial_context_length))
+        if guess.max_num_seqs == current and guess.unrounded > 0:
+            return guess.unrounded
+    return applied.origin if applied.origin is not None else float(current)
+
+
+def _created_at_guess(applied: Applied, current: int) -> bool:
+    """Whether the pods run what they were created with before any traffic was seen (the initial
+    context's value): a guess, not a setting tuned to traffic."""
+    last = applied.rollouts[-1] if applied.rollouts else None
+    return (
+        last is not None
+        and last.from_value is None
+        and last.to_value == current
+        and not applied.tuned_to_traffic
+    )
+
+
+def _guard_breaks(rules: TuningRules, guard: TpotGuard | None, current: int) -> bool:
+    """Goal Knee: whether the TPOT guard says the current limit breaks the target by more than the
+    dead band — a safety decrease, whether the guard or the (lower) knee sets the new value. A
+    limit within the band of the guard's cap is left to the hysteresis: the uncalibrated estimate
+    over-predicts TPOT at larger batches, and a cap one sequence under the limit is no emergency."""
+    if rules.goal != "Knee" or guard is None or guard.cap >= current:
+        return False
+    return guard.source == "step-down" or _moves_past(rules, float(guard.cap), float(current))
+
+
 def _moves_past(rules: TuningRules, value: float, reference: float) -> bool:
     """Whether `value` lies outside the dead band around `reference` (unrounded targets)."""
     return abs(value - reference) / reference * 100 > rules.dead_band_percent
@@ -840,16 +885,24 @@ def decide(
         return decision(
             "hold", current, f"holding {current}: {_unobserved(ctx_reading)}", "metrics-unavailable"
         )
-    if applied.settled_since is not None and now < applied.settled_since + timedelta(seconds=rules.window_s):
-        until = applied.settled_since + timedelta(seconds=rules.window_s)
+    guess = _created_at_guess(applied, current)
+    # after a retune the window must hold only the new setting's metrics; after the creation every
+    # sample is the new pods' own, and the window's last third is enough to replace a guess on
+    settle_s = rules.window_s // 3 if guess else rules.window_s
+    if applied.settled_since is not None and now < applied.settled_since + timedelta(seconds=settle_s):
+        until = applied.settled_since + timedelta(seconds=settle_s)
         return hold("settling", f"metrics window settling after the rollout until {_z(until)}")
 
     wanted, batch = target.value, target.unrounded
     if wanted == current:
         return decision("hold", current, f"{explain} — at target", "at-target")
-    origin = applied.origin if applied.origin is not None else float(current)
+    origin = _origin(rules, roofline, kv_pool_bytes, applied, current)
     change_percent = abs(batch - origin) / origin * 100
-    safety = wanted < current and target.limited_by in ("tpot-target", "kv-capacity")
+    safety = wanted < current and (
+        target.limited_by == "kv-capacity"
+        or (target.limited_by == "tpot-target" and rules.goal == "SLO")
+        or _guard_breaks(rules, target.guard, current)
+    )
     if not safety and not _moves_past(rules, batch, origin):
         return hold(
             "dead-band",
@@ -857,7 +910,10 @@ def decide(
             f"({change_percent:.0f}%)",
         )
     recent_ctx = observation.recent_avg_context_tokens.value if observation is not None else None
-    if not safety and recent_ctx is not None and recent_ctx > 0:
+    # a TPOT safety decrease waits for the window to stop shifting too: taken mid-shift it goes to a
+    # blend of before and after, and the cooldown then holds the engine there (a KV-capacity one
+    # does not wait: it preempts)
+    if (not safety or target.limited_by != "kv-capacity") and recent_ctx is not None and recent_ctx > 0:
         lately = _knee(rules, roofline, kv_pool_bytes, recent_ctx)
         if _moves_past(rules, lately.unrounded, target.recommendation.unrounded):
             return hold(
@@ -875,9 +931,12 @@ def decide(
                 f"{batch:.1f})",
             )
         since = _outside_since(rules, recent_targets, origin, batch, sampled_at)
-        # a setting from the initial context (or pinned, or the user's) is a guess: replaced once the
-        # window has taken the change in; one tuned to traffic only for a change that also stays
-        hold_s = rules.hold_for_s if applied.tuned_to_traffic else rules.window_s
+        # a setting not tuned to traffic (pinned, the user's) is replaced once the window has taken
+        # the change in, the creation's guess once the window's last third has (nothing else was
+        # ever seen); one tuned to traffic only for a change that also stays
+        hold_s = (
+            rules.hold_for_s if applied.tuned_to_traffic else rules.window_s // 3 if guess else rules.window_s
+        )
         if sampled_at - since < timedelta(seconds=hold_s):
             until = since + timedelta(seconds=hold_s)
             return hold(
