@@ -157,3 +157,65 @@ def test_the_dead_band_is_measured_on_the_unrounded_target() -> None:
     d = decide(DEMO, ROOFLINE, POOL, _observation(trace, 0, 30), applied, (), T0, recent_targets=history)
     assert d.recommended == 64 or d.hold == "dead-band"
     assert not d.rolls and math.isclose(d.target or 0, ROOFLINE.b_knee(2150.4), rel_tol=1e-3)
+
+
+def _created_at_initial_guess(rules: TuningRules) -> Applied:
+    """Pods created before any traffic, at the initial context's knee, as `record` keeps it (no
+    traffic target: a guess)."""
+    created = decide(rules, ROOFLINE, POOL, None, Applied(None), (), T0)
+    assert created.context_source == "initial"
+    return Applied(created.value, settled_since=T0, rollouts=record(Applied(None), created, T0))
+
+
+def test_the_initial_guess_counts_its_dead_band_from_the_unrounded_initial_knee() -> None:
+    # 2,048 tokens: B_knee 59.8 → 64. Traffic at 2,250 (knee 54.4 → 56) is 9 % off the knee the
+    # guess came from, though 15 % under the 64 it rounded to: the guess was right, nothing rolls.
+    applied = _created_at_initial_guess(DEMO)
+    assert applied.max_num_seqs == 64
+    remembered: tuple[RecentTarget, ...] = ()
+    holds = set()
+    for t in range(5, 10 * DEMO.window_s, DEMO.evaluation_interval_s):
+        d = decide(DEMO, ROOFLINE, POOL, _observation(lambda _: 2250.0, t, DEMO.window_s), applied, (),
+                   T0 + timedelta(seconds=t), recent_targets=remembered)  # fmt: skip
+        remembered = d.recent_targets
+        assert not d.rolls, d.reason
+        holds.add(d.hold)
+    assert "dead-band" in holds
+
+
+def test_the_initial_guess_is_replaced_once_the_window_s_last_third_has_seen_the_traffic() -> None:
+    applied = _created_at_initial_guess(PRODUCTION)
+    remembered: tuple[RecentTarget, ...] = ()
+    rolled = None
+    for t in range(30, 2 * PRODUCTION.window_s, PRODUCTION.evaluation_interval_s):
+        d = decide(PRODUCTION, ROOFLINE, POOL, _observation(lambda _: 512.0, t, PRODUCTION.window_s),
+                   applied, (), T0 + timedelta(seconds=t), recent_targets=remembered)  # fmt: skip
+        remembered = d.recent_targets
+        if d.rolls:
+            rolled = (t, d.value)
+            break
+    # settled a third of a window after creation, then outside the band for a third of a window
+    assert rolled is not None and rolled[1] > 200
+    assert rolled[0] <= 30 + PRODUCTION.window_s * 2 // 3 + PRODUCTION.evaluation_interval_s
+
+
+def test_goal_knee_s_uncalibrated_estimate_steps_down_but_never_caps_a_raise() -> None:
+    # One window's mean (all excess time taken as lost bandwidth) extrapolated from 64 running at
+    # 512 tokens allows less than the knee; the knee is what it raises to all the same.
+    rules = replace(PRODUCTION, tpot_p99_target_ms=30)
+    applied = Applied(64, settled_since=T0 - timedelta(hours=1),
+                      rollouts=(Rollout(T0 - timedelta(hours=2), 80, 64, "tuned", 60.0),))  # fmt: skip
+    slow = replace(_observation(lambda _: 512.0, 0, rules.window_s), tpot_mean_s=Reading.of(0.021),
+                   running=Reading.of(128.0))  # fmt: skip
+    d = decide(rules, ROOFLINE, POOL, slow, applied, (), T0)
+    assert (
+        d.guard is not None and d.guard.source == "estimated" and d.guard.cap < d.recommendation.max_num_seqs
+    )
+    assert d.recommended == d.recommendation.max_num_seqs  # not capped by the estimate
+    # a limit the estimate says breaks the target beyond the dead band steps down as safety, at once
+    high = Applied(240, settled_since=T0 - timedelta(hours=1),
+                   rollouts=(Rollout(T0 - timedelta(hours=2), 64, 240, "tuned", 240.0),))  # fmt: skip
+    breaking = replace(_observation(lambda _: 2048.0, 0, rules.window_s), tpot_mean_s=Reading.of(0.060),
+                       running=Reading.of(480.0))  # fmt: skip
+    d = decide(rules, ROOFLINE, POOL, breaking, high, (), T0)
+    assert d.rolls and d.value < 240, d.reason
