@@ -199,23 +199,21 @@ def test_the_initial_guess_is_replaced_once_the_window_s_last_third_has_seen_the
     assert rolled[0] <= 30 + PRODUCTION.window_s * 2 // 3 + PRODUCTION.evaluation_interval_s
 
 
-def test_goal_knee_s_uncalibrated_estimate_steps_down_but_never_caps_a_raise() -> None:
-    # One window's mean (all excess time taken as lost bandwidth) extrapolated from 64 running at
-    # 512 tokens allows less than the knee; the knee is what it raises to all the same.
+def test_goal_knee_steps_down_past_the_cooldown_when_the_limit_breaks_the_tpot_target() -> None:
+    # 240 retuned a minute ago; the context has since grown to 2,048 (knee 64) and one window's mean
+    # TPOT (60 ms at 240 running) says the limit breaks the 30 ms target far beyond the dead band: a
+    # safety decrease, which the cooldown does not hold back (a raise it would).
     rules = replace(PRODUCTION, tpot_p99_target_ms=30)
-    applied = Applied(64, settled_since=T0 - timedelta(hours=1),
-                      rollouts=(Rollout(T0 - timedelta(hours=2), 80, 64, "tuned", 60.0),))  # fmt: skip
-    slow = replace(_observation(lambda _: 512.0, 0, rules.window_s), tpot_mean_s=Reading.of(0.021),
-                   running=Reading.of(128.0))  # fmt: skip
-    d = decide(rules, ROOFLINE, POOL, slow, applied, (), T0)
-    assert (
-        d.guard is not None and d.guard.source == "estimated" and d.guard.cap < d.recommendation.max_num_seqs
-    )
-    assert d.recommended == d.recommendation.max_num_seqs  # not capped by the estimate
-    # a limit the estimate says breaks the target beyond the dead band steps down as safety, at once
-    high = Applied(240, settled_since=T0 - timedelta(hours=1),
-                   rollouts=(Rollout(T0 - timedelta(hours=2), 64, 240, "tuned", 240.0),))  # fmt: skip
+    high = Applied(240, settled_since=T0 - timedelta(minutes=6),
+                   rollouts=(Rollout(T0 - timedelta(minutes=7), 64, 240, "tuned", 240.0),))  # fmt: skip
     breaking = replace(_observation(lambda _: 2048.0, 0, rules.window_s), tpot_mean_s=Reading.of(0.060),
                        running=Reading.of(480.0))  # fmt: skip
     d = decide(rules, ROOFLINE, POOL, breaking, high, (), T0)
     assert d.rolls and d.value < 240, d.reason
+    # a limit within the dead band of what the estimate allows (224 at 512 tokens) is no emergency:
+    # left to the hysteresis, which holds it
+    near = replace(_observation(lambda _: 512.0, 0, rules.window_s), tpot_mean_s=Reading.of(0.031),
+                   running=Reading.of(480.0))  # fmt: skip
+    d = decide(rules, ROOFLINE, POOL, near, high, (), T0)
+    assert d.guard is not None and 216 < d.guard.cap < 240
+    assert d.hold == "dead-band", d.reason

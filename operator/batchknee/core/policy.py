@@ -14,9 +14,13 @@ Rules, in the order they are checked (the first that applies names the hold):
   never a zero; so does the metrics window after a rollout (`window_s`);
 - the target: knee factor × B_knee rounded up to the granularity, under the KV-capacity cap, under
   the TPOT guard, clamped to [min, max];
-- already there, inside the dead band (safety decreases excepted), still moving, not yet held
-  long enough, inside the cooldown, or over the rollouts-per-hour budget (both count retunes, not
-  the creation): hold; otherwise roll.
+- already there, inside the dead band, still moving, not yet held long enough, inside the
+  cooldown, or over the rollouts-per-hour budget (both count retunes, not the creation): hold;
+  otherwise roll. A safety decrease (the KV pool; a TPOT target the current limit breaks: goal
+  SLO's bound, goal Knee's guard by more than the dead band) skips the dead band, the hold time and
+  the cooldown, not the budget, and — the KV pool's excepted — waits while the window shifts.
+- the creation's guess (the initial context's knee) counts its dead band from that knee unrounded,
+  settles for a third of a window and is replaced once a third of a window has disagreed.
 
 Hysteresis works on the unrounded target (`Recommendation.unrounded`, the batch before rounding
 up to the granularity): rounding turns an 11 % move of the knee into a 12.5–14 % step, so a band
@@ -497,13 +501,7 @@ def _target(
         guard = replace(guard, source="estimated")
     value, limited_by, text = rec.max_num_seqs, str(rec.limited_by), rec.explain()
     unrounded = rec.unrounded
-    # The one-window estimate takes all excess time as lost bandwidth: extrapolated from a batch
-    # well below it, it holds the knee back (204 for 240 at 512 tokens), and every batch it then
-    # reaches lifts it again — a restart per step. Before calibration it bounds only the limit it
-    # was read at: it steps down from a limit it says breaks the target, and never caps a raise.
-    if guard is not None and guard.source == "estimated" and applied is not None and guard.cap >= applied:
-        text += f" ({guard.text}: no cap on a raise before calibration)"
-    elif guard is not None:
+    if guard is not None:
         capped = max(rules.min_max_num_seqs, round_down_under_cap(guard.cap, rules.granularity))
         if capped < value:
             value, limited_by = capped, "tpot-target"
@@ -945,7 +943,7 @@ def decide(
                 f"(outside since {_z(since)}; until {_z(until)})",
             )
     last = applied.last_retune
-    if last is not None and now < last.time + timedelta(seconds=rules.cooldown_s):
+    if not safety and last is not None and now < last.time + timedelta(seconds=rules.cooldown_s):
         return hold("cooldown", f"cooldown until {_z(last.time + timedelta(seconds=rules.cooldown_s))}")
     recent = rollouts_in_last_hour(applied.rollouts, now)
     if recent >= rules.max_rollouts_per_hour:
