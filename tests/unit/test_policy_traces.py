@@ -183,22 +183,6 @@ def test_the_initial_guess_counts_its_dead_band_from_the_unrounded_initial_knee(
     assert "dead-band" in holds
 
 
-def test_the_initial_guess_is_replaced_once_the_window_s_last_third_has_seen_the_traffic() -> None:
-    applied = _created_at_initial_guess(PRODUCTION)
-    remembered: tuple[RecentTarget, ...] = ()
-    rolled = None
-    for t in range(30, 2 * PRODUCTION.window_s, PRODUCTION.evaluation_interval_s):
-        d = decide(PRODUCTION, ROOFLINE, POOL, _observation(lambda _: 512.0, t, PRODUCTION.window_s),
-                   applied, (), T0 + timedelta(seconds=t), recent_targets=remembered)  # fmt: skip
-        remembered = d.recent_targets
-        if d.rolls:
-            rolled = (t, d.value)
-            break
-    # settled a third of a window after creation, then outside the band for a third of a window
-    assert rolled is not None and rolled[1] > 200
-    assert rolled[0] <= 30 + PRODUCTION.window_s * 2 // 3 + PRODUCTION.evaluation_interval_s
-
-
 def test_goal_knee_steps_down_past_the_cooldown_when_the_limit_breaks_the_tpot_target() -> None:
     # 240 retuned a minute ago; the context has since grown to 2,048 (knee 64) and one window's mean
     # TPOT (60 ms at 240 running) says the limit breaks the 30 ms target far beyond the dead band: a

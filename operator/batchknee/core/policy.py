@@ -19,8 +19,7 @@ Rules, in the order they are checked (the first that applies names the hold):
   otherwise roll. A safety decrease (the KV pool; a TPOT target the current limit breaks: goal
   SLO's bound, goal Knee's guard by more than the dead band) skips the dead band, the hold time and
   the cooldown, not the budget, and — the KV pool's excepted — waits while the window shifts.
-- the creation's guess (the initial context's knee) counts its dead band from that knee unrounded,
-  settles for a third of a window and is replaced once a third of a window has disagreed.
+- the creation's guess (the initial context's knee) counts its dead band from that knee unrounded.
 
 Hysteresis works on the unrounded target (`Recommendation.unrounded`, the batch before rounding
 up to the granularity): rounding turns an 11 % move of the knee into a 12.5–14 % step, so a band
@@ -706,18 +705,6 @@ def _origin(
     return applied.origin if applied.origin is not None else float(current)
 
 
-def _created_at_guess(applied: Applied, current: int) -> bool:
-    """Whether the pods run what they were created with before any traffic was seen (the initial
-    context's value): a guess, not a setting tuned to traffic."""
-    last = applied.rollouts[-1] if applied.rollouts else None
-    return (
-        last is not None
-        and last.from_value is None
-        and last.to_value == current
-        and not applied.tuned_to_traffic
-    )
-
-
 def _guard_breaks(rules: TuningRules, guard: TpotGuard | None, current: int) -> bool:
     """Goal Knee: whether the TPOT guard says the current limit breaks the target by more than the
     dead band — a safety decrease, whether the guard or the (lower) knee sets the new value. A
@@ -883,12 +870,8 @@ def decide(
         return decision(
             "hold", current, f"holding {current}: {_unobserved(ctx_reading)}", "metrics-unavailable"
         )
-    guess = _created_at_guess(applied, current)
-    # after a retune the window must hold only the new setting's metrics; after the creation every
-    # sample is the new pods' own, and the window's last third is enough to replace a guess on
-    settle_s = rules.window_s // 3 if guess else rules.window_s
-    if applied.settled_since is not None and now < applied.settled_since + timedelta(seconds=settle_s):
-        until = applied.settled_since + timedelta(seconds=settle_s)
+    if applied.settled_since is not None and now < applied.settled_since + timedelta(seconds=rules.window_s):
+        until = applied.settled_since + timedelta(seconds=rules.window_s)
         return hold("settling", f"metrics window settling after the rollout until {_z(until)}")
 
     wanted, batch = target.value, target.unrounded
@@ -929,12 +912,9 @@ def decide(
                 f"{batch:.1f})",
             )
         since = _outside_since(rules, recent_targets, origin, batch, sampled_at)
-        # a setting not tuned to traffic (pinned, the user's) is replaced once the window has taken
-        # the change in, the creation's guess once the window's last third has (nothing else was
-        # ever seen); one tuned to traffic only for a change that also stays
-        hold_s = (
-            rules.hold_for_s if applied.tuned_to_traffic else rules.window_s // 3 if guess else rules.window_s
-        )
+        # a setting from the initial context (or pinned, or the user's) is a guess: replaced once the
+        # window has taken the change in; one tuned to traffic only for a change that also stays
+        hold_s = rules.hold_for_s if applied.tuned_to_traffic else rules.window_s
         if sampled_at - since < timedelta(seconds=hold_s):
             until = since + timedelta(seconds=hold_s)
             return hold(
