@@ -892,8 +892,8 @@ def decide(
         )
     recent_ctx = observation.recent_avg_context_tokens.value if observation is not None else None
     # a TPOT safety decrease waits for the window to stop shifting too: taken mid-shift it goes to a
-    # blend of before and after, and the cooldown then holds the engine there (a KV-capacity one
-    # does not wait: it preempts)
+    # blend of before and after, and reaching where traffic went costs a second restart (a
+    # KV-capacity one does not wait: it preempts)
     if (not safety or target.limited_by != "kv-capacity") and recent_ctx is not None and recent_ctx > 0:
         lately = _knee(rules, roofline, kv_pool_bytes, recent_ctx)
         if _moves_past(rules, lately.unrounded, target.recommendation.unrounded):
