@@ -128,6 +128,7 @@ BENCH_ENGINE := --model llama-3-8b --gpu a100-80gb --overhead-ms 2 --bandwidth-e
 bench: venv
 	mkdir -p bench-out
 	batchknee bench $(BENCH_ENGINE) --plot bench-out/bench.png --json-file bench-out/bench.json
+	batchknee bench $(BENCH_ENGINE) --actuation live --plot bench-out/bench-live.png --json-file bench-out/bench-live.json
 
 clean:
 	rm -rf $(VENV) bin build dist demo-out bench-out .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from cli_runner import run
@@ -116,3 +117,21 @@ def test_cli_json_contract(capsys: pytest.CaptureFixture[str]) -> None:
 def test_cli_rejects_an_unknown_trace(capsys: pytest.CaptureFixture[str]) -> None:
     status, _, err = run(capsys, "bench", "--gpu", "a100-80gb", "--model", "llama-3-8b", "--trace", "nope")
     assert status == 2 and "unknown trace 'nope'" in err
+
+
+def test_live_caps_change_the_limit_without_a_restart_below_the_ceiling() -> None:
+    """Live actuation: a cap under the startup ceiling costs no downtime; one above it restarts."""
+    trace = standard_traces(900.0)["shift"]
+    stream = arrivals(SETUP, trace)
+    live = replace(SETUP, live=True)
+    ceiling = live.live_ceiling(KNEE, 64)
+    run = run_policy(live, trace, stream, "knee", rules=KNEE)
+    changes = [v for _, v in run.values]
+    assert run.rollouts == len(changes) - 1 >= 2
+    above = 0
+    for value in changes[1:]:
+        if value > ceiling:  # a restart raises the ceiling to the value
+            above, ceiling = above + 1, live.live_ceiling(KNEE, value)
+    assert run.restart_gpu_s == above * SETUP.restart_s
+    restarted = run_policy(SETUP, trace, stream, "knee", rules=KNEE)
+    assert run.restart_gpu_s < restarted.restart_gpu_s

@@ -157,3 +157,47 @@ def test_the_dead_band_is_measured_on_the_unrounded_target() -> None:
     d = decide(DEMO, ROOFLINE, POOL, _observation(trace, 0, 30), applied, (), T0, recent_targets=history)
     assert d.recommended == 64 or d.hold == "dead-band"
     assert not d.rolls and math.isclose(d.target or 0, ROOFLINE.b_knee(2150.4), rel_tol=1e-3)
+
+
+def _created_at_initial_guess(rules: TuningRules) -> Applied:
+    """Pods created before any traffic, at the initial context's knee, as `record` keeps it (no
+    traffic target: a guess)."""
+    created = decide(rules, ROOFLINE, POOL, None, Applied(None), (), T0)
+    assert created.context_source == "initial"
+    return Applied(created.value, settled_since=T0, rollouts=record(Applied(None), created, T0))
+
+
+def test_the_initial_guess_counts_its_dead_band_from_the_unrounded_initial_knee() -> None:
+    # 2,048 tokens: B_knee 59.8 → 64. Traffic at 2,250 (knee 54.4 → 56) is 9 % off the knee the
+    # guess came from, though 15 % under the 64 it rounded to: the guess was right, nothing rolls.
+    applied = _created_at_initial_guess(DEMO)
+    assert applied.max_num_seqs == 64
+    remembered: tuple[RecentTarget, ...] = ()
+    holds = set()
+    for t in range(5, 10 * DEMO.window_s, DEMO.evaluation_interval_s):
+        d = decide(DEMO, ROOFLINE, POOL, _observation(lambda _: 2250.0, t, DEMO.window_s), applied, (),
+                   T0 + timedelta(seconds=t), recent_targets=remembered)  # fmt: skip
+        remembered = d.recent_targets
+        assert not d.rolls, d.reason
+        holds.add(d.hold)
+    assert "dead-band" in holds
+
+
+def test_goal_knee_steps_down_past_the_cooldown_when_the_limit_breaks_the_tpot_target() -> None:
+    # 240 retuned a minute ago; the context has since grown to 2,048 (knee 64) and one window's mean
+    # TPOT (60 ms at 240 running) says the limit breaks the 30 ms target far beyond the dead band: a
+    # safety decrease, which the cooldown does not hold back (a raise it would).
+    rules = replace(PRODUCTION, tpot_p99_target_ms=30)
+    high = Applied(240, settled_since=T0 - timedelta(minutes=6),
+                   rollouts=(Rollout(T0 - timedelta(minutes=7), 64, 240, "tuned", 240.0),))  # fmt: skip
+    breaking = replace(_observation(lambda _: 2048.0, 0, rules.window_s), tpot_mean_s=Reading.of(0.060),
+                       running=Reading.of(480.0))  # fmt: skip
+    d = decide(rules, ROOFLINE, POOL, breaking, high, (), T0)
+    assert d.rolls and d.value < 240, d.reason
+    # a limit within the dead band of what the estimate allows (224 at 512 tokens) is no emergency:
+    # left to the hysteresis, which holds it
+    near = replace(_observation(lambda _: 512.0, 0, rules.window_s), tpot_mean_s=Reading.of(0.031),
+                   running=Reading.of(480.0))  # fmt: skip
+    d = decide(rules, ROOFLINE, POOL, near, high, (), T0)
+    assert d.guard is not None and 216 < d.guard.cap < 240
+    assert d.hold == "dead-band", d.reason

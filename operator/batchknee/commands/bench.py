@@ -55,6 +55,13 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--restart-seconds", type=non_negative_float, default=120.0, help="a rollout's pod downtime"
     )
+    parser.add_argument(
+        "--actuation",
+        choices=("restart", "live"),
+        default="restart",
+        help="how batchknee's changes reach the engine: a restart (--restart-seconds down, requests in "
+        "flight lost), or live caps (spec.tuning.actuation: Live; a restart only above the startup ceiling)",
+    )
     parser.add_argument("--knee-factor-percent", type=int, default=100)
     parser.add_argument("--dead-band-percent", type=int, default=10)
     parser.add_argument("--cooldown-seconds", type=int, default=600)
@@ -118,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
         restart_s=args.restart_seconds,
         max_num_batched_tokens=args.max_num_batched_tokens,
         seed=args.seed,
+        live=args.actuation == "live",
     )
     if args.candidates:
         setup = replace(setup, candidates=tuple(sorted(set(args.candidates))))
@@ -155,7 +163,9 @@ def render_table(title: str, args: argparse.Namespace, results: list[TraceResult
     lines = [
         f"engine: {title}, {args.overhead_ms:g} ms per step, {args.bandwidth_efficiency:g} of peak bandwidth",
         f"targets: TPOT ≤ {args.tpot_target_ms} ms and TTFT ≤ {args.ttft_target_ms:,} ms per request; "
-        f"restart {args.restart_seconds:g} s per rollout; {args.duration:g} simulated s per trace",
+        f"batchknee's actuation {args.actuation} (a restart is {args.restart_seconds:g} s down"
+        + (", only above the startup ceiling" if args.actuation == "live" else "")
+        + f"); {args.duration:g} simulated s per trace",
     ]
     for result in results:
         trace = result.trace

@@ -14,9 +14,12 @@ Rules, in the order they are checked (the first that applies names the hold):
   never a zero; so does the metrics window after a rollout (`window_s`);
 - the target: knee factor × B_knee rounded up to the granularity, under the KV-capacity cap, under
   the TPOT guard, clamped to [min, max];
-- already there, inside the dead band (safety decreases excepted), still moving, not yet held
-  long enough, inside the cooldown, or over the rollouts-per-hour budget (both count retunes, not
-  the creation): hold; otherwise roll.
+- already there, inside the dead band, still moving, not yet held long enough, inside the
+  cooldown, or over the rollouts-per-hour budget (both count retunes, not the creation): hold;
+  otherwise roll. A safety decrease (the KV pool; a TPOT target the current limit breaks: goal
+  SLO's bound, goal Knee's guard by more than the dead band) skips the dead band, the hold time and
+  the cooldown, not the budget, and — the KV pool's excepted — waits while the window shifts.
+- the creation's guess (the initial context's knee) counts its dead band from that knee unrounded.
 
 Hysteresis works on the unrounded target (`Recommendation.unrounded`, the batch before rounding
 up to the granularity): rounding turns an 11 % move of the knee into a 12.5–14 % step, so a band
@@ -685,6 +688,33 @@ def _knee(
     )
 
 
+def _origin(
+    rules: TuningRules, roofline: DecodeRoofline, kv_pool_bytes: float, applied: Applied, current: int
+) -> float:
+    """The dead band's origin: the unrounded target behind the applied setting. A creation at the
+    initial context's knee counts from that knee unrounded, as a tuned setting does: rounding up to
+    the granularity (59.6 → 64 at 2,048 tokens) would otherwise put traffic a few percent off the
+    guess (54 at 2,300 tokens) outside the band, and replace a guess that was right."""
+    if applied.origin is not None and applied.tuned_to_traffic:
+        return applied.origin
+    created = applied.rollouts[-1] if applied.rollouts else None
+    if created is not None and created.from_value is None and created.to_value == current:
+        guess = _knee(rules, roofline, kv_pool_bytes, float(rules.initial_context_length))
+        if guess.max_num_seqs == current and guess.unrounded > 0:
+            return guess.unrounded
+    return applied.origin if applied.origin is not None else float(current)
+
+
+def _guard_breaks(rules: TuningRules, guard: TpotGuard | None, current: int) -> bool:
+    """Goal Knee: whether the TPOT guard says the current limit breaks the target by more than the
+    dead band — a safety decrease, whether the guard or the (lower) knee sets the new value. A
+    limit within the band of the guard's cap is left to the hysteresis: the uncalibrated estimate
+    over-predicts TPOT at larger batches, and a cap one sequence under the limit is no emergency."""
+    if rules.goal != "Knee" or guard is None or guard.cap >= current:
+        return False
+    return guard.source == "step-down" or _moves_past(rules, float(guard.cap), float(current))
+
+
 def _moves_past(rules: TuningRules, value: float, reference: float) -> bool:
     """Whether `value` lies outside the dead band around `reference` (unrounded targets)."""
     return abs(value - reference) / reference * 100 > rules.dead_band_percent
@@ -847,9 +877,13 @@ def decide(
     wanted, batch = target.value, target.unrounded
     if wanted == current:
         return decision("hold", current, f"{explain} — at target", "at-target")
-    origin = applied.origin if applied.origin is not None else float(current)
+    origin = _origin(rules, roofline, kv_pool_bytes, applied, current)
     change_percent = abs(batch - origin) / origin * 100
-    safety = wanted < current and target.limited_by in ("tpot-target", "kv-capacity")
+    safety = wanted < current and (
+        target.limited_by == "kv-capacity"
+        or (target.limited_by == "tpot-target" and rules.goal == "SLO")
+        or _guard_breaks(rules, target.guard, current)
+    )
     if not safety and not _moves_past(rules, batch, origin):
         return hold(
             "dead-band",
@@ -857,7 +891,10 @@ def decide(
             f"({change_percent:.0f}%)",
         )
     recent_ctx = observation.recent_avg_context_tokens.value if observation is not None else None
-    if not safety and recent_ctx is not None and recent_ctx > 0:
+    # a TPOT safety decrease waits for the window to stop shifting too: taken mid-shift it goes to a
+    # blend of before and after, and reaching where traffic went costs a second restart (a
+    # KV-capacity one does not wait: it preempts)
+    if (not safety or target.limited_by != "kv-capacity") and recent_ctx is not None and recent_ctx > 0:
         lately = _knee(rules, roofline, kv_pool_bytes, recent_ctx)
         if _moves_past(rules, lately.unrounded, target.recommendation.unrounded):
             return hold(
@@ -886,7 +923,7 @@ def decide(
                 f"(outside since {_z(since)}; until {_z(until)})",
             )
     last = applied.last_retune
-    if last is not None and now < last.time + timedelta(seconds=rules.cooldown_s):
+    if not safety and last is not None and now < last.time + timedelta(seconds=rules.cooldown_s):
         return hold("cooldown", f"cooldown until {_z(last.time + timedelta(seconds=rules.cooldown_s))}")
     recent = rollouts_in_last_hour(applied.rollouts, now)
     if recent >= rules.max_rollouts_per_hour:

@@ -40,6 +40,7 @@ from batchknee.core.policy import (
     add_calibration_point,
     calibration_point,
     decide,
+    record,
 )
 from batchknee.core.roofline import DecodeRoofline, PrefillMix
 from batchknee.emulator.engine import FINISHED, Engine, EngineConfig, Request, vllm_num_gpu_blocks
@@ -154,6 +155,7 @@ class BenchSetup:
     max_model_len: int = 16384
     seed: int = 0
     candidates: tuple[int, ...] = CANDIDATES
+    live: bool = False  # batchknee's actuation: Live caps (no restart under the ceiling), else Restart
 
     @property
     def num_gpu_blocks(self) -> int:
@@ -162,6 +164,14 @@ class BenchSetup:
     @property
     def kv_pool_bytes(self) -> float:
         return self.num_gpu_blocks * self.block_size * self.operator_roofline.kv_bytes_per_token
+
+    def live_ceiling(self, rules: TuningRules, value: int) -> int:
+        """Live actuation's startup --max-num-seqs, as the operator sets it: maxMaxNumSeqs bounded
+        by the KV pool at the initial context, raised to `value` when that is above it."""
+        kv_per_seq = self.operator_roofline.kv_bytes_per_seq(rules.initial_context_length)
+        capacity = int(self.kv_pool_bytes / kv_per_seq) if self.kv_pool_bytes > 0 else 0
+        base = min(rules.max_max_num_seqs, max(capacity // rules.granularity * rules.granularity, 1))
+        return max(base, value)
 
     def engine_config(self, max_num_seqs: int, prefix_caching: bool) -> EngineConfig:
         return EngineConfig(
@@ -386,9 +396,27 @@ def run_policy(
         if request.state == FINISHED:
             result.served.append((request.arrival, request.output, request.tpot_s, request.ttft_s))
 
+    live = setup.live and static is None and rules is not None
+    ceiling = 0
+
+    def set_cap(engine: Engine, value: int) -> None:
+        # the gateway's queue follows the cap the engine admits to, as it does a restarted limit
+        engine.set_live_max_num_seqs(value)
+        engine.config = replace(engine.config, max_waiting=max(1, value // 16))
+
     def start(value: int, at: float) -> Engine:
-        engine = Engine(setup.engine_config(value, prefix_caching), seed=setup.seed, on_finish=on_finish)
+        nonlocal ceiling
+        if live:
+            assert rules is not None
+            ceiling = setup.live_ceiling(rules, value)
+        engine = Engine(
+            setup.engine_config(ceiling if live else value, prefix_caching),
+            seed=setup.seed,
+            on_finish=on_finish,
+        )
         engine.now = at
+        if live:
+            set_cap(engine, value)
         result.values.append((at, value))
         return engine
 
@@ -459,6 +487,14 @@ def run_policy(
                 last = calibration[-1].time if calibration else None
                 if point is not None and (last is None or at - last >= timedelta(seconds=rules.window_s)):
                     calibration = add_calibration_point(calibration, point)
+            if decision.rolls and live and decision.value <= ceiling:
+                # a live cap: no restart, nothing dropped; the window settles from now
+                result.rollouts += 1
+                value = decision.value
+                set_cap(engine, value)
+                result.values.append((now, value))
+                applied = Applied(value, settled_since=at, rollouts=record(applied, decision, at))
+                continue
             if decision.rolls:
                 result.rollouts += 1
                 result.restart_gpu_s += setup.restart_s * setup.roofline.tensor_parallel
@@ -466,8 +502,7 @@ def run_policy(
                 engine = None
                 value = decision.value
                 down_until = now + setup.restart_s
-                rollout = Rollout(at, applied.max_num_seqs, value, decision.reason, decision.target)
-                applied = Applied(value, rolling=True, rollouts=(*applied.rollouts, rollout)[-10:])
+                applied = Applied(value, rolling=True, rollouts=record(applied, decision, at))
     return result
 
 
