@@ -422,11 +422,12 @@ def measured_efficiencies(
 ) -> list[float]:
     """Bandwidth efficiency from the achieved bytes/s of each busy (≥ 1 sequence per pod),
     decode-dominated window (prefill under 1 − DECODE_DOMINATED_SHARE of the step time):
-    achieved / peak, less the overhead's share of each step."""
+    achieved / peak, less the overhead's share of the window's mean step (the exact TPOT mean; a
+    bucketed p99 is no step time)."""
     found: list[float] = []
     for p in points:
-        step_s = p.tpot_mean_s if p.tpot_mean_s is not None else p.tpot_p99_s
-        if p.read_bytes_per_s is None or p.batch < 1:
+        step_s = p.tpot_mean_s
+        if p.read_bytes_per_s is None or step_s is None or p.batch < 1:
             continue
         mix = p.mix(max_num_batched_tokens)
         if (
