@@ -50,6 +50,7 @@ from batchknee.api.resolve import (
     trtllm_kv_cache,
     tuning_rules,
 )
+from batchknee.core.bandwidth import BandwidthAssessment
 from batchknee.core.engine_args import int_flag
 from batchknee.core.observation import Observation
 from batchknee.core.policy import (
@@ -215,8 +216,12 @@ def _round(value: float | None) -> float | None:
     return round(value, 1) if value is not None else None
 
 
-def observed_metrics(observation: Observation) -> ObservedMetrics:
+def observed_metrics(
+    observation: Observation, bandwidth: BandwidthAssessment | None = None
+) -> ObservedMetrics:
     ctx = observation.avg_context_tokens.value
+    bw = bandwidth if bandwidth is not None and bandwidth.fraction is not None else None
+    read = observation.read_bytes_per_s_per_gpu.value
     return ObservedMetrics(
         avg_context_length=round(ctx) if ctx is not None else None,
         tpot_p99_milliseconds=_ms(observation.tpot_p99_s.value),
@@ -227,6 +232,11 @@ def observed_metrics(observation: Observation) -> ObservedMetrics:
         prefix_hit_percent=_pct(observation.prefix_hit_ratio.value),
         pods=observation.pods,
         sampled_at=observation.sampled_at,
+        bandwidth_utilization_percent=_pct(bw.fraction) if bw is not None else None,
+        bandwidth_source=("Engine" if bw.source == "engine" else "DCGM") if bw is not None else None,
+        read_gigabytes_per_second=round(read / 1e9, 1) if read is not None else None,
+        diagnosis=bw.diagnosis if bw is not None else None,
+        diagnosis_reason=bw.reason if bw is not None else None,
     )
 
 
@@ -994,6 +1004,9 @@ class _Reconcile:
                 prompt_tokens=s.prompt_tokens,
                 output_tokens=s.output_tokens,
                 prefix_hit_ratio=(s.prefix_hit_percent or 0.0) / 100,
+                read_bytes_per_s=None
+                if s.read_gigabytes_per_second is None
+                else s.read_gigabytes_per_second * 1e9,
             )
             for s in calibration.samples
         )
@@ -1103,6 +1116,9 @@ class _Reconcile:
                     prompt_tokens=None if p.prompt_tokens is None else round(p.prompt_tokens, 1),
                     output_tokens=None if p.output_tokens is None else round(p.output_tokens, 1),
                     prefix_hit_percent=round(p.prefix_hit_ratio * 100, 1),
+                    read_gigabytes_per_second=None
+                    if p.read_bytes_per_s is None
+                    else round(p.read_bytes_per_s / 1e9, 3),
                 )
                 for p in calibration
             ],
@@ -1112,7 +1128,9 @@ class _Reconcile:
         return LLMServingStatus(
             observed_generation=self.generation,
             conditions=self.conditions.result(),
-            observed=observed_metrics(observation) if usable and observation is not None else old.observed,
+            observed=observed_metrics(observation, decision.bandwidth)
+            if usable and observation is not None
+            else old.observed,
             b_knee=round(rec.b_knee, 1) if rec is not None else old.b_knee,
             max_num_seqs=applied_value,
             recommended_max_num_seqs=decision.recommended

@@ -64,6 +64,11 @@ DEFAULT_STATE: dict[str, Any] = {
     "generationTokens": 200,
     "prefixHitRatio": 0.0,
     "preemptionsPerSecond": 0.0,
+    # bytes read per GPU per second (vLLM's --enable-mfu-metrics counter; 0: registered, not counting)
+    "readBytesPerSecond": 0.0,
+    # dcgm-exporter's DRAM-active fraction of this pod's GPU (null: no such series), served here
+    # with its gpu/UUID/Hostname labels; the scrape's namespace/pod labels stand for its pod mapping
+    "dramActive": None,
     "legacyNames": False,
     "forceTextFormat": False,
     # the largest --max-num-seqs that "fits": above it the engine exits at start-up, as a real one
@@ -100,9 +105,15 @@ def build(
         "gen_tokens": Counter("vllm:generation_tokens", "gen", labels, registry=registry),
         "prompt_tokens": Counter("vllm:prompt_tokens", "prompt", labels, registry=registry),
         "preemptions": Counter("vllm:num_preemptions", "preempt", labels, registry=registry),
+        "read_bytes": Counter(
+            "vllm:estimated_read_bytes_per_gpu", "bytes read per GPU", labels, registry=registry
+        ),
         "hits": Counter(f"{prefix}_hits", "hits", labels, registry=registry),
         "queries": Counter(f"{prefix}_queries", "queries", labels, registry=registry),
     }
+    m["dram_active"] = Gauge(
+        "DCGM_FI_PROF_DRAM_ACTIVE", "DRAM active ratio", ["gpu", "UUID", "Hostname"], registry=registry
+    )
     info = Gauge("vllm:cache_config_info", "cache config", [*labels, *cache], registry=registry)
     info.labels(model_name=model, engine="0", **cache).set(1)
     Info("batchknee_test_exporter_args", "engine args", registry=registry).info({"args": engine_args})
@@ -134,8 +145,10 @@ def main() -> None:
         registry, bool(state["legacyNames"]), args.served_model_name, cache, " ".join(engine_args)
     )
     label = {"model_name": args.served_model_name, "engine": "0"}
-    for metric in metrics.values():  # like vLLM, every series exists from the start (zero counts)
-        metric.labels(**label)
+    gpu = {"gpu": "0", "UUID": "GPU-00000000-0000-0000-0000-000000000000", "Hostname": "node-0"}
+    for name, metric in metrics.items():  # like vLLM, every series exists from the start (zero counts)
+        if name != "dram_active":
+            metric.labels(**label)
     stop = threading.Event()
 
     def advance() -> None:
@@ -163,6 +176,11 @@ def main() -> None:
                 metrics["queries"].labels(**label).inc(current["promptTokens"])
                 metrics["hits"].labels(**label).inc(current["promptTokens"] * current["prefixHitRatio"])
             metrics["preemptions"].labels(**label).inc(current["preemptionsPerSecond"] * elapsed)
+            metrics["read_bytes"].labels(**label).inc(current["readBytesPerSecond"] * elapsed)
+            if current["dramActive"] is None:
+                metrics["dram_active"].clear()
+            else:
+                metrics["dram_active"].labels(**gpu).set(current["dramActive"])
 
     ceiling = int(wanted) if wanted is not None else 256
     live = {"cap": ceiling}

@@ -48,7 +48,7 @@ from batchknee.core.observation import (
     decode_context_under_reservation,
 )
 from batchknee.engines import sglang, trtllm, vllm
-from batchknee.engines.contract import EngineMetrics
+from batchknee.engines.contract import DCGM_DRAM_ACTIVE, EngineMetrics
 
 Key = tuple[str, str]
 Row = tuple[dict[str, str], float]  # one series: its labels and its value
@@ -164,7 +164,16 @@ def _first_of(exprs: Iterable[str]) -> str:
 
 
 # Queries whose rows are per pod (labels kept) vs per LLMServing (one value per target).
-POD_QUERIES = ("running", "waiting", "usage", "recent_running", "recent_usage", "samples", "capacity")
+POD_QUERIES = (
+    "running",
+    "waiting",
+    "usage",
+    "recent_running",
+    "recent_usage",
+    "samples",
+    "capacity",
+    "read_bytes",
+)
 
 
 def queries(scope: _Scope) -> dict[str, str]:
@@ -233,7 +242,29 @@ def queries(scope: _Scope) -> dict[str, str]:
 
         found["reserved_prompt"] = mean_prompt(window)
         found["recent_reserved_prompt"] = mean_prompt(scope.recent_window)
+    if metrics.read_bytes:
+        # Bytes read per GPU per second, per pod: the average over the pod's engines (data-parallel
+        # ranks) and reporting ranks, each of which counts for its own GPU.
+        found["read_bytes"] = _first_of(
+            f"avg by (namespace, {LLMSERVING_LABEL}, pod) ({scope.rate(n)})" for n in metrics.read_bytes
+        )
+    found["dram_active"] = _dram_active_query(scope, metrics)
     return found
+
+
+def _dram_active_query(scope: _Scope, metrics: EngineMetrics) -> str:
+    """dcgm-exporter's DRAM-active fraction, averaged over the GPUs of each LLMServing's pods.
+
+    Its series carry the GPU's pod (Kubernetes mapping), not the engine's `llmserving` label: they
+    are joined on (namespace, pod) to the engine's running gauge, which has both — one query for
+    the whole fleet, whatever its size."""
+    pods = (
+        f"max by (namespace, pod, {LLMSERVING_LABEL}) "
+        f"(last_over_time({scope.select(metrics.running[0])}[{scope.window}]))"
+    )
+    gpus = f'avg_over_time({{__name__="{DCGM_DRAM_ACTIVE}",pod!=""}}[{scope.window}])'
+    joined = f"{gpus} * on (namespace, pod) group_left ({LLMSERVING_LABEL}) ({pods} * 0 + 1)"
+    return f"avg by (namespace, {LLMSERVING_LABEL}) ({scope.tag(joined)})"
 
 
 def _kv_capacity_query(scope: _Scope, by_pod: str) -> str:
@@ -343,7 +374,36 @@ class ScopeData:
             output_tokens_mean=value(
                 "output_length_mean", "mean output length", empty="no requests finished"
             ),
+            read_bytes_per_s_per_gpu=self._read_bandwidth(
+                rows("read_bytes"), value("generation", "generation token rate"), thin, thin_reason
+            ),
+            dram_active=value("dram_active", "DRAM-active fraction (dcgm-exporter)"),
         )
+
+    def _read_bandwidth(
+        self, read_rows: list[Row], generation: Reading, thin: bool, thin_reason: str
+    ) -> Reading:
+        """Bytes read per GPU per second, the mean over the pods. vLLM registers its counter with
+        or without `--enable-mfu-metrics` and only counts with it: a flat zero while tokens are
+        generated is a switched-off counter, not an idle GPU."""
+        engine = self.scope.engine
+        switch = "--enable-mfu-metrics"
+        if not ENGINE_METRICS[engine].read_bytes:
+            return Reading.unavailable(f"{engine} exports no read-bytes counter")
+        if thin:
+            return Reading.unavailable(thin_reason)
+        values = [v for _, v in read_rows]
+        if not values:
+            return Reading.unavailable(
+                f"no read-bytes series in the last {self.scope.window_s}s (start the engine with {switch})"
+            )
+        per_gpu = sum(values) / len(values)
+        if per_gpu == 0 and generation.value is not None and generation.value > 0:
+            return Reading.unavailable(
+                f"the read-bytes counter stays at zero while tokens are generated: the engine counts "
+                f"only with {switch}"
+            )
+        return _checked(per_gpu, "read bandwidth")
 
 
 class PrometheusObserver:
@@ -707,6 +767,7 @@ def queried_metric_names(engine: Engine) -> list[QueriedMetric]:
         "generation_length": "histogram",
         "prompt_tokens": "counter",
         "finished_requests": "histogram",  # its `_count` series, read with rate()
+        "read_bytes": "counter",
     }
     unknown = {f.name for f in fields(EngineMetrics)} - set(kinds)
     if unknown:

@@ -97,6 +97,20 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "description": "Auto, Recommend or Pinned",
     },
     {
+        "name": "BW%",
+        "type": "number",
+        "jsonPath": ".status.observed.bandwidthUtilizationPercent",
+        "priority": 1,
+        "description": "Achieved memory bandwidth, percent of the GPU's peak",
+    },
+    {
+        "name": "Diagnosis",
+        "type": "string",
+        "jsonPath": ".status.observed.diagnosis",
+        "priority": 1,
+        "description": "memory-bound, prefill-bound, queueing, underused or balanced",
+    },
+    {
         "name": "Reason",
         "type": "string",
         "jsonPath": ".status.reason",

@@ -1160,6 +1160,26 @@ class ObservedMetrics(_Model):
     prefix_hit_percent: float | None = Field(None, ge=0, description="Prefix-cache hit ratio (percent).")
     pods: int | None = Field(None, ge=0, description="Engine pods that reported.")
     sampled_at: Timestamp | None = Field(None, description="When these values were read.")
+    bandwidth_utilization_percent: float | None = Field(
+        None,
+        ge=0,
+        description="Achieved memory bandwidth per GPU as a percent of the GPU's peak: the engines' "
+        "read-bytes counters (vLLM/SGLang --enable-mfu-metrics), else dcgm-exporter's "
+        "DCGM_FI_PROF_DRAM_ACTIVE. Absent when neither is exported.",
+    )
+    bandwidth_source: Literal["Engine", "DCGM"] | None = Field(
+        None, description="Where the bandwidth figure came from."
+    )
+    read_gigabytes_per_second: float | None = Field(
+        None, ge=0, description="Bytes the engines read per GPU per second (GB/s), from their counters."
+    )
+    diagnosis: Literal["memory-bound", "prefill-bound", "queueing", "underused", "balanced"] | None = Field(
+        None,
+        description="What the bandwidth says: memory-bound (decode saturates the memory bus, at the "
+        "knee), prefill-bound (TTFT over target or prefill dominates the steps), queueing (requests "
+        "wait while the bus has headroom), underused (too little traffic), balanced.",
+    )
+    diagnosis_reason: ReasonText | None = Field(None, description="The figures behind the diagnosis.")
 
 
 class WindowFigures(_Model):
@@ -1209,6 +1229,9 @@ class CalibrationSample(_Model):
     )
     prefix_hit_percent: float | None = Field(
         None, ge=0, le=100, description="Prefix-cache hit ratio (percent): prompt tokens not prefilled."
+    )
+    read_gigabytes_per_second: float | None = Field(
+        None, ge=0, description="Bytes the engines read per GPU per second (GB/s), when they count them."
     )
 
 

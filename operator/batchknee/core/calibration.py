@@ -142,6 +142,28 @@ def fit_step_times(unit_times_s: Sequence[float], tpots_s: Sequence[float]) -> R
     )
 
 
+def fit_overhead_at_efficiency(
+    unit_times_s: Sequence[float], tpots_s: Sequence[float], efficiency: float
+) -> RooflineCalibration:
+    """With the bandwidth efficiency known (measured, not fitted), only the per-step overhead is
+    left: TPOT = overhead + unit_time / efficiency, overhead ≥ 0, on relative residuals."""
+    if not 0 < efficiency <= 1:
+        raise ValueError(f"a bandwidth efficiency must be within (0, 1], got {efficiency:g}")
+    if len(tpots_s) < 1 or any(not y > 0 for y in tpots_s):
+        raise ValueError("every TPOT sample must be positive")
+    slope = 1.0 / efficiency
+    weights = [1.0 / (y * y) for y in tpots_s]
+    excess = sum(w * (y - slope * x) for w, x, y in zip(weights, unit_times_s, tpots_s, strict=True))
+    overhead = max(0.0, excess / sum(weights))
+    return RooflineCalibration(
+        overhead_s=overhead,
+        bandwidth_efficiency=efficiency,
+        rmse_s=_rmse(unit_times_s, tpots_s, slope, overhead),
+        samples=len(tpots_s),
+        bound="overhead" if overhead == 0.0 else None,
+    )
+
+
 def unit_roofline(roofline: DecodeRoofline) -> DecodeRoofline:
     """The same roofline at full efficiency and no overhead: the x of every calibration fit."""
     return replace(roofline, bandwidth_efficiency=1.0, overhead_s=0.0)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Literal
 
@@ -87,12 +87,17 @@ class Observation:
     # shares the decode steps (the TPOT tail), for calibration and the SLO bound.
     prompt_tokens_mean: Reading = field(default_factory=lambda: Reading.unavailable("not measured"))
     output_tokens_mean: Reading = field(default_factory=lambda: Reading.unavailable("not measured"))
+    # Achieved memory bandwidth: the bytes the engine says it read per GPU per second, averaged over
+    # the pods' GPUs (vLLM/SGLang with --enable-mfu-metrics), and dcgm-exporter's fraction (0–1) of
+    # time the DRAM interface was active, averaged over the GPUs of the pods.
+    read_bytes_per_s_per_gpu: Reading = field(default_factory=lambda: Reading.unavailable("not measured"))
+    dram_active: Reading = field(default_factory=lambda: Reading.unavailable("not measured"))
 
     @classmethod
     def unavailable(cls, sampled_at: datetime, reason: str, pods: int = 0) -> Observation:
         """Nothing could be read (Prometheus down, no series): every field carries the reason."""
         missing = Reading.unavailable(reason)
-        return cls(sampled_at, pods, *([missing] * 11))
+        return cls(sampled_at, pods, *([missing] * (len(fields(cls)) - 2)))
 
 
 @dataclass(frozen=True)

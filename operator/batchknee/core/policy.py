@@ -58,7 +58,19 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Literal
 
-from batchknee.core.calibration import RooflineCalibration, fit_step_times, unit_roofline
+from batchknee.core.bandwidth import (
+    DECODE_DOMINATED_SHARE,
+    BandwidthAssessment,
+    assess,
+    efficiency_from_bandwidth,
+    prefill_share,
+)
+from batchknee.core.calibration import (
+    RooflineCalibration,
+    fit_overhead_at_efficiency,
+    fit_step_times,
+    unit_roofline,
+)
 from batchknee.core.observation import Observation, Reading
 from batchknee.core.recommend import Recommendation, recommend, round_down_under_cap, round_up
 from batchknee.core.roofline import DecodeRoofline, PrefillMix
@@ -87,6 +99,7 @@ SloSource = Literal["calibrated", "start", "climb", "step-down", "hold"]
 STEP_DOWN_NUMERATOR, STEP_DOWN_DENOMINATOR = 3, 4  # uncalibrated guard: ×3/4 per evaluation over target
 NO_RAISE_FRACTION = 0.9  # uncalibrated guard: no raise while p99 is within 10 % of the target
 MIN_CALIBRATION_SAMPLES = 6
+MIN_BANDWIDTH_SAMPLES = 3  # decode-dominated windows with achieved bytes/s, to set the efficiency
 MAX_CALIBRATION_RELATIVE_RMSE = 0.2  # a fit worse than this is noise, not a model
 CALIBRATION_SAMPLES_KEPT = 32
 HISTORY_KEPT = 10  # rollouts remembered; maxRolloutsPerHour may not exceed it
@@ -254,6 +267,9 @@ class CalibrationPoint:
     prompt_tokens: float | None = None
     output_tokens: float | None = None
     prefix_hit_ratio: float = 0.0
+    # Bytes the engine read per GPU per second over the window (--enable-mfu-metrics): measures
+    # the bandwidth efficiency directly in decode-dominated windows.
+    read_bytes_per_s: float | None = None
 
     def mix(self, max_num_batched_tokens: int) -> PrefillMix | None:
         if self.prompt_tokens is None or self.output_tokens is None or self.output_tokens < 1:
@@ -297,6 +313,7 @@ class Decision:
     target: float | None = None  # the unrounded target behind `recommended`
     recent_targets: tuple[RecentTarget, ...] = ()  # to remember for the next evaluation
     slo_bound: int | None = None  # the largest batch the TPOT target allows (None: no target or unknown)
+    bandwidth: BandwidthAssessment | None = field(default=None, compare=False)
 
     @property
     def rolls(self) -> bool:
@@ -330,6 +347,7 @@ def calibration_point(observation: Observation) -> CalibrationPoint | None:
         prompt_tokens=prompt if prompt is not None and output is not None and output >= 1 else None,
         output_tokens=output if prompt is not None and output is not None and output >= 1 else None,
         prefix_hit_ratio=min(1.0, max(0.0, hits)) if hits is not None else 0.0,
+        read_bytes_per_s=read if (read := observation.read_bytes_per_s_per_gpu.value) else None,
     )
 
 
@@ -383,7 +401,47 @@ def calibrate(
     mean = sum(ys) / len(ys)
     if fit.rmse_s > MAX_CALIBRATION_RELATIVE_RMSE * mean:
         return None, f"uncalibrated: fit residual {fit.rmse_s / mean:.0%} of TPOT"
+    measured = measured_efficiencies(roofline, points, fit.overhead_s, max_num_batched_tokens)
+    if len(measured) >= MIN_BANDWIDTH_SAMPLES:
+        efficiency = sorted(measured)[len(measured) // 2]
+        direct = fit_overhead_at_efficiency(xs, ys, efficiency)
+        if direct.rmse_s <= MAX_CALIBRATION_RELATIVE_RMSE * mean:
+            return direct, (
+                f"calibrated on {direct.samples} samples, bandwidth efficiency {efficiency:.0%} measured "
+                f"in {len(measured)} decode-dominated windows"
+            )
+        return fit, (
+            f"calibrated on {fit.samples} samples (the measured bandwidth efficiency {efficiency:.0%} "
+            f"leaves a residual of {direct.rmse_s / mean:.0%} of TPOT: not used)"
+        )
     return fit, f"calibrated on {fit.samples} samples"
+
+
+def measured_efficiencies(
+    roofline: DecodeRoofline,
+    points: Sequence[CalibrationPoint],
+    overhead_s: float,
+    max_num_batched_tokens: int = 2048,
+) -> list[float]:
+    """Bandwidth efficiency from the achieved bytes/s of each busy (≥ 1 sequence per pod),
+    decode-dominated window (prefill under 1 − DECODE_DOMINATED_SHARE of the step time):
+    achieved / peak, less the overhead's share of the window's mean step (the exact TPOT mean; a
+    bucketed p99 is no step time)."""
+    found: list[float] = []
+    for p in points:
+        step_s = p.tpot_mean_s
+        if p.read_bytes_per_s is None or step_s is None or p.batch < 1:
+            continue
+        mix = p.mix(max_num_batched_tokens)
+        if (
+            mix is not None
+            and prefill_share(roofline, p.batch, p.context_tokens, mix) > 1 - DECODE_DOMINATED_SHARE
+        ):
+            continue
+        efficiency = efficiency_from_bandwidth(p.read_bytes_per_s / roofline.bandwidth, step_s, overhead_s)
+        if efficiency is not None:
+            found.append(efficiency)
+    return found
 
 
 def _guard(
@@ -800,6 +858,18 @@ def decide(
     if target is not None and source == "observed" and observation is not None:
         remembered = remember_target(rules, remembered, observation.sampled_at, target.unrounded)
 
+    bandwidth = (
+        assess(
+            observation,
+            roofline,
+            max_num_batched_tokens=rules.max_num_batched_tokens,
+            ttft_target_s=rules.ttft_p99_target_ms / 1e3 if rules.ttft_p99_target_ms is not None else None,
+            tpot_target_s=rules.tpot_p99_target_ms / 1e3 if rules.tpot_p99_target_ms is not None else None,
+        )
+        if observation is not None
+        else None
+    )
+
     def decision(action: Action, value: int, reason: str, hold: Hold | None = None) -> Decision:
         if action != "roll" and applied.max_tokens is not None:
             max_tokens = applied.max_tokens
@@ -821,6 +891,7 @@ def decide(
             target=target.unrounded if target else None,
             recent_targets=remembered,
             slo_bound=target.slo_bound if target else None,
+            bandwidth=bandwidth,
         )
 
     explain = target.text if target is not None else ""

@@ -617,6 +617,7 @@ class Engine:
 
         stats.steps += 1
         stats.busy_time_s += duration
+        stats.read_bytes += roofline.weight_bytes_read_per_gpu(tokens) + kv_bytes
         stats.running_seconds += len(running) * duration
         stats.in_system_seconds += (len(running) + len(waiting)) * duration
         stats.computed_tokens += tokens

@@ -258,6 +258,9 @@ def _emulator_parser(engine: str) -> _Parser:
             action="store_true",
             help="read shared prefix blocks once per sequence, not once per step",
         )
+        flags.add_argument(
+            vllm.MFU_METRICS_SWITCH, action="store_true", help="count vllm:estimated_read_bytes_per_gpu"
+        )
     elif engine == "sglang":
         flags = parser.add_argument_group("SGLang flags (python -m sglang.launch_server, sglang serve)")
         flags.add_argument("--model-path", dest="model", default=None, help="the model (alias --model)")
@@ -276,6 +279,9 @@ def _emulator_parser(engine: str) -> _Parser:
         )
         flags.add_argument("--disable-radix-cache", action="store_true")
         flags.add_argument("--enable-metrics", action="store_true")
+        flags.add_argument(
+            sglang.MFU_METRICS_SWITCH, action="store_true", help="count sglang:estimated_read_bytes_per_gpu"
+        )
         flags.add_argument("--served-model-name", nargs="+", default=None)
         flags.add_argument("--kv-cache-dtype", default="auto")
         flags.add_argument("--dtype", default="auto")
@@ -378,6 +384,7 @@ class EmulatorSettings:
     cache_info: dict[str, str]
     runtime_config_endpoint: bool = False
     trimtab_endpoint: bool = False
+    mfu_metrics: bool = False  # vLLM/SGLang --enable-mfu-metrics: count the bytes read
     ignored: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
     trtllm: dict[str, Any] = field(default_factory=dict)
@@ -504,6 +511,7 @@ def parse_emulator_args(argv: Sequence[str], environ: dict[str, str] | None = No
         "ignored": tuple(ignored),
         "runtime_config_endpoint": runtime_config,
         "trimtab_endpoint": trimtab,
+        "mfu_metrics": bool(getattr(args, "enable_mfu_metrics", False)),
     }
     served = (args.served_model_name or [model_name])[0]
 

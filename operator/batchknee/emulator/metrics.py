@@ -96,11 +96,19 @@ class EmulatorState:
 
 
 class VllmCollector(Collector):
-    def __init__(self, engine: Engine, model_name: str, version: str, cache_info: dict[str, str]) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        model_name: str,
+        version: str,
+        cache_info: dict[str, str],
+        mfu_metrics: bool = False,
+    ) -> None:
         self.engine = engine
         self.model_name = model_name
         self.version = version
         self.cache_info = cache_info
+        self.mfu_metrics = mfu_metrics
 
     def collect(self) -> Iterator[Metric]:
         engine = self.engine
@@ -202,6 +210,15 @@ class VllmCollector(Collector):
             values,
             stats.generation_tokens,
         )
+        if current:
+            # vLLM registers it either way; it counts only with --enable-mfu-metrics.
+            yield _counter(
+                "vllm:estimated_read_bytes_per_gpu",
+                "Estimated number of bytes read from memory per GPU.",
+                labels,
+                values,
+                stats.read_bytes if self.mfu_metrics else 0.0,
+            )
         success = CounterMetricFamily(
             "vllm:request_success",
             "Count of successfully processed requests.",
@@ -435,10 +452,11 @@ class SglangCollector(Collector):
     ranks) and the tokenizer's counters and histograms (model and engine type, plus `is_streaming`
     or `cache_source` where the release has them). Names and labels: batchknee.engines.sglang."""
 
-    def __init__(self, engine: Engine, model_name: str, page_size: int) -> None:
+    def __init__(self, engine: Engine, model_name: str, page_size: int, mfu_metrics: bool = False) -> None:
         self.engine = engine
         self.model_name = model_name
         self.page_size = page_size
+        self.mfu_metrics = mfu_metrics
 
     def collect(self) -> Iterator[Metric]:
         engine, stats = self.engine, self.engine.stats
@@ -470,6 +488,16 @@ class SglangCollector(Collector):
             ranks,
             stats.preemptions,
         )
+        # Registered either way; SGLang increments it (and so gives it a series) only with
+        # --enable-mfu-metrics.
+        read_bytes = CounterMetricFamily(
+            "sglang:estimated_read_bytes_per_gpu",
+            "Estimated number of bytes read from memory per GPU.",
+            labels=scheduler,
+        )
+        if self.mfu_metrics:
+            read_bytes.add_metric(ranks, stats.read_bytes)
+        yield read_bytes
         streaming = [*tokenizer, "is_streaming"]
         yield _counter(
             "sglang:prompt_tokens", "Number of prefill tokens processed.", streaming, [*base, "false"],

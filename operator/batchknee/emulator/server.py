@@ -118,10 +118,12 @@ class EmulatorServer:
         emulator = EmulatorCollector(self.engine, model, self.state, info)
         if settings.engine == "vllm":
             engine_collector: VllmCollector | TrtllmCollector | SglangCollector = VllmCollector(
-                self.engine, model, settings.metric_version, settings.cache_info
+                self.engine, model, settings.metric_version, settings.cache_info, settings.mfu_metrics
             )
         elif settings.engine == "sglang":
-            engine_collector = SglangCollector(self.engine, model, settings.config.block_size)
+            engine_collector = SglangCollector(
+                self.engine, model, settings.config.block_size, settings.mfu_metrics
+            )
         else:
             engine_collector = TrtllmCollector(
                 self.engine, model, settings.cache_info, settings.config.max_num_batched_tokens

@@ -114,6 +114,9 @@ class EngineStats:
     recomputed_tokens: int = 0
     steps: int = 0
     busy_time_s: float = 0.0
+    # Bytes read from GPU memory by every step, per GPU (weights + the KV the step attended), as
+    # the roofline counts them: what `estimated_read_bytes_per_gpu` exports.
+    read_bytes: float = 0.0
     # Time integrals over busy steps: Σ running × step time, Σ (running + waiting) × step time.
     running_seconds: float = 0.0
     in_system_seconds: float = 0.0

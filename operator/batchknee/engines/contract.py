@@ -39,6 +39,9 @@ class EngineMetrics:
     # the prompt-token counter and the finished-request counter give the mean prompt.
     prompt_tokens: tuple[str, ...] = ()
     finished_requests: tuple[str, ...] = ()
+    # Bytes the engine estimates it read from GPU memory, per GPU (a counter; rate() is the achieved
+    # bandwidth). Exported only behind the engine's own switch (`--enable-mfu-metrics`).
+    read_bytes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -48,3 +51,11 @@ class HttpSurface:
     port: int
     health_path: str
     metrics_path: str
+
+
+# dcgm-exporter's DRAM activity: a gauge, the fraction (0–1) of cycles the device memory interface
+# was sending or receiving data, labelled `gpu`, `UUID`, `modelName`, `Hostname` and — with the
+# exporter's Kubernetes mapping — the `namespace`, `pod` and `container` using the GPU. It is a
+# profiling (DCP) field: in dcgm-exporter's `dcp-metrics-included.csv`, not `default-counters.csv`.
+DCGM_DRAM_ACTIVE = "DCGM_FI_PROF_DRAM_ACTIVE"
+DCGM_POD_LABELS = ("namespace", "pod")

@@ -93,7 +93,11 @@ METRICS = EngineMetrics(
     prefix_queries=("sglang[:_]prompt_tokens_total",),
     prompt_length=("sglang[:_]prompt_tokens_histogram",),
     generation_length=("sglang[:_]generation_tokens_histogram",),
+    read_bytes=("sglang[:_]estimated_read_bytes_per_gpu_total",),
 )
+# SGLang counts the bytes it reads only with this switch (and --enable-metrics): the scheduler's
+# collector registers the counter either way, but without samples until it is incremented.
+MFU_METRICS_SWITCH = "--enable-mfu-metrics"
 # The KV pool size in tokens (radix-shared prefixes are held once in it).
 MAX_TOTAL_TOKENS = "sglang[:_]max_total_num_tokens"
 KV_USED_TOKENS = "sglang[:_]kv_used_tokens"
@@ -123,6 +127,7 @@ _SCHEDULER_GAUGES = (
 NAMES: dict[str, tuple[str, tuple[str, ...]]] = {
     **{f"sglang:{name}": ("gauge", SCHEDULER_LABELS) for name in _SCHEDULER_GAUGES},
     "sglang:num_retracted_requests": ("counter", SCHEDULER_LABELS),
+    "sglang:estimated_read_bytes_per_gpu": ("counter", SCHEDULER_LABELS),
     "sglang:prompt_tokens": ("counter", (*TOKENIZER_LABELS, "is_streaming")),
     "sglang:generation_tokens": ("counter", (*TOKENIZER_LABELS, "is_streaming")),
     "sglang:cached_tokens": ("counter", (*TOKENIZER_LABELS, "cache_source")),

@@ -84,7 +84,11 @@ METRICS = EngineMetrics(
     prefix_queries=("vllm[:_]prefix_cache_queries_total", "vllm[:_]gpu_prefix_cache_queries_total"),
     prompt_length=("vllm[:_]request_prompt_tokens",),
     generation_length=("vllm[:_]request_generation_tokens",),
+    read_bytes=("vllm[:_]estimated_read_bytes_per_gpu_total",),
 )
+# vLLM counts the bytes it reads only with this switch (vllm/v1/metrics/perf.py, 0.33.0); without it
+# the counter is still registered, at zero, per engine (labels model_name, engine).
+MFU_METRICS_SWITCH = "--enable-mfu-metrics"
 # The KV pool size: cache_config_info carries the numbers as labels (the value is always 1).
 CACHE_INFO = "vllm[:_]cache_config_info"
 CACHE_INFO_LABELS = ("num_gpu_blocks", "block_size")
@@ -110,6 +114,7 @@ CURRENT_NAMES = {
     "vllm:request_prompt_tokens": "histogram",
     "vllm:request_generation_tokens": "histogram",
     "vllm:iteration_tokens_total": "histogram",
+    "vllm:estimated_read_bytes_per_gpu": "counter",
 }
 LEGACY_NAMES = {
     "vllm:gpu_cache_usage_perc": "gauge",
@@ -124,5 +129,6 @@ CURRENT_ONLY = frozenset(
         "vllm:prefix_cache_hits",
         "vllm:inter_token_latency_seconds",
         "vllm:request_time_per_output_token_seconds",
+        "vllm:estimated_read_bytes_per_gpu",
     }
 )
