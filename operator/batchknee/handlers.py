@@ -25,7 +25,7 @@ from typing import Any
 import kopf
 
 from batchknee.adapters.engine_runtime import HttpEngineRuntime
-from batchknee.adapters.kubernetes import KubernetesAdapter, load_config
+from batchknee.adapters.kubernetes import KubernetesAdapter, load_config, pooled_client
 from batchknee.adapters.observing import RoutedObserver
 from batchknee.api.models import GROUP, PLURAL, VERSION
 from batchknee.api.resolve import SpecError, observation_target, parse_llmserving
@@ -143,7 +143,7 @@ def configure(settings: OperatorSettings) -> Runtime:
     """Connect to the cluster, start /metrics, and build the runtime the handlers use."""
     global RUNTIME
     load_config()
-    kube = KubernetesAdapter()
+    kube = KubernetesAdapter(pooled_client(settings.reconcile_workers + 4))
     router = prometheus_observer(settings)
     metrics = OperatorMetrics()
     if settings.metrics_port:

@@ -94,6 +94,15 @@ def _explain(error: ApiException) -> str:
     return f"{error.status} {error.reason}: {message}"
 
 
+def pooled_client(connections: int) -> client.ApiClient:
+    """An API client whose connection pool holds `connections` (one per thread that calls it): the
+    default (5 × CPUs) is smaller than the reconcile workers on a small node, and every connection
+    the pool cannot keep is a new TLS handshake for the next call."""
+    configuration = client.Configuration.get_default_copy()
+    configuration.connection_pool_maxsize = max(configuration.connection_pool_maxsize or 0, connections)
+    return client.ApiClient(configuration)
+
+
 class KubernetesAdapter:
     def __init__(self, api_client: client.ApiClient | None = None, *, timeout_s: float = 10.0) -> None:
         self.api_client = api_client or client.ApiClient()
