@@ -211,7 +211,9 @@ async def evaluate(**kwargs: Any) -> None:
 async def on_engine_deployment(**kwargs: Any) -> None:
     """An engine Deployment moved (a rollout progressed or finished): reconcile its owner now."""
     event, namespace, labels = kwargs["event"], kwargs["namespace"], kwargs["labels"]
-    if event.get("type") in (None, "DELETED"):
+    # Listed at startup (None), deleted, or just created (ADDED: by the reconcile that has just
+    # written its owner's status — a second one would find nothing new): only changes count.
+    if event.get("type") in (None, "DELETED", "ADDED"):
         return
     owner = labels.get(LABEL)
     if owner:
