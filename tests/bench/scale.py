@@ -3,8 +3,8 @@ the real Prometheus. Prints figures; asserts nothing (the machine may be shared 
 
     python tests/bench/scale.py [--sizes 200,1000] [--interval 30] [--window 60]
 
-Per N: a fresh set of 10 namespaces with N LLMServings (every tenth with a 55-character name, whose pod
-names Kubernetes would truncate), created before the operator starts; one light exporter
+Per N: a fresh set of 10 namespaces with N LLMServings (every tenth with a 46-character name, the
+longest allowed, whose pod names reach 63 characters), created before the operator starts; one light exporter
 (tests/bench/fleet_exporter.py) serves one engine pod's series per LLMServing with its namespace,
 pod and llmserving labels — no pods run (the Deployment and ReplicaSet controllers are off, so
 Deployments stay as the operator applied them). The operator runs as its own process
@@ -115,8 +115,8 @@ def counting_proxy(upstream_port: int, log: QueryLog) -> Iterator[str]:
 def llmserving_names(n: int) -> list[str]:
     names = []
     for i in range(n):
-        if i % 10 == 0:  # 55 characters: Kubernetes truncates the pod names of names over 46
-            names.append(f"support-assistant-llama-3-1-8b-instruct-eu-west-{i:05d}"[:45] + f"-long-{i:04d}")
+        if i % 10 == 0:  # 46 characters, the longest name admission allows (its pod names are 63)
+            names.append(f"support-assistant-llama-3-1-8b-instruct-{i:06d}")
         else:
             names.append(f"chat-{i:05d}")
     return names
