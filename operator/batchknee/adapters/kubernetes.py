@@ -235,7 +235,7 @@ class KubernetesAdapter:
             "metadata": {"name": name, "namespace": namespace},
             "status": status,
         }
-        with_retries(
+        response = with_retries(
             lambda: self.custom.patch_namespaced_custom_object_status(
                 GROUP,
                 VERSION,
@@ -246,10 +246,12 @@ class KubernetesAdapter:
                 field_manager=FIELD_MANAGER,
                 force=True,
                 _content_type=APPLY,
+                _preload_content=False,  # the object written back is not needed: not parsed
                 _request_timeout=self.timeout_s,
             ),
             f"write the status of LLMServing {namespace}/{name}",
         )
+        _finish(response)
 
     def emit_event(
         self, involved: dict[str, Any], event_type: EventType, reason: str, message: str, now: datetime
