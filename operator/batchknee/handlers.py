@@ -59,7 +59,12 @@ def _target(body: Any) -> ObservationTarget | None:
     """What the object's engines are observed as, from the body kopf handed over (None when the
     spec does not parse: reconcile reports that)."""
     try:
-        plain = json.loads(json.dumps(body, default=dict))  # kopf's nested views as plain dicts
+        # kopf's nested views as plain dicts; only what the target depends on (not the managed
+        # fields, annotations and status, which are most of the body)
+        meta = body.get("metadata") or {}
+        wanted = {k: body.get(k) for k in ("apiVersion", "kind", "spec") if k in body}
+        wanted["metadata"] = {k: meta.get(k) for k in ("name", "namespace", "uid", "generation") if k in meta}
+        plain = json.loads(json.dumps(wanted, default=dict))
         return observation_target(parse_llmserving(plain))
     except (SpecError, ValueError, TypeError, KeyError):
         return None
