@@ -25,7 +25,7 @@ from typing import Any
 import kopf
 
 from batchknee.adapters.engine_runtime import HttpEngineRuntime
-from batchknee.adapters.kubernetes import KubernetesAdapter, load_config
+from batchknee.adapters.kubernetes import KubernetesAdapter, load_config, pooled_client
 from batchknee.adapters.observing import RoutedObserver
 from batchknee.api.models import GROUP, PLURAL, VERSION
 from batchknee.api.resolve import SpecError, observation_target, parse_llmserving
@@ -59,7 +59,12 @@ def _target(body: Any) -> ObservationTarget | None:
     """What the object's engines are observed as, from the body kopf handed over (None when the
     spec does not parse: reconcile reports that)."""
     try:
-        plain = json.loads(json.dumps(body, default=dict))  # kopf's nested views as plain dicts
+        # kopf's nested views as plain dicts; only what the target depends on (not the managed
+        # fields, annotations and status, which are most of the body)
+        meta = body.get("metadata") or {}
+        wanted = {k: body.get(k) for k in ("apiVersion", "kind", "spec") if k in body}
+        wanted["metadata"] = {k: meta.get(k) for k in ("name", "namespace", "uid", "generation") if k in meta}
+        plain = json.loads(json.dumps(wanted, default=dict))
         return observation_target(parse_llmserving(plain))
     except (SpecError, ValueError, TypeError, KeyError):
         return None
@@ -143,7 +148,7 @@ def configure(settings: OperatorSettings) -> Runtime:
     """Connect to the cluster, start /metrics, and build the runtime the handlers use."""
     global RUNTIME
     load_config()
-    kube = KubernetesAdapter()
+    kube = KubernetesAdapter(pooled_client(settings.reconcile_workers + 4))
     router = prometheus_observer(settings)
     metrics = OperatorMetrics()
     if settings.metrics_port:
@@ -211,7 +216,9 @@ async def evaluate(**kwargs: Any) -> None:
 async def on_engine_deployment(**kwargs: Any) -> None:
     """An engine Deployment moved (a rollout progressed or finished): reconcile its owner now."""
     event, namespace, labels = kwargs["event"], kwargs["namespace"], kwargs["labels"]
-    if event.get("type") in (None, "DELETED"):
+    # Listed at startup (None), deleted, or just created (ADDED: by the reconcile that has just
+    # written its owner's status — a second one would find nothing new): only changes count.
+    if event.get("type") in (None, "DELETED", "ADDED"):
         return
     owner = labels.get(LABEL)
     if owner:

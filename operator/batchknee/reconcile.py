@@ -50,6 +50,7 @@ from batchknee.api.resolve import (
     trtllm_kv_cache,
     tuning_rules,
 )
+from batchknee.applied import in_place, stamp
 from batchknee.core.bandwidth import BandwidthAssessment
 from batchknee.core.engine_args import int_flag
 from batchknee.core.observation import Observation
@@ -425,7 +426,7 @@ class _Reconcile:
         desired = Desired(rendered, decision.max_tokens, rollouts)
         if target is None:
             objects = render(obj, desired, self.ports.defaults)
-            foreign = self.claim(objects, found, uid)
+            foreign, pending = self.claim(objects, found, uid)
             if foreign:
                 return self.name_conflict(foreign)
         else:  # an adopted workload: the one env value, only when it changes and the args use it
@@ -433,10 +434,11 @@ class _Reconcile:
             objects = (
                 [env_patch(target, self.namespace, decision.value)] if decision.rolls and writable else []
             )
+            pending = objects
         apply_error: str | None = None
         conflict = False
         try:
-            for item in objects:
+            for item in pending:
                 self.ports.kube.apply(item)
         except ApplyConflict as error:
             conflict, apply_error = True, str(error)
@@ -498,7 +500,14 @@ class _Reconcile:
             or applied.rolling
             or (settled_since is not None and self.now < settled_since + timedelta(seconds=rules.window_s))
         )
-        crashing = crash_looping(self.pods) if state is not None and state.replicas > 0 else []
+        # A crash-looping container leaves its pod unready, and the Deployment says so: pods are
+        # listed only then (a healthy fleet costs no pod LIST per object and interval).
+        unready = (
+            state is not None
+            and state.replicas > 0
+            and (state.rolling or state.ready_replicas < state.replicas)
+        )
+        crashing = crash_looping(self.pods) if unready else []
         self.set_conditions(obj, state, observation, decision, rolled, apply_error, crashing)
         if target is not None:
             self.set_wired(obj.spec.engine, target)
@@ -887,24 +896,31 @@ class _Reconcile:
 
     def claim(
         self, objects: Sequence[dict[str, Any]], deployment: dict[str, Any] | None, uid: str | None
-    ) -> list[str]:
+    ) -> tuple[list[str], list[dict[str, Any]]]:
         """Make each rendered object safe to apply: one that exists must be controlled by this
         LLMServing, and is then applied conditionally on the resourceVersion read here (so a
         rollout decided on a stale Deployment cannot land). Returns the objects that exist and
-        belong to someone else; if there are any, nothing may be applied."""
-        foreign = []
+        belong to someone else (if there are any, nothing may be applied), and the objects to
+        apply: those not already in the cluster exactly as rendered (each stamped with its
+        content hash, see `batchknee.applied`)."""
+        foreign, pending = [], []
         for item in objects:
             kind, name = item["kind"], item["metadata"]["name"]
+            stamp(item)
             existing = (
                 deployment if kind == "Deployment" else self.ports.kube.get_object(kind, self.namespace, name)
             )
             if existing is None:
+                pending.append(item)
                 continue
             if not controlled_by(existing, uid):
                 foreign.append(f"{kind} {self.namespace}/{name}")
                 continue
+            if in_place(item, existing):
+                continue
             item["metadata"]["resourceVersion"] = existing.get("metadata", {}).get("resourceVersion")
-        return foreign
+            pending.append(item)
+        return foreign, pending
 
     def name_conflict(self, foreign: Sequence[str]) -> Outcome:
         """Objects of the names this LLMServing needs exist and are not its own: touch nothing."""

@@ -104,6 +104,9 @@ def test_a_rollout_decided_on_a_stale_deployment_never_lands(world: World) -> No
     assert deployment_state(world.kube.get_deployment("default", "chat")).max_num_seqs == 16  # type: ignore[union-attr]
     generation = world.kube.deployment("default", "chat")["metadata"]["generation"]
 
+    world.kube.finish_rollout("default", "chat")
+    world.reconcile()
+    world.clock.advance(600)  # settled long ago: on the stale read, 64 would roll to 16 again
     reads = StaleReads(world)
     reads.stale = stale  # says 64, rolled long ago: a decision on it would roll to 16 again
     world.ports.kube = reads  # type: ignore[assignment]
@@ -139,6 +142,8 @@ def test_a_crash_looping_engine_is_degraded_naming_the_pod(world: World) -> None
     world.kube.create(llmserving())
     world.reconcile()
     world.kube.finish_rollout("default", "chat")
+    # a container waiting in CrashLoopBackOff leaves its pod unready, and the Deployment counts it so
+    world.kube.deployment("default", "chat")["status"].update(readyReplicas=0, availableReplicas=0)
     world.kube.objects[("Pod", "default", "chat-7d9f-abcde")] = {
         "metadata": {
             "name": "chat-7d9f-abcde",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -14,7 +15,10 @@ from test_operator import Harness, crds, state_for, wait_for, world
 
 from batchknee.adapters.kubernetes import KubernetesAdapter
 from batchknee.devcluster import DevCluster
+from batchknee.handlers import prometheus_observer
 from batchknee.ports import ApplyConflict
+from batchknee.reconcile import Ports, reconcile
+from batchknee.settings import OperatorSettings
 
 __all__ = ["crds", "world"]
 
@@ -180,3 +184,41 @@ def test_a_value_that_does_not_fit_is_rolled_back_and_quarantined(world: Harness
         time.sleep(1)
     assert "quarantined 240" in world.status("tight")["reason"]
     assert world.max_num_seqs("tight") == 64
+
+
+class CountingKube(KubernetesAdapter):
+    """The real adapter, noting what it applies."""
+
+    applied: list[str]
+
+    def apply(self, obj: dict[str, Any]) -> None:
+        self.applied.append(obj["kind"])
+        super().apply(obj)
+
+
+def test_a_steady_reconcile_applies_nothing_and_an_edit_is_put_back(
+    world: Harness, cluster: DevCluster
+) -> None:
+    """What the apiserver stores reads back as rendered (its defaults around it), so a reconcile
+    that changes nothing writes nothing; a field of ours someone edited is still put back."""
+    assert world.apply("steady").returncode == 0
+    kube = CountingKube(cluster.api_client())
+    kube.applied = []
+    ports = Ports(kube, prometheus_observer(OperatorSettings(prometheus_url=world.prometheus.url)))
+    reconcile(world.ns, "steady", ports, datetime.now(UTC))
+    assert sorted(kube.applied) == ["Deployment", "PodDisruptionBudget", "Service"]
+    kube.applied.clear()
+    reconcile(world.ns, "steady", ports, datetime.now(UTC))
+    assert kube.applied == []
+
+    world.kubectl(
+        "patch",
+        "service",
+        "steady",
+        "--type=merge",
+        "-p",
+        '{"spec":{"selector":{"batchknee.io/llmserving":"x"}}}',
+    )
+    reconcile(world.ns, "steady", ports, datetime.now(UTC))
+    assert kube.applied == ["Service"]
+    assert world.get("service", "steady")["spec"]["selector"] == {"batchknee.io/llmserving": "steady"}  # type: ignore[index]

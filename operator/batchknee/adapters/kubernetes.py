@@ -94,6 +94,15 @@ def _explain(error: ApiException) -> str:
     return f"{error.status} {error.reason}: {message}"
 
 
+def pooled_client(connections: int) -> client.ApiClient:
+    """An API client whose connection pool holds `connections` (one per thread that calls it): the
+    default (5 × CPUs) is smaller than the reconcile workers on a small node, and every connection
+    the pool cannot keep is a new TLS handshake for the next call."""
+    configuration = client.Configuration.get_default_copy()
+    configuration.connection_pool_maxsize = max(configuration.connection_pool_maxsize or 0, connections)
+    return client.ApiClient(configuration)
+
+
 class KubernetesAdapter:
     def __init__(self, api_client: client.ApiClient | None = None, *, timeout_s: float = 10.0) -> None:
         self.api_client = api_client or client.ApiClient()
@@ -226,7 +235,7 @@ class KubernetesAdapter:
             "metadata": {"name": name, "namespace": namespace},
             "status": status,
         }
-        with_retries(
+        response = with_retries(
             lambda: self.custom.patch_namespaced_custom_object_status(
                 GROUP,
                 VERSION,
@@ -237,10 +246,12 @@ class KubernetesAdapter:
                 field_manager=FIELD_MANAGER,
                 force=True,
                 _content_type=APPLY,
+                _preload_content=False,  # the object written back is not needed: not parsed
                 _request_timeout=self.timeout_s,
             ),
             f"write the status of LLMServing {namespace}/{name}",
         )
+        _finish(response)
 
     def emit_event(
         self, involved: dict[str, Any], event_type: EventType, reason: str, message: str, now: datetime
