@@ -145,6 +145,10 @@ class DemoWorld:
         """The engine Deployment as JSON, or None before the operator has created it."""
         return self.kube.get_deployment(NAMESPACE, name)
 
+    def pods(self, name: str) -> list[dict[str, Any]]:
+        """The LLMServing's pods as JSON, terminating ones too."""
+        return self.kube.list_pods(NAMESPACE, {LLMSERVING_LABEL: name})
+
     def ready_endpoints(self, name: str) -> list[tuple[str, str]]:
         """(pod, base URL) of the LLMServing's pods that are Ready and not terminating — where a
         Service would route. Called from the external client's thread: its own API client."""
