@@ -5,15 +5,23 @@ running the emulator), with one SGLang LLMServing: its pods run `python -m sglan
 --max-running-requests N …`, and the emulator holds the shared prefix once in the pool as SGLang's
 radix cache does. The operator must read the unique context from the pool and roll
 `--max-running-requests` to the planner's recommendation for it.
+
+The same world carries the rollout guards, on one-replica vLLM LLMServings (tests/e2e/manifests):
+guard-single (no surge pod, no serving gap allowed) must hold with reason single-replica; guard-fault
+(its emulator slows every step above 40 running sequences 8×, applied when the 2,048-token phase
+begins) must be retuned past 40 once, reverted by the check after the change, quarantined, and not
+retried while quarantined.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import sys
 from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,22 +37,52 @@ NAME = "llama-3-8b-sglang"
 ROOFLINE = DecodeRoofline(find_model("meta-llama/Llama-3.1-8B-Instruct"), find_gpu("a100-80gb"))
 DEAD_BAND = 0.10  # the manifest's default deadBandPercent
 MANIFEST = Path(str(resources.files("batchknee.demo") / "manifests" / "llama-3-8b-a100-sglang.yaml"))
+GUARDS = Path(__file__).resolve().parent / "manifests"
+SINGLE, FAULT = "guard-single", "guard-fault"
+FAULT_ABOVE_RUNNING = 40  # guard-fault.yaml's --fault-above-running
+
+
+class Guards:
+    """What the guard LLMServings ended with, read before the world is torn down."""
+
+    def __init__(self, world: DemoWorld) -> None:
+        self.status = {name: world.llmserving(name).get("status") or {} for name in (SINGLE, FAULT)}
+        self.deployment = {name: world.deployment(name) for name in (SINGLE, FAULT)}
+        events = world.cluster.kubectl(
+            "get", "events", "-n", "demo", "--field-selector", f"involvedObject.name={FAULT}", "-o", "json"
+        )  # fmt: skip
+        self.fault_events: list[dict[str, Any]] = json.loads(events.stdout)["items"]
+
+
+RESULT: dict[str, Guards] = {}
 
 
 @pytest.fixture(scope="module")
 def samples(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Sample]]:
     out = tmp_path_factory.mktemp("sglang-out")
     log = io.StringIO()
-    with DemoWorld(out, gpu="a100-80gb", speedup=FAST_SHARED.speedup, examples=[MANIFEST]) as world:
+    examples = [MANIFEST, GUARDS / "guard-single.yaml"]
+    with DemoWorld(out, gpu="a100-80gb", speedup=FAST_SHARED.speedup, examples=examples) as world:
+
+        def phase_ended(phase: str) -> None:
+            if phase == "ctx-512":  # the fault guard sees only the 2,048- and 8,192-token phases
+                world.add(GUARDS / "guard-fault.yaml")
+
         try:
-            found = run_scenario(world, FAST_SHARED, log)
+            found = run_scenario(world, FAST_SHARED, log, on_phase_end=phase_ended)
         finally:
             sys.stdout.write(log.getvalue())  # the live timeline, for a failing run's report
         deployment = world.deployment(NAME)
         assert deployment is not None
         [container] = deployment["spec"]["template"]["spec"]["containers"]
         assert container["command"] == ["python", "-m", "sglang.launch_server"]
+        RESULT["guards"] = Guards(world)
         yield found
+
+
+@pytest.fixture(scope="module")
+def guards(samples: list[Sample]) -> Guards:
+    return RESULT["guards"]
 
 
 def unique_context(target: int) -> float:
@@ -71,3 +109,55 @@ def test_each_phase_retunes_to_the_planner_for_the_unique_context(samples: list[
     )
     # more room than the same traffic without sharing: the knee rose
     assert last.appliedMaxNumSeqs > recommend(ROOFLINE, target).max_num_seqs
+
+
+def test_a_single_replica_without_surge_holds_and_says_how_to_allow_it(
+    samples: list[Sample], guards: Guards
+) -> None:
+    """guard-single wanted other values in every phase, and never restarted its only replica."""
+    status = guards.status[SINGLE]
+    assert status["holdReason"] == "single-replica", status.get("reason")
+    assert (
+        "spec.rollout.maxSurge: 1" in status["reason"]
+        and "spec.rollout.allowServingGap: true" in status["reason"]
+    )
+    deployment = guards.deployment[SINGLE]
+    assert deployment is not None
+    assert deployment["metadata"]["annotations"]["deployment.kubernetes.io/revision"] == "1"
+    mine = [s for s in samples if s.llmserving == SINGLE]
+    assert {s.appliedMaxNumSeqs for s in mine} == {64}
+    for phase in ("ctx-512", "ctx-8192"):  # the knee is far from 64 there: a retune was wanted
+        wanted = [s.recommendedMaxNumSeqs for s in mine if s.phase == phase][-1]
+        assert wanted is not None and abs(wanted - 64) > DEAD_BAND * 64
+
+
+def test_a_change_that_did_worse_is_reverted_quarantined_and_not_retried(
+    samples: list[Sample], guards: Guards
+) -> None:
+    """guard-fault rolled from 16 past its emulator's fault threshold exactly once; the check after
+    the change found throughput per pod fallen without a TPOT gain and reverted it; the value is in
+    status.quarantine; no later change went to it again."""
+    status = guards.status[FAULT]
+    history = status["history"]
+    bad = [h for h in history if h.get("from") is not None and h["to"] > FAULT_ABOVE_RUNNING]
+    assert len(bad) == 1, history  # rolled to a faulty value once, never again
+    [change] = bad
+    assert change["from"] == 16
+    assert change["verdict"] == "Reverted", change
+    assert "throughput fell" in change["verdictReason"]
+    assert change["after"]["tokensPerSecondPerPod"] < 0.9 * change["before"]["tokensPerSecondPerPod"]
+    later = history[history.index(change) + 1 :]
+    assert later and later[0]["from"] == change["to"] and later[0]["to"] == 16, later
+    assert later[0]["reason"].startswith("revert")
+    [entry] = [q for q in status["quarantine"] if q["maxNumSeqs"] == change["to"]]
+    assert entry["direction"] == "Above"
+    assert entry["contextTokens"] == pytest.approx(change["before"]["contextTokens"], rel=DEAD_BAND)
+    assert "throughput fell" in entry["reason"]
+    # while the traffic that asked for it lasted, the operator held on the quarantine
+    assert any("quarantined" in s.reason for s in samples if s.llmserving == FAULT and s.phase == "ctx-2048")
+    reverted = [e for e in guards.fault_events if e["reason"] == "ChangeReverted"]
+    assert len(reverted) == 1 and reverted[0]["type"] == "Warning"
+    deployment = guards.deployment[FAULT]
+    assert deployment is not None
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert int(args[args.index("--max-num-seqs") + 1]) <= FAULT_ABOVE_RUNNING

@@ -190,6 +190,8 @@ def run_scenario(
             )
             while (elapsed := time.monotonic() - began) < start + phase.duration_s:
                 for name in world.names:
+                    if name not in modes:  # added while the scenario runs (world.add)
+                        modes[name] = actuation(world, name)
                     current = sample(world, name, phase.name, elapsed, scenario.speedup)
                     samples.append(current)
                     probes.append(probe(world, name, phase.name, elapsed, modes[name] == "Live", runtime))
@@ -198,7 +200,8 @@ def run_scenario(
             bounds.append((phase.name, start, time.monotonic() - began))
             failed_now = {name: failed_so_far(world, name) for name in world.names}
             engine_failed = {
-                name: None if now is None else now - failed_before[name] for name, now in failed_now.items()
+                name: None if now is None else now - failed_before.get(name, 0)
+                for name, now in failed_now.items()
             }
             failed_before.update({name: now for name, now in failed_now.items() if now is not None})
             rows += compare.rows_for_phase(probes, phase.name, start, modes, engine_failed)

@@ -96,8 +96,12 @@ class DemoWorld:
         )
         self._start_operator()
         for example in self.examples:
-            self.cluster.kubectl("apply", "-n", NAMESPACE, "-f", str(example))
-            self.names += [doc["metadata"]["name"] for doc in yaml.safe_load_all(example.read_text()) if doc]
+            self.add(example)
+
+    def add(self, example: Path) -> None:
+        """Apply a manifest's LLMServings; the demo samples them from now on."""
+        self.cluster.kubectl("apply", "-n", NAMESPACE, "-f", str(example))
+        self.names += [doc["metadata"]["name"] for doc in yaml.safe_load_all(example.read_text()) if doc]
 
     def _start_operator(self) -> None:
         env = self.cluster.env(os.environ)
