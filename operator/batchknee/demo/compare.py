@@ -34,7 +34,7 @@ class Probe:
 class Row:
     phase: str
     llmserving: str
-    actuation: str
+    actuation: str  # Restart or Live (Auto mode), or the mode (Recommend, Pinned)
     cap_before: int | None
     cap_after: int | None
     reaction_s: float | None  # None: no change, or not enforced by the phase end
@@ -102,7 +102,7 @@ def rows_for_phase(
 def table(rows: Sequence[Row]) -> str:
     """The side-by-side table, one line per phase and LLMServing."""
     header = (
-        f"{'phase':<9} {'LLMServing':<18} {'actuation':<9} {'max-num-seqs':>12} {'reaction':>12} "
+        f"{'phase':<9} {'LLMServing':<18} {'actuation':<10} {'max-num-seqs':>12} {'reaction':>12} "
         f"{'new pods':>8} {'restarts':>8} {'failed (engine)':>15} {'failed (client)':>15}"
     )
     lines = [header, "-" * len(header)]
@@ -113,7 +113,7 @@ def table(rows: Sequence[Row]) -> str:
         engine = "—" if r.engine_failed is None else str(r.engine_failed)
         client = "—" if r.client_requests is None else f"{r.client_errors}/{r.client_requests}"
         lines.append(
-            f"{r.phase:<9} {r.llmserving:<18} {r.actuation:<9} {caps:>12} {r.reaction():>12} "
+            f"{r.phase:<9} {r.llmserving:<18} {r.actuation:<10} {caps:>12} {r.reaction():>12} "
             f"{r.new_pods:>8} {r.container_restarts:>8} {engine:>15} {client:>15}"
         )
     return "\n".join(lines)

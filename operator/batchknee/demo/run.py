@@ -19,7 +19,7 @@ from batchknee.demo.world import NAMESPACE, DemoWorld
 
 REVISION = "deployment.kubernetes.io/revision"
 KNOB_FLAGS = ("--max-num-seqs", "--max-running-requests")  # vLLM, SGLang
-FAILED = "batchknee_emulator_(dropped_requests|requests_rejected)_total"
+FAILED = ("batchknee_emulator_dropped_requests_total", "batchknee_emulator_requests_rejected_total")
 
 
 def rollouts(world: DemoWorld, name: str) -> int:
@@ -62,7 +62,10 @@ def sample(world: DemoWorld, name: str, phase: str, elapsed: float, speedup: flo
 
 
 def actuation(world: DemoWorld, name: str) -> str:
-    return str(world.llmserving(name)["spec"].get("tuning", {}).get("actuation", "Restart"))
+    """How an Auto LLMServing applies a retune (Restart or Live); another mode by its name."""
+    tuning = world.llmserving(name)["spec"].get("tuning", {})
+    mode = str(tuning.get("mode", "Auto"))
+    return str(tuning.get("actuation", "Restart")) if mode == "Auto" else mode
 
 
 def knob(args: list[str]) -> int | None:
@@ -120,12 +123,17 @@ def probe(
 
 
 def failed_so_far(world: DemoWorld, name: str) -> int | None:
-    """Requests the LLMServing's emulators dropped or rejected, over every pod it ever had."""
-    value = world.query(
-        f'sum(max_over_time({{__name__=~"{FAILED}",namespace="{NAMESPACE}",'
-        f'pod=~"{name}-[a-z0-9]+-[a-z0-9]+"}}[1h]))'
-    )
-    return None if value is None else round(value)
+    """Requests the LLMServing's emulators dropped or rejected, over every pod it ever had (None
+    before Prometheus has them)."""
+    total = 0.0
+    for metric in FAILED:  # one query each: max_over_time drops the name, and two names would clash
+        value = world.query(
+            f'sum(max_over_time({metric}{{namespace="{NAMESPACE}",pod=~"{name}-[a-z0-9]+-[a-z0-9]+"}}[1h]))'
+        )
+        if value is None:
+            return None
+        total += value
+    return round(total)
 
 
 def wait_ready(world: DemoWorld, timeout_s: float = 120) -> None:
