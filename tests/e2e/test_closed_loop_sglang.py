@@ -43,15 +43,15 @@ FAULT_ABOVE_RUNNING = 40  # guard-fault.yaml's --fault-above-running
 
 
 class Guards:
-    """What the guard LLMServings ended with, read before the world is torn down."""
+    """What a guard LLMServing ended with: its status, Deployment and Events."""
 
-    def __init__(self, world: DemoWorld) -> None:
-        self.status = {name: world.llmserving(name).get("status") or {} for name in (SINGLE, FAULT)}
-        self.deployment = {name: world.deployment(name) for name in (SINGLE, FAULT)}
+    def __init__(self, world: DemoWorld, name: str) -> None:
+        self.status: dict[str, Any] = world.llmserving(name).get("status") or {}
+        self.deployment = world.deployment(name)
         events = world.cluster.kubectl(
-            "get", "events", "-n", "demo", "--field-selector", f"involvedObject.name={FAULT}", "-o", "json"
+            "get", "events", "-n", "demo", "--field-selector", f"involvedObject.name={name}", "-o", "json"
         )  # fmt: skip
-        self.fault_events: list[dict[str, Any]] = json.loads(events.stdout)["items"]
+        self.events: list[dict[str, Any]] = json.loads(events.stdout)["items"]
 
 
 RESULT: dict[str, Guards] = {}
@@ -65,8 +65,13 @@ def samples(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Sample]]:
     with DemoWorld(out, gpu="a100-80gb", speedup=FAST_SHARED.speedup, examples=examples) as world:
 
         def phase_ended(phase: str) -> None:
-            if phase == "ctx-512":  # the fault guard sees only the 2,048- and 8,192-token phases
+            # the fault guard lives through the 2,048-token phase only: what it did there is kept,
+            # and the next traffic shift (a context outside its quarantine's dead band) is not its test
+            if phase == "ctx-512":
                 world.add(GUARDS / "guard-fault.yaml")
+            elif phase == "ctx-2048":
+                RESULT["fault"] = Guards(world, FAULT)
+                world.remove(FAULT)
 
         try:
             found = run_scenario(world, FAST_SHARED, log, on_phase_end=phase_ended)
@@ -76,13 +81,13 @@ def samples(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Sample]]:
         assert deployment is not None
         [container] = deployment["spec"]["template"]["spec"]["containers"]
         assert container["command"] == ["python", "-m", "sglang.launch_server"]
-        RESULT["guards"] = Guards(world)
+        RESULT["single"] = Guards(world, SINGLE)
         yield found
 
 
 @pytest.fixture(scope="module")
-def guards(samples: list[Sample]) -> Guards:
-    return RESULT["guards"]
+def guards(samples: list[Sample]) -> dict[str, Guards]:
+    return {SINGLE: RESULT["single"], FAULT: RESULT["fault"]}
 
 
 def unique_context(target: int) -> float:
@@ -112,16 +117,16 @@ def test_each_phase_retunes_to_the_planner_for_the_unique_context(samples: list[
 
 
 def test_a_single_replica_without_surge_holds_and_says_how_to_allow_it(
-    samples: list[Sample], guards: Guards
+    samples: list[Sample], guards: dict[str, Guards]
 ) -> None:
     """guard-single wanted other values in every phase, and never restarted its only replica."""
-    status = guards.status[SINGLE]
+    status = guards[SINGLE].status
     assert status["holdReason"] == "single-replica", status.get("reason")
     assert (
         "spec.rollout.maxSurge: 1" in status["reason"]
         and "spec.rollout.allowServingGap: true" in status["reason"]
     )
-    deployment = guards.deployment[SINGLE]
+    deployment = guards[SINGLE].deployment
     assert deployment is not None
     assert deployment["metadata"]["annotations"]["deployment.kubernetes.io/revision"] == "1"
     mine = [s for s in samples if s.llmserving == SINGLE]
@@ -132,12 +137,12 @@ def test_a_single_replica_without_surge_holds_and_says_how_to_allow_it(
 
 
 def test_a_change_that_did_worse_is_reverted_quarantined_and_not_retried(
-    samples: list[Sample], guards: Guards
+    samples: list[Sample], guards: dict[str, Guards]
 ) -> None:
     """guard-fault rolled from 16 to 64, past its emulator's fault threshold; the check after the
     change found throughput per pod fallen without a TPOT gain and reverted it; the value is in
     status.quarantine, and the operator held on it instead of retrying (no cooldown would stop it)."""
-    status = guards.status[FAULT]
+    status = guards[FAULT].status
     history = status["history"]
     bad = [h for h in history if h.get("from") is not None and h["to"] > FAULT_ABOVE_RUNNING]
     assert len(bad) == 1, history  # rolled to the faulty value once, never again
@@ -157,9 +162,9 @@ def test_a_change_that_did_worse_is_reverted_quarantined_and_not_retried(
     assert any("quarantined 64" in s.reason for s in samples if s.llmserving == FAULT), [
         s.reason for s in samples if s.llmserving == FAULT
     ][-12:]
-    reverted = [e for e in guards.fault_events if e["reason"] == "ChangeReverted"]
+    reverted = [e for e in guards[FAULT].events if e["reason"] == "ChangeReverted"]
     assert len(reverted) == 1 and reverted[0]["type"] == "Warning"
-    deployment = guards.deployment[FAULT]
+    deployment = guards[FAULT].deployment
     assert deployment is not None
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert int(args[args.index("--max-num-seqs") + 1]) <= FAULT_ABOVE_RUNNING

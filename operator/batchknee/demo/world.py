@@ -98,6 +98,11 @@ class DemoWorld:
         for example in self.examples:
             self.add(example)
 
+    def remove(self, name: str) -> None:
+        """Delete an LLMServing (its children go with it); the demo stops sampling it."""
+        self.cluster.kubectl("delete", "llms", name, "-n", NAMESPACE, "--wait=false")
+        self.names.remove(name)
+
     def add(self, example: Path) -> None:
         """Apply a manifest's LLMServings; the demo samples them from now on."""
         self.cluster.kubectl("apply", "-n", NAMESPACE, "-f", str(example))
