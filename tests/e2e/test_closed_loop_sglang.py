@@ -8,9 +8,10 @@ radix cache does. The operator must read the unique context from the pool and ro
 
 The same world carries the rollout guards, on one-replica vLLM LLMServings (tests/e2e/manifests):
 guard-single (no surge pod, no serving gap allowed) must hold with reason single-replica; guard-fault
-(its emulator slows every step above 40 running sequences 8×, applied when the 2,048-token phase
-begins) must be retuned past 40 once, reverted by the check after the change, quarantined, and not
-retried while quarantined.
+(its emulator slows every step above 40 running sequences 8×; it lives through the 2,048-token
+phase only) must be retuned past 40 once, reverted by the check after the change, quarantined, and
+held on the quarantine instead of retried. They add one pod through the run and one through the
+middle phase, and no time.
 """
 
 from __future__ import annotations
