@@ -25,7 +25,7 @@ from batchknee.demo.world import DemoWorld
 
 pytestmark = pytest.mark.e2e
 
-AUTO, SHADOW = "llama-3-8b", "llama-3-8b-shadow"
+AUTO, SHADOW, LIVE = "llama-3-8b", "llama-3-8b-shadow", "llama-3-8b-live"
 ROOFLINE = DecodeRoofline(find_model("meta-llama/Llama-3.1-8B-Instruct"), find_gpu("a100-80gb"))
 DEAD_BAND = 0.10  # the example's default deadBandPercent
 
@@ -176,10 +176,56 @@ def test_the_readmes_kubectl_get_llms_has_the_columns_and_rows_of_a_real_run(run
     assert block[0].split() == live[0].split()
     pasted = {line.split()[0]: line.split() for line in block[1:] if line.strip()}
     rows = {line.split()[0]: line.split() for line in live[1:] if line.strip()}
-    assert pasted.keys() == rows.keys() == {AUTO, SHADOW}
+    assert pasted.keys() == rows.keys() == {AUTO, SHADOW, LIVE}
     for name, row in rows.items():
         assert pasted[name][1:3] == row[1:3]  # engine, model
         assert pasted[name][10] == row[10]  # mode
+
+
+def comparison(run: Run) -> dict[tuple[str, str], dict[str, Any]]:
+    rows = json.loads((run.world.out_dir / "comparison.json").read_text())
+    return {(row["phase"], row["llmserving"]): row for row in rows}
+
+
+@pytest.mark.parametrize(("phase", "expected"), [("ctx-512", 240), ("ctx-2048", 64), ("ctx-8192", 16)])
+def test_live_reaches_the_caps_restart_reaches(run: Run, phase: str, expected: int) -> None:
+    """The Live LLMServing, in the same world under the same traffic, ends each phase at the cap
+    the Restart one rolls to (within the dead band), and every one of its pods enforces it."""
+    live, restart = run.of(LIVE, phase)[-1], run.of(AUTO, phase)[-1]
+    assert live.appliedMaxNumSeqs is not None and restart.appliedMaxNumSeqs is not None
+    assert abs(live.appliedMaxNumSeqs - expected) <= DEAD_BAND * expected
+    assert abs(live.appliedMaxNumSeqs - restart.appliedMaxNumSeqs) <= DEAD_BAND * restart.appliedMaxNumSeqs
+    assert live.avgContextLength is not None
+    assert abs(live.appliedMaxNumSeqs - planner(live.avgContextLength)) <= DEAD_BAND * live.appliedMaxNumSeqs
+    row = comparison(run)[(phase, LIVE)]
+    assert row["actuation"] == "Live"
+    assert row["cap_after"] == live.appliedMaxNumSeqs  # what each pod's runtime endpoint reports
+
+
+def test_live_retunes_without_a_pod_restart_or_a_failed_request(run: Run) -> None:
+    """Zero restarts: the Deployment was never rolled (revision 1, the startup ceiling kept), no pod
+    was created after the first and no container restarted; and nothing failed, seen from the
+    engines or from the external client streaming through the Live pods. The Restart twin, for
+    contrast, replaced its pods in every phase."""
+    deployment = run.world.deployment(LIVE)
+    assert deployment is not None
+    assert deployment["metadata"]["annotations"]["deployment.kubernetes.io/revision"] == "1"
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    status = run.world.llmserving(LIVE)["status"]
+    assert int(args[args.index("--max-num-seqs") + 1]) == status["ceilingMaxNumSeqs"] >= 240
+    assert status["maxNumSeqs"] < status["ceilingMaxNumSeqs"]
+    assert all(s.rollouts == 0 for s in run.samples if s.llmserving == LIVE)
+    rows = comparison(run)
+    for phase in (p.name for p in FAST.phases):
+        live, restart = rows[(phase, LIVE)], rows[(phase, AUTO)]
+        assert (live["new_pods"], live["container_restarts"]) == (0, 0), live
+        assert live["engine_failed"] == 0 and live["client_errors"] == 0, live
+        assert live["client_requests"] >= 5, live
+        assert restart["new_pods"] >= 2, restart  # both replicas replaced at least once
+    live_client = json.loads((run.world.out_dir / f"client-{LIVE}.json").read_text())
+    assert live_client["errors"] == 0 and len({r["pod"] for r in live_client["records"]}) == 2
+    table = (run.world.out_dir / "comparison.txt").read_text()
+    assert all(name in table for name in (AUTO, LIVE, SHADOW))
 
 
 def test_timeline_files(run: Run) -> None:

@@ -6,15 +6,24 @@ running the emulator), with one SGLang LLMServing: its pods run `python -m sglan
 --max-running-requests N …`, and the emulator holds the shared prefix once in the pool as SGLang's
 radix cache does. The operator must read the unique context from the pool and roll
 `--max-running-requests` to the planner's recommendation for it.
+
+The same world carries the rollout guards, on one-replica vLLM LLMServings (tests/e2e/manifests):
+guard-single (no surge pod, no serving gap allowed) must hold with reason single-replica; guard-fault
+(its emulator slows every step above 40 running sequences 8×; it lives through the 2,048-token
+phase only) must be retuned past 40 once, reverted by the check after the change, quarantined, and
+held on the quarantine instead of retried. They add one pod through the run and one through the
+middle phase, and no time.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import sys
 from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -34,24 +43,57 @@ MANIFEST = Path(str(MANIFESTS / "llama-3-8b-a100-sglang.yaml"))
 SLO_NAME = "llama-3-8b-slo"
 SLO_MANIFEST = Path(str(MANIFESTS / "llama-3-8b-a100-slo.yaml"))
 TPOT_TARGET_MS = 50.0  # the SLO manifest's tpotP99TargetMilliseconds
+GUARDS = Path(__file__).resolve().parent / "manifests"
+SINGLE, FAULT = "guard-single", "guard-fault"
+FAULT_ABOVE_RUNNING = 40  # guard-fault.yaml's --fault-above-running
+
+
+class Guards:
+    """What a guard LLMServing ended with: its status, Deployment and Events."""
+
+    def __init__(self, world: DemoWorld, name: str) -> None:
+        self.status: dict[str, Any] = world.llmserving(name).get("status") or {}
+        self.deployment = world.deployment(name)
+        events = world.cluster.kubectl(
+            "get", "events", "-n", "demo", "--field-selector", f"involvedObject.name={name}", "-o", "json"
+        )  # fmt: skip
+        self.events: list[dict[str, Any]] = json.loads(events.stdout)["items"]
+
+
+RESULT: dict[str, Guards] = {}
 
 
 @pytest.fixture(scope="module")
 def samples(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Sample]]:
     out = tmp_path_factory.mktemp("sglang-out")
     log = io.StringIO()
-    with DemoWorld(
-        out, gpu="a100-80gb", speedup=FAST_SHARED.speedup, examples=[MANIFEST, SLO_MANIFEST]
-    ) as world:
+    examples = [MANIFEST, SLO_MANIFEST, GUARDS / "guard-single.yaml"]
+    with DemoWorld(out, gpu="a100-80gb", speedup=FAST_SHARED.speedup, examples=examples) as world:
+
+        def phase_ended(phase: str) -> None:
+            # the fault guard lives through the 2,048-token phase only: what it did there is kept,
+            # and the next traffic shift (a context outside its quarantine's dead band) is not its test
+            if phase == "ctx-512":
+                world.add(GUARDS / "guard-fault.yaml")
+            elif phase == "ctx-2048":
+                RESULT["fault"] = Guards(world, FAULT)
+                world.remove(FAULT)
+
         try:
-            found = run_scenario(world, FAST_SHARED, log)
+            found = run_scenario(world, FAST_SHARED, log, on_phase_end=phase_ended)
         finally:
             sys.stdout.write(log.getvalue())  # the live timeline, for a failing run's report
         deployment = world.deployment(NAME)
         assert deployment is not None
         [container] = deployment["spec"]["template"]["spec"]["containers"]
         assert container["command"] == ["python", "-m", "sglang.launch_server"]
+        RESULT["single"] = Guards(world, SINGLE)
         yield found
+
+
+@pytest.fixture(scope="module")
+def guards(samples: list[Sample]) -> dict[str, Guards]:
+    return {SINGLE: RESULT["single"], FAULT: RESULT["fault"]}
 
 
 def unique_context(target: int) -> float:
@@ -106,3 +148,57 @@ def test_goal_slo_holds_the_tpot_target(samples: list[Sample], phase: str) -> No
     last = slo_phase_end(samples, phase)
     # the bucketed p99 reads at or under 50 ms exactly when 99 % of the tokens did (a bucket bound)
     assert last.tpotP99Ms is not None and last.tpotP99Ms <= TPOT_TARGET_MS, last
+
+
+def test_a_single_replica_without_surge_holds_and_says_how_to_allow_it(
+    samples: list[Sample], guards: dict[str, Guards]
+) -> None:
+    """guard-single wanted other values in every phase, and never restarted its only replica."""
+    status = guards[SINGLE].status
+    assert status["holdReason"] == "single-replica", status.get("reason")
+    assert (
+        "spec.rollout.maxSurge: 1" in status["reason"]
+        and "spec.rollout.allowServingGap: true" in status["reason"]
+    )
+    deployment = guards[SINGLE].deployment
+    assert deployment is not None
+    assert deployment["metadata"]["annotations"]["deployment.kubernetes.io/revision"] == "1"
+    mine = [s for s in samples if s.llmserving == SINGLE]
+    assert {s.appliedMaxNumSeqs for s in mine} == {64}
+    for phase in ("ctx-512", "ctx-8192"):  # the knee is far from 64 there: a retune was wanted
+        wanted = [s.recommendedMaxNumSeqs for s in mine if s.phase == phase][-1]
+        assert wanted is not None and abs(wanted - 64) > DEAD_BAND * 64
+
+
+def test_a_change_that_did_worse_is_reverted_quarantined_and_not_retried(
+    samples: list[Sample], guards: dict[str, Guards]
+) -> None:
+    """guard-fault rolled from 16 to 64, past its emulator's fault threshold; the check after the
+    change found throughput per pod fallen without a TPOT gain and reverted it; the value is in
+    status.quarantine, and the operator held on it instead of retrying (no cooldown would stop it)."""
+    status = guards[FAULT].status
+    history = status["history"]
+    bad = [h for h in history if h.get("from") is not None and h["to"] > FAULT_ABOVE_RUNNING]
+    assert len(bad) == 1, history  # rolled to the faulty value once, never again
+    [change] = bad
+    assert (change["from"], change["to"]) == (16, 64)
+    assert change["verdict"] == "Reverted", change
+    assert "throughput fell" in change["verdictReason"]
+    assert change["after"]["tokensPerSecondPerPod"] < 0.9 * change["before"]["tokensPerSecondPerPod"]
+    later = history[history.index(change) + 1 :]
+    assert later and (later[0]["from"], later[0]["to"]) == (64, 16), later
+    assert later[0]["reason"].startswith("revert")
+    [entry] = [q for q in status["quarantine"] if q["maxNumSeqs"] == 64]
+    assert entry["direction"] == "Above"
+    assert entry["contextTokens"] == pytest.approx(change["before"]["contextTokens"], rel=DEAD_BAND)
+    assert "throughput fell" in entry["reason"]
+    # after the revert, while the traffic that asked for 64 lasted, the operator held on the quarantine
+    assert any("quarantined 64" in s.reason for s in samples if s.llmserving == FAULT), [
+        s.reason for s in samples if s.llmserving == FAULT
+    ][-12:]
+    reverted = [e for e in guards[FAULT].events if e["reason"] == "ChangeReverted"]
+    assert len(reverted) == 1 and reverted[0]["type"] == "Warning"
+    deployment = guards[FAULT].deployment
+    assert deployment is not None
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert int(args[args.index("--max-num-seqs") + 1]) <= FAULT_ABOVE_RUNNING

@@ -14,8 +14,10 @@ def register(subparsers: Any) -> None:
         help="the closed loop on a local cluster: traffic shifts and the operator retunes the engines",
         description="Start a local control plane whose test kubelet runs `batchknee emulate` for engine pods, "
         "a real Prometheus and the operator; apply the demo's LLMServing (Llama-3-8B on A100-80GB, "
-        "two replicas, demo timings) and a Recommend-mode twin; drive traffic at 512, 2,048 and 8,192 tokens of context; print a live timeline; write "
-        "timeline.json and timeline.png; tear everything down.",
+        "two replicas, demo timings), a Recommend-mode twin and a Live twin (caps set through the engine's "
+        "runtime endpoint, no restart); drive traffic at 512, 2,048 and 8,192 tokens of context; print a live "
+        "timeline and, per phase, Restart and Live side by side (reaction time, pods restarted, requests "
+        "failed); write timeline.json, timeline.png and comparison.txt; tear everything down.",
     )
     parser.add_argument("--fast", action="store_true", help="short phases (the e2e test's scenario)")
     parser.add_argument("--out", type=Path, default=Path("demo-out"), help="where the timeline goes")
@@ -43,5 +45,8 @@ def run(args: argparse.Namespace) -> int:
             flush=True,
         )
         run_scenario(world, scenario, sys.stdout)
-    print(f"\nwrote {args.out / 'timeline.json'} and {args.out / 'timeline.png'}; everything is torn down")
+    print(
+        f"\nwrote {args.out / 'timeline.json'}, {args.out / 'timeline.png'} and {args.out / 'comparison.txt'}; "
+        "everything is torn down"
+    )
     return 0

@@ -96,8 +96,17 @@ class DemoWorld:
         )
         self._start_operator()
         for example in self.examples:
-            self.cluster.kubectl("apply", "-n", NAMESPACE, "-f", str(example))
-            self.names += [doc["metadata"]["name"] for doc in yaml.safe_load_all(example.read_text()) if doc]
+            self.add(example)
+
+    def remove(self, name: str) -> None:
+        """Delete an LLMServing (its children go with it); the demo stops sampling it."""
+        self.cluster.kubectl("delete", "llms", name, "-n", NAMESPACE, "--wait=false")
+        self.names.remove(name)
+
+    def add(self, example: Path) -> None:
+        """Apply a manifest's LLMServings; the demo samples them from now on."""
+        self.cluster.kubectl("apply", "-n", NAMESPACE, "-f", str(example))
+        self.names += [doc["metadata"]["name"] for doc in yaml.safe_load_all(example.read_text()) if doc]
 
     def _start_operator(self) -> None:
         env = self.cluster.env(os.environ)
@@ -144,6 +153,10 @@ class DemoWorld:
     def deployment(self, name: str) -> dict[str, Any] | None:
         """The engine Deployment as JSON, or None before the operator has created it."""
         return self.kube.get_deployment(NAMESPACE, name)
+
+    def pods(self, name: str) -> list[dict[str, Any]]:
+        """The LLMServing's pods as JSON, terminating ones too."""
+        return self.kube.list_pods(NAMESPACE, {LLMSERVING_LABEL: name})
 
     def ready_endpoints(self, name: str) -> list[tuple[str, str]]:
         """(pod, base URL) of the LLMServing's pods that are Ready and not terminating — where a
