@@ -76,16 +76,27 @@ def run_scenario(
     on_phase_end: Callable[[str], None] | None = None,
 ) -> list[Sample]:
     """Play every phase, sampling each LLMServing, with the external client streaming through the
-    first LLMServing's Ready pods; writes timeline.json, timeline.png and client.json."""
+    first LLMServing's Service (its Ready endpoints); writes timeline.json, timeline.png and client.json."""
     wait_ready(world)
     samples: list[Sample] = []
     bounds: list[tuple[str, float, float]] = []
     target = world.names[0]
     model = world.llmserving(target)["spec"]["model"]
     client = ExternalClient(
-        lambda: world.ready_endpoints(target),
+        lambda: world.client_endpoints(target),
         model=model.get("servedModelName") or model["name"],
         speedup=scenario.speedup,
+        routing=world.routing,
+    )
+    print(
+        f"external client: {client.concurrency} streams to {target}'s Service, round robin over "
+        + (
+            "its EndpointSlices' Ready endpoints"
+            if world.routing == "EndpointSlice"
+            else "its Ready pods (loopback pod addresses: the Service has no endpoints)"
+        ),
+        file=out,
+        flush=True,
     )
     client.start()
     began = time.monotonic()
@@ -115,9 +126,11 @@ def run_scenario(
         client.stop()
         client.write_report(world.out_dir / "client.json")
     failed = sum(1 for r in client.records if r.error)
+    drained = sum(1 for r in client.records if r.drained and not r.error)
     print(
-        f"\nexternal client ({target}, through its Ready pods): {len(client.records)} streamed requests, "
-        f"{failed} errors → {world.out_dir / 'client.json'}",
+        f"\nexternal client ({target}, through {world.routing}): {len(client.records)} streamed requests, "
+        f"{failed} errors, {drained} finished on a pod that left the endpoints meanwhile, "
+        f"{len(client.endpoint_sets)} endpoint sets → {world.out_dir / 'client.json'}",
         file=out,
         flush=True,
     )
