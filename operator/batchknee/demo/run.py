@@ -8,7 +8,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, TextIO
 
-from batchknee.demo.client import ExternalClient
+from batchknee.demo.client import ExternalClient, latencies
 from batchknee.demo.scenario import Scenario
 from batchknee.demo.timeline import Sample, plot, write_json
 from batchknee.demo.world import NAMESPACE, DemoWorld
@@ -127,9 +127,11 @@ def run_scenario(
         client.write_report(world.out_dir / "client.json")
     failed = sum(1 for r in client.records if r.error)
     drained = sum(1 for r in client.records if r.drained and not r.error)
+    seen = latencies(client.records)
     print(
         f"\nexternal client ({target}, through {world.routing}): {len(client.records)} streamed requests, "
-        f"{failed} errors, {drained} finished on a pod that left the endpoints meanwhile, "
+        f"{failed} errors, TTFT p50 {seen['ttftP50Ms']} ms, ITL p50 {seen['itlP50Ms']} ms (simulated), "
+        f"{drained} finished on a pod that left the endpoints meanwhile, "
         f"{len(client.endpoint_sets)} endpoint sets → {world.out_dir / 'client.json'}",
         file=out,
         flush=True,
