@@ -85,16 +85,21 @@ test-contract: venv contract-wheels
 tools:
 	tools/build.sh
 
-# Debian's prometheus for the integration tier. Only installs when missing; CI runs as root.
-# --no-install-recommends keeps prometheus-node-exporter out. Tests never use the packaged
-# service (if the package starts one on :9090): they run their own on a free loopback port.
+# Debian's prometheus for the integration tier, and iproute2's `ip` for the e2e tier's and the
+# demo's private network namespace (util-linux's `unshare` is essential in Debian). Only installs
+# what is missing; CI runs as root. --no-install-recommends keeps prometheus-node-exporter out.
+# Tests never use the packaged service (if the package starts one on :9090): they run their own on
+# a free loopback port.
 system-deps:
-	@if command -v prometheus >/dev/null; then \
-	  echo "system-deps: $$(command -v prometheus) present"; \
+	@missing=; \
+	command -v prometheus >/dev/null || missing="$$missing prometheus"; \
+	command -v ip >/dev/null || missing="$$missing iproute2"; \
+	if [ -z "$$missing" ]; then \
+	  echo "system-deps: $$(command -v prometheus) and $$(command -v ip) present"; \
 	else \
 	  sudo=; [ "$$(id -u)" = 0 ] || sudo=sudo; \
 	  $$sudo apt-get update -q && \
-	  DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q --no-install-recommends prometheus; \
+	  DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q --no-install-recommends $$missing; \
 	fi
 
 # The Dockerfile's steps without Docker (wheel → fresh venv → the console script) and the Helm chart
@@ -105,9 +110,11 @@ test-package: venv tools wheelhouse
 test-integration: venv tools system-deps
 	pytest -q -m integration --timeout=300 tests/integration
 
-# The closed loop: the fast demo scenario on the local cluster, asserted (about 5 minutes).
+# The closed loop: the fast demo scenario on the local cluster, asserted (about 5 minutes). Inside a
+# network namespace of its own (pods on 10.x there, so the engine Service has endpoints), or on
+# loopback with a note where the machine allows none.
 test-e2e: venv tools system-deps
-	pytest -q -m e2e --timeout=900 -p no:cacheprovider tests/e2e
+	$(BIN)/python -m batchknee.devcluster.in_netns pytest -q -m e2e --timeout=900 -p no:cacheprovider tests/e2e
 
 test: lint test-unit test-component test-contract test-package test-integration test-e2e
 

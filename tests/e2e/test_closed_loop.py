@@ -122,9 +122,10 @@ def client_report(run: Run) -> dict[str, Any]:
     return report
 
 
-def test_a_client_through_the_ready_pods_sees_no_error_across_every_rollout(run: Run) -> None:
-    """The external client (the `openai` client, streaming, routed by readiness like a Service)
-    kept requests in flight through every phase and every rollout and got every token."""
+def test_a_client_through_the_service_sees_no_error_across_every_rollout(run: Run) -> None:
+    """The external client (the `openai` client, several streams, round robin over where the
+    engine Service routes) kept requests in flight through every phase and every rollout and got
+    every token."""
     report = client_report(run)
     records = report["records"]
     rollouts = run.of(AUTO, "ctx-8192")[-1].rollouts
@@ -135,6 +136,24 @@ def test_a_client_through_the_ready_pods_sees_no_error_across_every_rollout(run:
     # It followed the rollouts: pods of several ReplicaSets served it, not just the first two.
     replica_sets = {r["pod"].rsplit("-", 1)[0] for r in records}
     assert len(replica_sets) >= 3, replica_sets
+
+
+def test_the_client_followed_the_services_endpointslices_and_drains_finished(run: Run) -> None:
+    """With pods on their own addresses (the run's network namespace), the client balanced over the
+    Ready endpoints of the Service's EndpointSlices as the controller-manager published them: a new
+    set at every rollout, nothing sent elsewhere, and requests held by a pod that left the set (its
+    readiness dropped, its preStop hook running) finished there without error."""
+    if not run.world.cluster.services_have_endpoints:
+        pytest.skip("pods on loopback addresses (no private network namespace): run it as `make test-e2e`")
+    report = client_report(run)
+    assert report["routing"] == "EndpointSlice"
+    sets = [tuple(s["pods"]) for s in report["endpointSets"]]
+    rollouts = run.of(AUTO, "ctx-8192")[-1].rollouts
+    # every rollout brings pods never seen before, so at least one new set each
+    assert len(set(sets)) >= rollouts + 1, sets
+    published = {pod for pods in sets for pod in pods}
+    assert {r["pod"] for r in report["records"]} <= published
+    assert report["finishedOnDrainingPods"] >= 1, report["endpointSets"]
 
 
 def prometheus_tpot_s(run: Run, at: float, window_s: int) -> float | None:

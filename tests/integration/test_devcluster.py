@@ -404,9 +404,9 @@ def test_the_grace_period_cuts_a_long_prestop_hook_and_sigterm_still_comes(
 def test_endpointslices_refuse_loopback_pod_addresses(
     cluster: DevCluster, api: client.ApiClient, namespace: str
 ) -> None:
-    """Why no controller publishes this cluster's pods: the apiserver validates EndpointSlice
-    addresses like Endpoints (no loopback), and the test kubelet's pod IPs are 127.N.x.y. If this
-    ever passes, enable the `endpointslice-controller` in DevCluster."""
+    """Why no controller publishes this cluster's pods on loopback addresses: the apiserver
+    validates EndpointSlice addresses like Endpoints (no loopback), and outside a private network
+    namespace the test kubelet's pod IPs are 127.N.x.y (test_pod_network.py covers the other case)."""
     discovery = client.DiscoveryV1Api(api)
 
     def slice_with(address: str) -> dict[str, Any]:

@@ -36,3 +36,36 @@ def test_the_client_streams_through_its_endpoints_and_reports(tmp_path: Path) ->
     report = json.loads((tmp_path / "client.json").read_text())
     assert report["requests"] == len(client.records)
     assert report["errors"] == len(refused) == report["byPhase"]["short"]["errors"]
+
+
+def test_the_client_follows_endpoint_changes_and_lets_a_leaving_pods_requests_finish(tmp_path: Path) -> None:
+    """Round robin over the endpoints it reads; when one leaves, no new request goes there, and
+    the requests it held finish there (flagged as drained) without error."""
+    argv = ["llama-3-8b", "--served-model-name", "llama", "--speedup", "2", "--startup-delay-s", "0.1"]
+    with emulator_process(argv) as url:
+        endpoints = [("pod-a", url), ("pod-b", url)]  # two names, one engine: only routing differs
+        client = ExternalClient(
+            lambda: list(endpoints), model="llama", speedup=2.0, concurrency=4, max_tokens=64
+        )
+        client.set_phase("short", 200)
+        client.start()
+        deadline = time.monotonic() + 30
+        while not any(r.pod == "pod-a" for r in client.records) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        endpoints = [("pod-b", url)]
+        while len(client.endpoint_sets) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        while sum(1 for r in client.records if r.pod == "pod-b") < 12 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        client.stop()
+    assert [pods for _at, pods in client.endpoint_sets] == [["pod-a", "pod-b"], ["pod-b"]]
+    left_at = client.endpoint_sets[1][0]
+    assert client.records and all(r.error is None for r in client.records)
+    assert not [r for r in client.records if r.pod == "pod-a" and r.started_at > left_at]
+    drained = [r for r in client.records if r.drained]
+    assert drained and all(r.pod == "pod-a" and r.tokens == 64 for r in drained)
+    client.write_report(tmp_path / "client.json")
+    report = json.loads((tmp_path / "client.json").read_text())
+    assert report["finishedOnDrainingPods"] == len(drained)
+    assert [s["pods"] for s in report["endpointSets"]] == [["pod-a", "pod-b"], ["pod-b"]]
+    assert report["itlP50Ms"] is not None and report["ttftP50Ms"] is not None

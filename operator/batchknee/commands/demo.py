@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,12 @@ def run(args: argparse.Namespace) -> int:
     from batchknee.commands import require_extra
 
     require_extra("demo", "batchknee demo")
+    from batchknee.devcluster import netns
+
+    # Like a real node: pods on their own addresses in a network namespace this run creates, so the
+    # engine Service has endpoints; where none can be made it says why and goes on with loopback.
+    again = ["demo", *(["--fast"] if args.fast else []), "--out", str(args.out), "--gpu", args.gpu]
+    netns.exec_inside([sys.executable, "-m", "batchknee", *again])
     from batchknee.demo.run import default_examples, run_scenario
     from batchknee.demo.scenario import FAST, FULL
     from batchknee.demo.world import DemoWorld
@@ -44,6 +51,11 @@ def run(args: argparse.Namespace) -> int:
             f"cluster up: KUBECONFIG={world.cluster.kubeconfig}  Prometheus {world.prometheus.url}",
             flush=True,
         )
+        if netns.private():
+            print(
+                f"  (in this run's network namespace: nsenter --net=/proc/{os.getpid()}/ns/net kubectl …)",
+                flush=True,
+            )
         run_scenario(world, scenario, sys.stdout)
     print(
         f"\nwrote {args.out / 'timeline.json'}, {args.out / 'timeline.png'} and {args.out / 'comparison.txt'}; "

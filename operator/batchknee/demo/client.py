@@ -1,6 +1,9 @@
-"""A client outside the pods: the real `openai` client keeps a few streamed completions in flight
-against an LLMServing's Ready pods, round robin, the way a router (or a Service) sends traffic —
-so rollouts are seen from where users see them. It records each request's TTFT, TPOT and errors.
+"""A client outside the pods: the real `openai` client keeps several streamed completions in flight
+against an LLMServing, the way a router sends traffic where there is no kube-proxy: it reads where
+the engine Service routes (its EndpointSlices' Ready endpoints, or on loopback pod addresses the
+Ready pods), re-reads that as it changes, and round-robins across it per request. A pod that leaves
+keeps the requests it holds: they finish there while it drains. It records each request's TTFT,
+inter-token latency and errors, and the endpoint sets it saw.
 
 The demo's bulk traffic stays inside the emulators (a Python client cannot parse hundreds of
 streams at 20× real time on a small machine); this client rides along at the phase's prompt length.
@@ -11,7 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
+import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -20,11 +25,12 @@ from pathlib import Path
 
 import openai
 
-REFRESH_S = 0.5  # how often the Ready pods are re-read (a preStop hook of 2 s covers the staleness)
+REFRESH_S = 0.5  # how often the endpoints are re-read (the pods' preStop hook covers the staleness)
+DEFAULT_CONCURRENCY = 6  # streams in flight: what one Python client keeps up with at 20× on 2 cores
 REQUEST_TIMEOUT_S = 120.0
 MAX_ERROR_CHARS = 300
 
-Endpoints = Callable[[], list[tuple[str, str]]]  # → [(pod name, base URL)] of the Ready pods
+Endpoints = Callable[[], list[tuple[str, str]]]  # → [(pod name, base URL)] where the Service routes
 
 
 @dataclass
@@ -34,8 +40,9 @@ class ClientRecord:
     started_at: float  # wall clock, epoch seconds
     tokens: int
     ttft_s: float | None  # simulated seconds
-    tpot_s: float | None  # simulated seconds: (last token − first token) / (tokens − 1)
+    tpot_s: float | None  # simulated seconds: (last token − first token) / (tokens − 1), the mean ITL
     error: str | None
+    drained: bool = False  # its pod left the endpoints while the request was in flight
 
 
 class ExternalClient:
@@ -47,10 +54,12 @@ class ExternalClient:
         *,
         model: str,
         speedup: float,
-        concurrency: int = 2,
+        routing: str = "",
+        concurrency: int = DEFAULT_CONCURRENCY,
         max_tokens: int = 256,
     ) -> None:
         self.endpoints = endpoints
+        self.routing = routing  # how `endpoints` finds them, for the report
         self.model = model
         self.speedup = speedup
         self.concurrency = concurrency
@@ -60,6 +69,9 @@ class ExternalClient:
         self._phase = ""
         self._prompt_tokens = 0
         self._ready: list[tuple[str, str]] = []
+        self.endpoint_sets: list[tuple[float, list[str]]] = []  # (wall time, pods) at each change
+        self._left: dict[str, float] = {}  # pod → when (monotonic) it last left the endpoints
+        self._turns = itertools.count()  # one round robin over all requests, as a router keeps
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._main, name="external-client", daemon=True)
 
@@ -77,13 +89,19 @@ class ExternalClient:
     def write_report(self, path: Path) -> None:
         errors = [r for r in self.records if r.error]
         report = {
+            "routing": self.routing,
+            "concurrency": self.concurrency,
             "requests": len(self.records),
             "errors": len(errors),
+            **latencies(self.records),
+            "finishedOnDrainingPods": sum(1 for r in self.records if r.drained and not r.error),
             "slowestRefreshSeconds": round(self.slowest_refresh_s, 3),
+            "endpointSets": [{"at": round(at, 3), "pods": pods} for at, pods in self.endpoint_sets],
             "byPhase": {
                 phase: {
                     "requests": sum(1 for r in self.records if r.phase == phase),
                     "errors": sum(1 for r in errors if r.phase == phase),
+                    **latencies([r for r in self.records if r.phase == phase]),
                 }
                 for phase in dict.fromkeys(r.phase for r in self.records)
             },
@@ -109,7 +127,7 @@ class ExternalClient:
             return clients[url]
 
         refresher = asyncio.create_task(self._refresh())
-        workers = [asyncio.create_task(self._worker(i, client_for)) for i in range(self.concurrency)]
+        workers = [asyncio.create_task(self._worker(client_for)) for _ in range(self.concurrency)]
         await asyncio.gather(*workers)
         refresher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -119,20 +137,28 @@ class ExternalClient:
     async def _refresh(self) -> None:
         while not self._stop.is_set():
             began = time.monotonic()
-            with contextlib.suppress(Exception):  # a failed read keeps the last known pods
-                self._ready = await asyncio.to_thread(self.endpoints)
+            with contextlib.suppress(Exception):  # a failed read keeps the last known endpoints
+                self._note(await asyncio.to_thread(self.endpoints))
             self.slowest_refresh_s = max(self.slowest_refresh_s, time.monotonic() - began)
             await asyncio.sleep(REFRESH_S)
 
-    async def _worker(self, index: int, client_for: Callable[[str], openai.AsyncOpenAI]) -> None:
-        turn = index
+    def _note(self, ready: list[tuple[str, str]]) -> None:
+        pods = sorted(pod for pod, _url in ready)
+        if not self.endpoint_sets or self.endpoint_sets[-1][1] != pods:
+            self.endpoint_sets.append((time.time(), pods))
+            now = time.monotonic()
+            for pod, _url in self._ready:
+                if pod not in pods:
+                    self._left[pod] = now
+        self._ready = ready
+
+    async def _worker(self, client_for: Callable[[str], openai.AsyncOpenAI]) -> None:
         while not self._stop.is_set():
             ready, phase, prompt = self._ready, self._phase, self._prompt_tokens
             if not ready or not prompt:
                 await asyncio.sleep(0.2)
                 continue
-            pod, url = ready[turn % len(ready)]
-            turn += self.concurrency
+            pod, url = ready[next(self._turns) % len(ready)]
             self.records.append(await self._one(client_for(url), pod, phase, prompt))
 
     async def _one(
@@ -163,4 +189,18 @@ class ExternalClient:
         scale = self.speedup
         ttft = (arrivals[0] - started) * scale if arrivals else None
         tpot = (arrivals[-1] - arrivals[0]) / (len(arrivals) - 1) * scale if len(arrivals) > 1 else None
-        return ClientRecord(phase, pod, started_at, len(arrivals), ttft, tpot, error)
+        drained = self._left.get(pod, -1.0) > started
+        return ClientRecord(phase, pod, started_at, len(arrivals), ttft, tpot, error, drained)
+
+
+def latencies(records: list[ClientRecord]) -> dict[str, float | None]:
+    """Median and p99 TTFT and inter-token latency (per-request mean ITL), in simulated ms."""
+    out: dict[str, float | None] = {}
+    for key, values in (
+        ("ttft", [r.ttft_s for r in records if r.ttft_s is not None and not r.error]),
+        ("itl", [r.tpot_s for r in records if r.tpot_s is not None and not r.error]),
+    ):
+        ms = sorted(v * 1e3 for v in values)
+        out[f"{key}P50Ms"] = round(statistics.median(ms), 2) if ms else None
+        out[f"{key}P99Ms"] = round(ms[min(len(ms) - 1, int(0.99 * len(ms)))], 2) if ms else None
+    return out

@@ -12,7 +12,7 @@ from typing import Any, TextIO
 
 from batchknee.adapters.engine_runtime import HttpEngineRuntime
 from batchknee.demo import compare
-from batchknee.demo.client import ExternalClient
+from batchknee.demo.client import DEFAULT_CONCURRENCY, ExternalClient, latencies
 from batchknee.demo.scenario import Scenario
 from batchknee.demo.timeline import Sample, plot, write_json
 from batchknee.demo.world import NAMESPACE, DemoWorld
@@ -173,8 +173,8 @@ def run_scenario(
     on_phase_end: Callable[[str], None] | None = None,
 ) -> list[Sample]:
     """Play every phase, sampling each LLMServing, with an external client streaming through the
-    Ready pods of the first LLMServing and of every Live one; writes timeline.json, timeline.png,
-    client.json (client-NAME.json for the others) and the Restart/Live comparison."""
+    Service (its Ready endpoints) of the first LLMServing and of every Live one; writes timeline.json,
+    timeline.png, client.json (client-NAME.json for the others) and the Restart/Live comparison."""
     wait_ready(world)
     samples: list[Sample] = []
     probes: list[compare.Probe] = []
@@ -187,10 +187,22 @@ def run_scenario(
         if name == world.names[0] or modes[name] == "Live":
             model = world.llmserving(name)["spec"]["model"]
             clients[name] = ExternalClient(
-                functools.partial(world.ready_endpoints, name),
+                functools.partial(world.client_endpoints, name),
                 model=model.get("servedModelName") or model["name"],
                 speedup=scenario.speedup,
+                routing=world.routing,
             )
+    print(
+        f"external clients: {', '.join(clients)}, {DEFAULT_CONCURRENCY} streams each through the Service, "
+        "round robin over "
+        + (
+            "its EndpointSlices' Ready endpoints"
+            if world.routing == "EndpointSlice"
+            else "its Ready pods (loopback pod addresses: the Service has no endpoints)"
+        ),
+        file=out,
+        flush=True,
+    )
     for client in clients.values():
         client.start()
     failed_before = {name: failed_so_far(world, name) or 0 for name in world.names}
@@ -248,9 +260,13 @@ def run_scenario(
             client.write_report(client_file(world, name))
     for name, client in clients.items():
         failed = sum(1 for r in client.records if r.error)
+        drained = sum(1 for r in client.records if r.drained and not r.error)
+        seen = latencies(client.records)
         print(
-            f"\nexternal client ({name}, through its Ready pods): {len(client.records)} streamed requests, "
-            f"{failed} errors → {client_file(world, name)}",
+            f"\nexternal client ({name}, through {world.routing}): {len(client.records)} streamed requests, "
+            f"{failed} errors, TTFT p50 {seen['ttftP50Ms']} ms, ITL p50 {seen['itlP50Ms']} ms (simulated), "
+            f"{drained} finished on a pod that left the endpoints meanwhile, "
+            f"{len(client.endpoint_sets)} endpoint sets → {client_file(world, name)}",
             file=out,
             flush=True,
         )

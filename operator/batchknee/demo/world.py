@@ -28,6 +28,7 @@ from batchknee.devcluster.procs import wait_until
 NAMESPACE = "demo"
 LLMSERVING_LABEL = "batchknee.io/llmserving"  # on every engine pod (render.LABEL)
 PLURAL_GROUP = "llmservings.batchknee.io"
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"  # on each EndpointSlice of a Service
 
 
 class DemoWorld:
@@ -158,13 +159,54 @@ class DemoWorld:
         """The LLMServing's pods as JSON, terminating ones too."""
         return self.kube.list_pods(NAMESPACE, {LLMSERVING_LABEL: name})
 
+    @property
+    def routing(self) -> str:
+        """How a client outside the pods finds them: "EndpointSlice" (the engine Service's Ready
+        endpoints, published by the controller-manager) or "Ready pods" (read directly, on loopback
+        pod addresses, where Services get no endpoints)."""
+        return "EndpointSlice" if self.cluster.services_have_endpoints else "Ready pods"
+
+    def client_endpoints(self, name: str) -> list[tuple[str, str]]:
+        """(pod, base URL) of where the LLMServing's Service routes now, as `routing` finds them."""
+        if self.cluster.services_have_endpoints:
+            return self.service_endpoints(name)
+        return self.ready_endpoints(name)
+
+    def _client_api(self) -> ApiClient:
+        """One connection pool for the external client's thread, kept for the world's life."""
+        if self._endpoints_api is None:
+            self._endpoints_api = self.cluster.api_client()
+            self._stack.callback(self._endpoints_api.close)
+        return self._endpoints_api
+
+    def service_endpoints(self, name: str) -> list[tuple[str, str]]:
+        """(pod, base URL) of the engine Service's Ready endpoints in its EndpointSlices — what a
+        router without kube-proxy balances over. A terminating pod's endpoint is not Ready (the
+        kubelet drops readiness before the preStop hook), so it leaves here first."""
+        discovery: Any = client.DiscoveryV1Api(self._client_api())  # Any: the raw response
+        raw = discovery.list_namespaced_endpoint_slice(
+            NAMESPACE,
+            label_selector=f"{SERVICE_NAME_LABEL}={name}",
+            _preload_content=False,
+            _request_timeout=(5, 10),
+        )
+        found: set[tuple[str, str]] = set()
+        for endpoint_slice in json.loads(raw.data)["items"]:
+            ports = [p["port"] for p in endpoint_slice.get("ports") or [] if p.get("name") == "http"]
+            if not ports:
+                continue
+            for endpoint in endpoint_slice.get("endpoints") or []:
+                if not (endpoint.get("conditions") or {}).get("ready"):
+                    continue
+                pod = (endpoint.get("targetRef") or {}).get("name", "")
+                for address in endpoint.get("addresses") or []:
+                    found.add((pod, f"http://{address}:{ports[0]}"))
+        return sorted(found)
+
     def ready_endpoints(self, name: str) -> list[tuple[str, str]]:
         """(pod, base URL) of the LLMServing's pods that are Ready and not terminating — where a
         Service would route. Called from the external client's thread: its own API client."""
-        if self._endpoints_api is None:  # one connection pool for the client's thread, kept
-            self._endpoints_api = self.cluster.api_client()
-            self._stack.callback(self._endpoints_api.close)
-        core: Any = client.CoreV1Api(self._endpoints_api)  # Any: the raw response (_preload_content=False)
+        core: Any = client.CoreV1Api(self._client_api())  # Any: the raw response (_preload_content=False)
         raw = core.list_namespaced_pod(
             NAMESPACE,
             label_selector=f"{LLMSERVING_LABEL}={name}",

@@ -28,7 +28,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
-from batchknee.devcluster import procs, tools
+from batchknee.devcluster import netns, procs, tools
 from batchknee.devcluster.kube import api_client_for
 from batchknee.devcluster.kubelet import KubeletConfig
 from batchknee.devcluster.pki import ClusterPKI, KeyPair, write_kubeconfig
@@ -53,6 +53,8 @@ DEFAULT_CONTROLLERS = (
     "horizontal-pod-autoscaler-controller",  # an HPA scaling an LLMServing through its scale subresource
 )
 SERVICE_CIDR = "10.96.0.0/16"  # allocation only (the `kubernetes` Service, the scale benchmark's thousands); nothing routes there
+# With routable pod addresses (the run's private network namespace): Services get endpoints.
+POD_NETWORK_CONTROLLERS = ("endpointslice-controller",)
 KEEP_ENV = "BATCHKNEE_KEEP_DEVCLUSTER"
 
 
@@ -104,7 +106,11 @@ class DevCluster:
         self.node_name = node_name
         self.gpus = gpus
         self.node_labels = dict(node_labels or {})
-        self.controllers = tuple(controllers)
+        # 10.x pod addresses inside the run's own network namespace (see devcluster.netns), where
+        # EndpointSlices can hold them; 127.x otherwise
+        self.pod_network = "netns" if netns.private() else "loopback"
+        extra = POD_NETWORK_CONTROLLERS if self.pod_network == "netns" else ()
+        self.controllers = tuple(controllers) + tuple(c for c in extra if c not in controllers)
         self.keep_workdir = (
             keep_workdir if keep_workdir is not None else os.environ.get(KEEP_ENV, "") not in ("", "0")
         )
@@ -122,6 +128,11 @@ class DevCluster:
         self._ports: dict[str, int] = {}
 
     # -- public API ---------------------------------------------------------------------------------
+
+    @property
+    def services_have_endpoints(self) -> bool:
+        """Whether the EndpointSlice controller publishes Ready pods (routable pod addresses)."""
+        return self.pod_network == "netns"
 
     @property
     def kubeconfig(self) -> Path:
@@ -411,6 +422,7 @@ class DevCluster:
             runtimes=self.runtimes,
             gpus=self.gpus,
             node_labels=self.node_labels,
+            pod_network=self.pod_network,
             kubernetes_version=version.read_text().strip() if version.is_file() else "v1.36.3",
         )
         cfg_path = self.workdir / "kubelet.json"

@@ -3,8 +3,9 @@
 Run as a child process of `DevCluster` (`python -m batchknee.devcluster.kubelet CONFIG.json`). It
 
 - registers a Node with `nvidia.com/gpu` capacity and keeps it Ready (status heartbeat + Lease);
-- for every pod the real kube-scheduler binds to the node: gives it its own loopback pod IP from a
-  127.N.0.0/16 block that this kubelet holds a machine-wide lock on, materialises ConfigMap, Secret
+- for every pod the real kube-scheduler binds to the node: gives it its own pod IP from a /16
+  block that this kubelet holds a lock on — 10.N.0.0/16 inside the run's private network namespace
+  (`batchknee.devcluster.netns`), else 127.N.0.0/16 machine-wide — materialises ConfigMap, Secret
   and emptyDir volumes under the pod's folder, and runs each container whose `command[0]` names a
   configured runtime as a local process: `prefix + command[1:] + args + ["--host", podIP]`, with the
   pod's env (plus POD_IP, POD_NAME, POD_NAMESPACE), paths under a volumeMount rewritten to the host
@@ -22,9 +23,10 @@ Run as a child process of `DevCluster` (`python -m batchknee.devcluster.kubelet 
   would (namespace, pod, container, and llmserving from the pod's batchknee.io/llmserving label) plus
   the pod's own labels.
 
-No Services/Endpoints: the apiserver rejects loopback addresses in Endpoints and in EndpointSlices
-alike (`ValidateNonSpecialIP` on IPv4/IPv6 slices), so neither endpoint controller can publish these
-pods; readiness is the routing signal here.
+Services: in the private namespace the controller-manager's EndpointSlice controller publishes the
+pods' 10.x addresses as they turn Ready (and drops them when readiness does). On loopback addresses
+it cannot (the apiserver's `ValidateNonSpecialIP` rejects them in EndpointSlices and Endpoints
+alike), and readiness alone is the routing signal.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from typing import IO, Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from batchknee.devcluster import netns
 from batchknee.devcluster.kube import api_client_for, new_watch
 from batchknee.devcluster.procs import Spawner, signal_group, stop_process
 
@@ -83,6 +86,7 @@ class KubeletConfig:
     max_pods: int = 110
     node_labels: dict[str, str] = field(default_factory=dict)
     kubernetes_version: str = "v1.36.3"
+    pod_network: str = "loopback"  # or "netns": 10.x addresses in the run's private namespace
 
     @classmethod
     def load(cls, path: str | Path) -> KubeletConfig:
@@ -109,20 +113,34 @@ def atomic_write(path: Path, text: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Pod IPs: a 127.N.0.0/16 block per kubelet, exclusive on this machine through a lock file, so two
-# clusters (parallel test sessions) never hand out the same address.
+# Pod IPs: a /16 block per kubelet, exclusive through a lock file, so two clusters (parallel test
+# sessions) never hand out the same address: 10.N.0.0/16 inside the run's private network namespace
+# (locked per namespace), else 127.N.0.0/16 (locked machine-wide).
+
+POD_NETWORKS = ("loopback", "netns")
+SERVICE_BLOCK = 96  # 10.96.0.0/16 is the Service CIDR (DevCluster.SERVICE_CIDR): no pods there
 
 
 class PodNetwork:
     LOCK_DIR = Path(tempfile.gettempdir()) / "batchknee-devcluster-podnet"
 
-    def __init__(self) -> None:
+    def __init__(self, kind: str = "loopback") -> None:
+        if kind not in POD_NETWORKS:
+            raise ValueError(f"pod_network: {kind!r} is not one of {', '.join(POD_NETWORKS)}")
+        if kind == "netns" and not netns.private():
+            raise RuntimeError(
+                "pod_network: netns needs the run's own network namespace "
+                "(run under `python -m batchknee.devcluster.in_netns`)"
+            )
+        self.first_octet = 10 if kind == "netns" else 127
+        # a namespace's 10.x addresses are its own: lock them per namespace
+        scope = f"{netns.namespace_id().strip('net:[]')}-" if kind == "netns" else ""
         self.LOCK_DIR.mkdir(parents=True, exist_ok=True)
-        octets = list(range(1, 255))
+        octets = [o for o in range(1, 255) if not (kind == "netns" and o == SERVICE_BLOCK)]
         random.shuffle(octets)
         self._lock: IO[str] | None = None
         for octet in octets:
-            f = (self.LOCK_DIR / f"127.{octet}.lock").open("w")
+            f = (self.LOCK_DIR / f"{scope}{self.first_octet}.{octet}.lock").open("w")
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
@@ -133,13 +151,15 @@ class PodNetwork:
             self._lock, self.octet = f, octet
             break
         else:
-            raise RuntimeError("no free 127.N.0.0/16 pod network: 254 local clusters running?")
+            raise RuntimeError(
+                f"no free {self.first_octet}.N.0.0/16 pod network: 254 local clusters running?"
+            )
         self._next = 1
         self._used: set[str] = set()
         self._mutex = threading.Lock()
 
     def allocate(self) -> str:
-        """The next unused address 127.N.x.y (never .0 or .255), round-robin so an IP is not reused soon."""
+        """The next unused address A.N.x.y (never .0 or .255), round-robin so an IP is not reused soon."""
         with self._mutex:
             for _ in range(65536):
                 n = self._next
@@ -147,7 +167,7 @@ class PodNetwork:
                 hi, lo = divmod(n, 256)
                 if lo in (0, 255):
                     continue
-                ip = f"127.{self.octet}.{hi}.{lo}"
+                ip = f"{self.first_octet}.{self.octet}.{hi}.{lo}"
                 if ip not in self._used:
                     self._used.add(ip)
                     return ip
@@ -829,7 +849,7 @@ class Kubelet:
         # Any: the calls below pass plain dicts, which the generated signatures do not admit.
         self.core: Any = client.CoreV1Api(self.api)
         self.coordination: Any = client.CoordinationV1Api(self.api)
-        self.net = PodNetwork()
+        self.net = PodNetwork(cfg.pod_network)
         self.stop_event = threading.Event()
         self.workers: dict[str, PodWorker] = {}
         self._finished: set[str] = set()  # pods whose worker ended: never start them again
