@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
+from batchknee.adapters.prometheus import Row, ScopeData, scope_for
+from batchknee.core.observation import ObservationTarget
 from batchknee.core.verify import Figures, verify
+
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+KEY = ("prod", "llama")
+
+
+def labels(pod: str) -> dict[str, str]:
+    return {"namespace": "prod", "llmserving": "llama", "pod": pod}
 
 
 def figures(ctx: float = 8192, tokens: float = 1000, p99_ms: float = 49.7, mean_ms: float | None = 45.0,
@@ -29,3 +40,30 @@ def test_preemptions_and_a_broken_target_revert_and_moved_traffic_is_inconclusiv
     broke = verify(figures(p99_ms=38), figures(p99_ms=45), 10, tpot_target_s=0.040)
     assert broke.verdict == "Reverted" and "40 ms target" in broke.reason
     assert verify(figures(ctx=2048), figures(ctx=8192, tokens=10), 10).verdict == "Inconclusive"
+
+
+def test_a_pod_drained_mid_window_counts_by_the_part_it_served() -> None:
+    """Right after a rollout the window still holds the old pods' last samples: two new pods served
+    the whole window (12 samples each), two drained old ones a quarter of it (3 each). The tokens of
+    all four over the window are 2.5 pods' worth, not 4: per pod the throughput held."""
+    scope = scope_for(ObservationTarget("prod", "llama", "VLLM", 60))
+    found = ScopeData(scope, NOW, min_samples=3)
+    samples = {"llama-new-1": 12.0, "llama-new-2": 12.0, "llama-old-1": 3.0, "llama-old-2": 3.0}
+    rows: dict[str, list[Row]] = {
+        "running": [(labels(pod), 16.0) for pod in samples],
+        "samples": [(labels(pod), count) for pod, count in samples.items()],
+    }
+    found.pod_rows = {name: {KEY: value} for name, value in rows.items()}
+    found.values = {"generation": {KEY: 2500.0}}
+    seen = found.observation(KEY)
+    assert seen.pods == 4 and seen.pods_served.value == 2.5
+    tokens = seen.generation_tokens_per_s.value
+    assert tokens is not None and tokens / seen.pods_served.value == 1000.0
+    before, after = (
+        figures(tokens=1000, mean_ms=45),
+        figures(tokens=tokens / seen.pods_served.value, mean_ms=45),
+    )
+    assert verify(before, after, dead_band_percent=10).verdict == "Kept"
+    assert (
+        verify(before, figures(tokens=tokens / seen.pods, mean_ms=45), 10).verdict == "Reverted"
+    )  # counted whole

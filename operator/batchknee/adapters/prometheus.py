@@ -320,6 +320,12 @@ class ScopeData:
             return Observation.unavailable(now, f"no {scope.engine} engine metrics {window_text}")
         samples = [v for _, v in rows("samples")]
         thin = min(samples, default=0) < self.min_samples
+        # a pod scraped for part of the window (drained or started by a rollout) counts by that part
+        pods_served = (
+            Reading.of(sum(samples) / max(samples))
+            if samples and max(samples) > 0
+            else Reading.unavailable(f"no sample counts {window_text}")
+        )
         thin_reason = (
             f"only {min(samples, default=0):.0f} samples per pod {window_text} (need {self.min_samples})"
         )
@@ -357,6 +363,7 @@ class ScopeData:
         return Observation(
             sampled_at=now,
             pods=len(pods),
+            pods_served=pods_served,
             avg_context_tokens=context,
             tpot_p99_s=value("tpot_p99", "TPOT p99", empty="no requests finished"),
             tpot_mean_s=value("tpot_mean", "TPOT mean", empty="no requests finished"),

@@ -92,6 +92,10 @@ class Observation:
     # time the DRAM interface was active, averaged over the GPUs of the pods.
     read_bytes_per_s_per_gpu: Reading = field(default_factory=lambda: Reading.unavailable("not measured"))
     dram_active: Reading = field(default_factory=lambda: Reading.unavailable("not measured"))
+    # The pods weighted by the share of the window each was scraped in: a pod a rollout drained (or
+    # started) mid-window served part of it, and counting it whole would read the per-pod throughput
+    # low (what the check after a change compares).
+    pods_served: Reading = field(default_factory=lambda: Reading.unavailable("not measured"))
 
     @classmethod
     def unavailable(cls, sampled_at: datetime, reason: str, pods: int = 0) -> Observation:

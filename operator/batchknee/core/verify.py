@@ -46,7 +46,8 @@ class Figures:
         preemptions = observation.preemptions_per_s.value
         if ctx is None or tokens is None or tpot is None or preemptions is None:
             return None
-        return cls(ctx, tokens / observation.pods, tpot, preemptions, observation.tpot_mean_s.value)
+        pods = observation.pods_served.value or observation.pods
+        return cls(ctx, tokens / pods, tpot, preemptions, observation.tpot_mean_s.value)
 
 
 @dataclass(frozen=True)
