@@ -160,6 +160,7 @@ def test_an_engine_that_crash_loops_is_degraded(world: Harness) -> None:
     assert world.events("EngineCrashLooping")
 
 
+@pytest.mark.timeout(600)
 def test_a_value_that_does_not_fit_is_rolled_back_and_quarantined(world: Harness) -> None:
     """The engine cannot start with the new batch limit: the Deployment controller reports
     ProgressDeadlineExceeded, the operator rolls back to the last good value and quarantines it."""
@@ -177,10 +178,12 @@ def test_a_value_that_does_not_fit_is_rolled_back_and_quarantined(world: Harness
     assert world.events("RolledBack")
     wait_for(lambda: world.condition("tight", "Ready").get("status") == "True", 120, "Ready again", world.log)
     # once the metrics window has settled, the same traffic asks for 240 again: it is not tried
-    deadline = time.monotonic() + 120
+    # (the settle window after the rollback, then the hold time; a loaded machine scrapes late)
+    deadline = time.monotonic() + 240
     while world.status("tight").get("holdReason") != "quarantined":
         assert world.max_num_seqs("tight") == 64
-        assert time.monotonic() < deadline, world.status("tight")
+        status = world.status("tight")
+        assert time.monotonic() < deadline, (status.get("holdReason"), status.get("reason"), world.log())
         time.sleep(1)
     assert "quarantined 240" in world.status("tight")["reason"]
     assert world.max_num_seqs("tight") == 64
