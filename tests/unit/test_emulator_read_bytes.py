@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 
 import pytest
+from prometheus_client import generate_latest
 
 from batchknee.emulator.engine_args import parse_emulator_args
 from batchknee.emulator.server import EmulatorServer
@@ -41,3 +42,17 @@ def test_an_overhead_lowers_the_achieved_fraction_by_its_share() -> None:
     achieved = stats.read_bytes / stats.busy_time_s / roofline.bandwidth
     overhead_share = 0.005 * stats.steps / stats.busy_time_s
     assert achieved == pytest.approx(0.8 * (1 - overhead_share), rel=0.01)
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_under_speedup_the_counter_rate_per_wall_second_is_the_gpus_bytes_per_second(engine: str) -> None:
+    """At 20× the wall clock sees 1/20 of the simulated time: the exported counter is the simulated
+    bytes ÷ 20, so Prometheus's rate per wall second reads the simulated GPU's bandwidth, at most its peak."""
+    server = run("--engine", engine, "--overhead-ms", "0", "--speedup", "20")
+    text = generate_latest(server.registry).decode()
+    exported = [
+        line for line in text.splitlines() if line.startswith(f"{engine}:estimated_read_bytes_per_gpu_total")
+    ]
+    assert exported, text[:500]
+    value = float(exported[0].rsplit(" ", 1)[1])
+    assert value == pytest.approx(server.engine.stats.read_bytes / 20, rel=1e-6)

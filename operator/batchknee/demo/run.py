@@ -251,6 +251,7 @@ def run_scenario(
             rows += compare.rows_for_phase(probes, phase.name, start, modes, engine_failed)
             snapshot = world.cluster.kubectl("get", "llms", "-n", NAMESPACE, "-o", "wide", check=False)
             print(f"\n$ kubectl get llms -o wide\n{snapshot.stdout.rstrip()}", file=out, flush=True)
+            (world.out_dir / "llms.txt").write_text(snapshot.stdout)  # the last phase's, at the end
             if on_phase_end is not None:
                 on_phase_end(phase.name)
     finally:

@@ -95,6 +95,13 @@ class EmulatorState:
         self.lag_s = 0.0
 
 
+def read_bytes_per_wall_second_basis(read_bytes: float, speedup: float) -> float:
+    """The read-bytes counter scaled so that its rate per wall second (what Prometheus computes) is
+    the simulated GPU's bytes per second: under --speedup the wall clock runs 1/speedup of simulated
+    time, and a bandwidth figure only means something against the GPU's peak in the GPU's seconds."""
+    return read_bytes / speedup
+
+
 class VllmCollector(Collector):
     def __init__(
         self,
@@ -103,12 +110,14 @@ class VllmCollector(Collector):
         version: str,
         cache_info: dict[str, str],
         mfu_metrics: bool = False,
+        speedup: float = 1.0,
     ) -> None:
         self.engine = engine
         self.model_name = model_name
         self.version = version
         self.cache_info = cache_info
         self.mfu_metrics = mfu_metrics
+        self.speedup = speedup
 
     def collect(self) -> Iterator[Metric]:
         engine = self.engine
@@ -217,7 +226,7 @@ class VllmCollector(Collector):
                 "Estimated number of bytes read from memory per GPU.",
                 labels,
                 values,
-                stats.read_bytes if self.mfu_metrics else 0.0,
+                read_bytes_per_wall_second_basis(stats.read_bytes, self.speedup) if self.mfu_metrics else 0.0,
             )
         success = CounterMetricFamily(
             "vllm:request_success",
@@ -452,11 +461,14 @@ class SglangCollector(Collector):
     ranks) and the tokenizer's counters and histograms (model and engine type, plus `is_streaming`
     or `cache_source` where the release has them). Names and labels: batchknee.engines.sglang."""
 
-    def __init__(self, engine: Engine, model_name: str, page_size: int, mfu_metrics: bool = False) -> None:
+    def __init__(
+        self, engine: Engine, model_name: str, page_size: int, mfu_metrics: bool = False, speedup: float = 1.0
+    ) -> None:
         self.engine = engine
         self.model_name = model_name
         self.page_size = page_size
         self.mfu_metrics = mfu_metrics
+        self.speedup = speedup
 
     def collect(self) -> Iterator[Metric]:
         engine, stats = self.engine, self.engine.stats
@@ -496,7 +508,7 @@ class SglangCollector(Collector):
             labels=scheduler,
         )
         if self.mfu_metrics:
-            read_bytes.add_metric(ranks, stats.read_bytes)
+            read_bytes.add_metric(ranks, read_bytes_per_wall_second_basis(stats.read_bytes, self.speedup))
         yield read_bytes
         streaming = [*tokenizer, "is_streaming"]
         yield _counter(

@@ -118,11 +118,16 @@ class EmulatorServer:
         emulator = EmulatorCollector(self.engine, model, self.state, info)
         if settings.engine == "vllm":
             engine_collector: VllmCollector | TrtllmCollector | SglangCollector = VllmCollector(
-                self.engine, model, settings.metric_version, settings.cache_info, settings.mfu_metrics
+                self.engine,
+                model,
+                settings.metric_version,
+                settings.cache_info,
+                settings.mfu_metrics,
+                speedup=settings.speedup,
             )
         elif settings.engine == "sglang":
             engine_collector = SglangCollector(
-                self.engine, model, settings.config.block_size, settings.mfu_metrics
+                self.engine, model, settings.config.block_size, settings.mfu_metrics, speedup=settings.speedup
             )
         else:
             engine_collector = TrtllmCollector(
