@@ -11,14 +11,15 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from batchknee.adapters.engine_runtime import HttpEngineRuntime
+from batchknee.core.engine_args import int_flag
 from batchknee.demo import compare
 from batchknee.demo.client import DEFAULT_CONCURRENCY, ExternalClient, latencies
 from batchknee.demo.scenario import Scenario
 from batchknee.demo.timeline import Sample, plot, write_json
 from batchknee.demo.world import NAMESPACE, DemoWorld
+from batchknee.engines import sglang, vllm
 
 REVISION = "deployment.kubernetes.io/revision"
-KNOB_FLAGS = ("--max-num-seqs", "--max-running-requests")  # vLLM, SGLang
 FAILED = ("batchknee_emulator_dropped_requests_total", "batchknee_emulator_requests_rejected_total")
 
 
@@ -80,12 +81,11 @@ def actuation(world: DemoWorld, name: str) -> str:
 
 
 def knob(args: list[str]) -> int | None:
-    for flag in KNOB_FLAGS:
-        for index, arg in enumerate(args):
-            if arg == flag and index + 1 < len(args):
-                return int(args[index + 1])
-            if arg.startswith(flag + "="):
-                return int(arg.split("=", 1)[1])
+    """The batch limit the rendered args carry (vLLM's or SGLang's flag, in any spelling)."""
+    for engine in (vllm, sglang):
+        value = int_flag(args, engine.KNOB_FLAG, engine.COMMAND_LINE)
+        if value is not None:
+            return value
     return None
 
 
