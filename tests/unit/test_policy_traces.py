@@ -183,16 +183,19 @@ def test_the_initial_guess_counts_its_dead_band_from_the_unrounded_initial_knee(
     assert "dead-band" in holds
 
 
-def test_goal_knee_steps_down_past_the_cooldown_when_the_limit_breaks_the_tpot_target() -> None:
-    # 240 retuned a minute ago; the context has since grown to 2,048 (knee 64) and one window's mean
-    # TPOT (60 ms at 240 running) says the limit breaks the 30 ms target far beyond the dead band: a
-    # safety decrease, which the cooldown does not hold back (a raise it would).
+def test_goal_knee_steps_down_once_the_cooldown_ends_when_the_limit_breaks_the_tpot_target() -> None:
+    # 240 retuned seven minutes ago; the context has since grown to 2,048 (knee 64) and one window's
+    # mean TPOT (60 ms at 240 running) says the limit breaks the 30 ms target far beyond the dead band:
+    # a safety decrease, which skips the dead band and the hold time but waits out the cooldown
+    # (the cooldown holds between any two rollouts: test_policy_properties).
     rules = replace(PRODUCTION, tpot_p99_target_ms=30)
     high = Applied(240, settled_since=T0 - timedelta(minutes=6),
                    rollouts=(Rollout(T0 - timedelta(minutes=7), 64, 240, "tuned", 240.0),))  # fmt: skip
     breaking = replace(_observation(lambda _: 2048.0, 0, rules.window_s), tpot_mean_s=Reading.of(0.060),
                        running=Reading.of(480.0))  # fmt: skip
     d = decide(rules, ROOFLINE, POOL, breaking, high, (), T0)
+    assert d.hold == "cooldown", d.reason
+    d = decide(rules, ROOFLINE, POOL, breaking, high, (), T0 + timedelta(minutes=3, seconds=1))
     assert d.rolls and d.value < 240, d.reason
     # a limit within the dead band of what the estimate allows (224 at 512 tokens) is no emergency:
     # left to the hysteresis, which holds it

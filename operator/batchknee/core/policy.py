@@ -17,8 +17,8 @@ Rules, in the order they are checked (the first that applies names the hold):
 - already there, inside the dead band, still moving, not yet held long enough, inside the
   cooldown, or over the rollouts-per-hour budget (both count retunes, not the creation): hold;
   otherwise roll. A safety decrease (the KV pool; a TPOT target the current limit breaks: goal
-  SLO's bound, goal Knee's guard by more than the dead band) skips the dead band, the hold time and
-  the cooldown, not the budget, and — the KV pool's excepted — waits while the window shifts.
+  SLO's bound, goal Knee's guard by more than the dead band) skips the dead band and the hold time,
+  not the cooldown or the budget, and — the KV pool's excepted — waits while the window shifts.
 - the creation's guess (the initial context's knee) counts its dead band from that knee unrounded.
 
 Hysteresis works on the unrounded target (`Recommendation.unrounded`, the batch before rounding
@@ -994,7 +994,7 @@ def decide(
                 f"(outside since {_z(since)}; until {_z(until)})",
             )
     last = applied.last_retune
-    if not safety and last is not None and now < last.time + timedelta(seconds=rules.cooldown_s):
+    if last is not None and now < last.time + timedelta(seconds=rules.cooldown_s):
         return hold("cooldown", f"cooldown until {_z(last.time + timedelta(seconds=rules.cooldown_s))}")
     recent = rollouts_in_last_hour(applied.rollouts, now)
     if recent >= rules.max_rollouts_per_hour:
