@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from conftest import World, llmserving
 from fakes import MemoryRuntime, observation
 
@@ -103,3 +104,32 @@ def test_tensorrt_llm_live_says_why_not_and_restarts(world: World) -> None:
     world.reconcile()
     actuation = world.kube.condition("default", "chat", "Actuation")
     assert actuation["reason"] == "LiveUnsupported" and "TensorRTLLM" in actuation["message"]
+
+
+@pytest.mark.parametrize("supported", [True, False])
+def test_a_safety_decrease_lowers_the_cap_live_inside_the_cooldown(world: World, supported: bool) -> None:
+    """Lowering a live cap restarts nothing, so a TPOT target broken right after a retune is met at
+    once; pods that cannot take a cap live restart, and the cooldown holds them."""
+    runtime = live_world(
+        world, supported=supported, tuning={"cooldownSeconds": 3600, "tpotP99TargetMilliseconds": 30}
+    )
+    world.reconcile()
+    world.kube.finish_rollout("default", "chat")  # (unsupported: the restart to the knee)
+    world.clock.advance(301)
+    shift(world, 4096, evaluations=6)  # a retune to the knee at 4,096 tokens: 64 → 32
+    world.kube.finish_rollout("default", "chat")  # (a restart's rollout; nothing to do live)
+    world.reconcile()
+    assert world.kube.status("default", "chat")["maxNumSeqs"] == 32
+    world.clock.advance(301)  # past the settle window, deep in the cooldown
+    shift(world, 4096, evaluations=2)  # the check after the change: kept
+    assert world.kube.status("default", "chat")["maxNumSeqs"] == 32
+    world.observer.set(
+        "default", "chat", observation(world.clock.now, ctx=4096, pods=2, running=64, tpot_p99_ms=60.0)
+    )
+    world.reconcile()
+    status = world.kube.status("default", "chat")
+    if supported:
+        assert status["maxNumSeqs"] < 32, status["reason"]
+        assert {cap["cap"] for cap in runtime.pods.values() if cap} == {status["maxNumSeqs"]}
+    else:
+        assert status["maxNumSeqs"] == 32 and status["holdReason"] == "cooldown", status["reason"]

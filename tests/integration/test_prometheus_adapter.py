@@ -33,6 +33,7 @@ BUSY = {
     "running": 32,
     "kvUsage": 0.1398,
     "tpotSeconds": 0.03,
+    "itlSeconds": 0.024,
     "requestsPerSecond": 20,
     "promptTokens": 2000,
     "generationTokens": 100,
@@ -129,7 +130,8 @@ def test_aggregates_the_pods_of_each_llmserving(prometheus: LocalPrometheus) -> 
     assert llama.avg_context_tokens.value == pytest.approx(2097, rel=0.01)
     assert llama.kv_cache_usage.value == pytest.approx((0.1398 + 0.0699) / 2)
     assert llama.prefix_hit_ratio.value == pytest.approx(0.25, abs=0.01)
-    assert llama.tpot_mean_s.value == pytest.approx(0.03, rel=0.01)
+    # the mean step time is the inter-token latency's (per step), not the per-request TPOT's
+    assert llama.tpot_mean_s.value == pytest.approx(0.024, rel=0.01)
     # Every sample is 30 ms: the p99 interpolates inside the (25 ms, 50 ms] bucket.
     assert llama.tpot_p99_s.value is not None
     assert 0.025 < llama.tpot_p99_s.value <= 0.05
@@ -291,5 +293,5 @@ def test_a_selector_override_reads_its_own_series(prometheus: LocalPrometheus) -
     observer.close()
     assert seen[custom.key].pods == 1 and seen[custom.key].running.value == pytest.approx(32)
     assert seen[custom.key].avg_context_tokens.value == pytest.approx(2097, rel=0.01)
-    assert seen[custom.key].tpot_mean_s.value == pytest.approx(0.03, rel=0.01)
+    assert seen[custom.key].tpot_mean_s.value == pytest.approx(0.024, rel=0.01)
     assert seen[("prod", "llama")].pods == 2

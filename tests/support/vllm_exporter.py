@@ -58,6 +58,8 @@ DEFAULT_STATE: dict[str, Any] = {
     "numGpuBlocks": 30000,
     "blockSize": 16,
     "tpotSeconds": 0.02,
+    # the mean inter-token latency (one sample per output step; current names only); null: tpotSeconds
+    "itlSeconds": None,
     "ttftSeconds": 0.2,
     "requestsPerSecond": 0.0,
     "promptTokens": 1000,
@@ -111,6 +113,10 @@ def build(
         "hits": Counter(f"{prefix}_hits", "hits", labels, registry=registry),
         "queries": Counter(f"{prefix}_queries", "queries", labels, registry=registry),
     }
+    if not legacy:
+        m["itl"] = Histogram(
+            "vllm:inter_token_latency_seconds", "itl", labels, buckets=TPOT_BUCKETS, registry=registry
+        )
     m["dram_active"] = Gauge(
         "DCGM_FI_PROF_DRAM_ACTIVE", "DRAM active ratio", ["gpu", "UUID", "Hostname"], registry=registry
     )
@@ -168,6 +174,9 @@ def main() -> None:
             finished, owed = int(owed), owed - int(owed)
             for _ in range(finished):
                 metrics["tpot"].labels(**label).observe(current["tpotSeconds"])
+                if "itl" in metrics:
+                    itl = current["itlSeconds"]
+                    metrics["itl"].labels(**label).observe(current["tpotSeconds"] if itl is None else itl)
                 metrics["ttft"].labels(**label).observe(current["ttftSeconds"])
                 metrics["prompt_len"].labels(**label).observe(current["promptTokens"])
                 metrics["gen_len"].labels(**label).observe(current["generationTokens"])

@@ -90,6 +90,10 @@ def test_the_observation_reads_like_the_prometheus_adapters() -> None:
     assert seen.avg_context_tokens.value == pytest.approx(1024 + 128, rel=0.1)
     assert seen.tpot_mean_s.value is not None and seen.tpot_p99_s.value is not None
     assert 0.01 < seen.tpot_mean_s.value <= seen.tpot_p99_s.value
+    # the mean step time is the window's own steps (inter-token latency), as the adapter reads it
+    base, last = [s for s in scrapes if s.time <= 300.0][-1], [s for s in scrapes if s.time <= 600.0][-1]
+    steps = (last.itl[1] - base.itl[1]) / (last.itl[2] - base.itl[2])
+    assert seen.tpot_mean_s.value == pytest.approx(steps, rel=1e-9)
     assert seen.prompt_tokens_mean.value == pytest.approx(1024)
     thin = observe(scrapes[:2], SETUP.num_gpu_blocks * SETUP.block_size, 30.0, 300.0)
     assert not thin.running.available and "samples" in thin.running.reason

@@ -11,7 +11,15 @@ import pytest
 
 from batchknee.core import DecodeRoofline, find_gpu, find_model
 from batchknee.core.observation import Observation, Reading
-from batchknee.core.policy import Applied, CalibrationPoint, Decision, RecentTarget, TuningRules, decide
+from batchknee.core.policy import (
+    Applied,
+    CalibrationPoint,
+    Decision,
+    RecentTarget,
+    Rollout,
+    TuningRules,
+    decide,
+)
 from batchknee.core.roofline import PrefillMix
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -166,3 +174,51 @@ def test_goal_knee_keeps_the_knee_and_reports_the_slo_bound() -> None:
     d = steady(knee, NAIVE, POOL, seen(2048, 25.0, 64), Applied(64), calibration_points(), T0)
     assert d.value == 64 and d.limited_by == "knee"
     assert d.slo_bound is not None and d.slo_bound > 64
+
+
+def mid_shift(window_ctx: int, recent_ctx: int, running: int) -> Observation:
+    """A window mid-shift to longer contexts: the mean step time of the window's own steps at its
+    (blended) context, and the last third already at `recent_ctx`."""
+    observation = seen(window_ctx, 49.0, running=running, mean_ms=real_mean_ms(running, window_ctx))
+    return replace(observation, recent_avg_context_tokens=Reading.of(recent_ctx))
+
+
+def test_a_limit_breaking_the_target_where_traffic_is_going_steps_down_mid_shift() -> None:
+    """Goal SLO does not wait for the window to stop shifting: its bound is taken at the last third's
+    context (where traffic is going), and every request served meanwhile over the target is lost."""
+    applied = Applied(176, settled_since=T0 - timedelta(hours=1))
+    d = decide(SLO, NAIVE, POOL, mid_shift(700, 2000, 150), applied, (), T0)
+    assert d.rolls and d.limited_by == "tpot-target", d.reason
+    # the bound at 2,000 tokens, not at the window's blend of 700: it meets the working target there
+    assert d.value < 112
+    assert REAL.tpot_with_prefill_s(d.value, 2000, PrefillMix(1024, 2048), 0.99) <= 0.030
+    # goal Knee's guard, taken at the window's blend, still waits for the shift to end
+    knee = replace(SLO, goal="Knee")
+    held = decide(knee, NAIVE, POOL, mid_shift(700, 2000, 150), applied, (), T0)
+    assert not held.rolls
+
+
+def test_under_live_actuation_a_safety_decrease_skips_settling_cooldown_and_budget() -> None:
+    """Lowering a live cap restarts nothing: a safety decrease soon after a retune (in its settle
+    window once the window's last third is all after it, in the cooldown, over a spent budget) goes
+    at once under Live, and holds under Restart."""
+    rules = replace(SLO, cooldown_s=600, max_rollouts_per_hour=1)
+    just_now = T0 - timedelta(seconds=rules.window_s // 3)
+    retune = Rollout(just_now, 64, 176, "climb", 176.0)
+    applied = Applied(176, settled_since=just_now, rollouts=(retune,))
+    observation = mid_shift(2000, 2000, 150)
+    restart = decide(rules, NAIVE, POOL, observation, applied, (), T0)
+    assert restart.hold == "settling" and restart.value == 176
+    settled = replace(applied, settled_since=T0 - timedelta(seconds=rules.window_s))
+    assert decide(rules, NAIVE, POOL, observation, settled, (), T0).hold == "cooldown"
+    live = decide(replace(rules, live=True), NAIVE, POOL, observation, applied, (), T0)
+    assert live.rolls and live.value < 112 and live.limited_by == "tpot-target", live.reason
+    # an optimisation (a climb) still waits out the settle window under Live
+    climb = decide(replace(rules, live=True), NAIVE, POOL, mid_shift(2048, 2048, 64), Applied(
+        64, settled_since=just_now, rollouts=(retune,)), (), T0)  # fmt: skip
+    assert climb.hold == "settling"
+    # nor does a decrease before the window's last third has seen the change, or after a creation
+    sooner = replace(applied, settled_since=T0 - timedelta(seconds=rules.window_s // 3 - 30))
+    assert decide(replace(rules, live=True), NAIVE, POOL, observation, sooner, (), T0).hold == "settling"
+    created = Applied(176, settled_since=just_now, rollouts=(Rollout(just_now, None, 176, "initial"),))
+    assert decide(replace(rules, live=True), NAIVE, POOL, observation, created, (), T0).hold == "settling"

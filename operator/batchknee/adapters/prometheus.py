@@ -214,7 +214,8 @@ def queries(scope: _Scope) -> dict[str, str]:
         ),
         "capacity": _kv_capacity_query(scope, by_pod),
         "tpot_p99": quantile(metrics.tpot, 0.99),
-        "tpot_mean": mean(metrics.tpot),
+        # the mean step time: per output step where the engine exports it (the window's own steps)
+        "tpot_mean": mean(tuple(dict.fromkeys((*metrics.step_time, *metrics.tpot)))),
         "ttft_p99": quantile(metrics.ttft, 0.99),
         "generation": rate(metrics.generation_tokens),
     }
@@ -775,6 +776,7 @@ def queried_metric_names(engine: Engine) -> list[QueriedMetric]:
         "prompt_tokens": "counter",
         "finished_requests": "histogram",  # its `_count` series, read with rate()
         "read_bytes": "counter",
+        "step_time": "histogram",
     }
     unknown = {f.name for f in fields(EngineMetrics)} - set(kinds)
     if unknown:

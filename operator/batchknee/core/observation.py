@@ -72,7 +72,9 @@ class Observation:
     pods: int
     avg_context_tokens: Reading
     tpot_p99_s: Reading
-    tpot_mean_s: Reading  # mean time per output token over the window (for calibration)
+    # mean time per output token over the window (for calibration and the check after a change):
+    # per output step (inter-token latency) where the engine exports it, else per finished request
+    tpot_mean_s: Reading
     ttft_p99_s: Reading
     running: Reading
     waiting: Reading

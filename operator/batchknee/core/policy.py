@@ -18,7 +18,8 @@ Rules, in the order they are checked (the first that applies names the hold):
   cooldown, or over the rollouts-per-hour budget (both count retunes, not the creation): hold;
   otherwise roll. A safety decrease (the KV pool; a TPOT target the current limit breaks: goal
   SLO's bound, goal Knee's guard by more than the dead band) skips the dead band and the hold time,
-  not the cooldown or the budget, and — the KV pool's excepted — waits while the window shifts.
+  not the cooldown or the budget — except under Live actuation, where lowering a cap restarts
+  nothing —, and goal Knee's TPOT guard waits while the window shifts.
 - the creation's guess (the initial context's knee) counts its dead band from that knee unrounded.
 
 Hysteresis works on the unrounded target (`Recommendation.unrounded`, the batch before rounding
@@ -135,6 +136,9 @@ class TuningRules:
     slo_margin_percent: int = 10
     ttft_p99_target_ms: int | None = None
     max_num_batched_tokens: int = 2048
+    # Live actuation with pods that take caps in place: a decrease never restarts a pod, so a
+    # safety decrease is not held back by the cooldown or the rollout budget (both bound restarts).
+    live: bool = False
 
     def __post_init__(self) -> None:
         if not 100 <= self.knee_factor_percent <= 200:
@@ -941,20 +945,40 @@ def decide(
         return decision(
             "hold", current, f"holding {current}: {_unobserved(ctx_reading)}", "metrics-unavailable"
         )
-    if applied.settled_since is not None and now < applied.settled_since + timedelta(seconds=rules.window_s):
-        until = applied.settled_since + timedelta(seconds=rules.window_s)
-        return hold("settling", f"metrics window settling after the rollout until {_z(until)}")
-
     wanted, batch = target.value, target.unrounded
-    if wanted == current:
-        return decision("hold", current, f"{explain} — at target", "at-target")
-    origin = _origin(rules, roofline, kv_pool_bytes, applied, current)
-    change_percent = abs(batch - origin) / origin * 100
     safety = wanted < current and (
         target.limited_by == "kv-capacity"
         or (target.limited_by == "tpot-target" and rules.goal == "SLO")
         or _guard_breaks(rules, target.guard, current)
     )
+    # A KV-capacity decrease goes at once (it preempts), as does goal SLO's: its bound is taken where
+    # traffic is going (the window's last third, when that is the longer context), and every request
+    # served meanwhile over the target is lost goodput. A Knee-goal TPOT safety decrease waits for
+    # the window to stop shifting: its guard is taken at the window's blend of before and after, and
+    # reaching where traffic went costs a second restart.
+    goes_now = safety and (
+        target.limited_by == "kv-capacity" or (rules.goal == "SLO" and target.limited_by == "tpot-target")
+    )
+    settled = applied.settled_since
+    settling = settled is not None and now < settled + timedelta(seconds=rules.window_s)
+    # Under Live actuation such a decrease after a retune does not wait out the whole settle window:
+    # the pods keep running, and the next step can follow once the window's last third is all after
+    # the change (an engine just created is left its window: its first requests arrive together).
+    follows_live = (
+        rules.live
+        and goes_now
+        and applied.last_retune is not None
+        and settled is not None
+        and now >= settled + timedelta(seconds=rules.window_s / 3)
+    )
+    if settling and not follows_live:
+        assert settled is not None
+        until = settled + timedelta(seconds=rules.window_s)
+        return hold("settling", f"metrics window settling after the rollout until {_z(until)}")
+    if wanted == current:
+        return decision("hold", current, f"{explain} — at target", "at-target")
+    origin = _origin(rules, roofline, kv_pool_bytes, applied, current)
+    change_percent = abs(batch - origin) / origin * 100
     if not safety and not _moves_past(rules, batch, origin):
         return hold(
             "dead-band",
@@ -962,10 +986,7 @@ def decide(
             f"({change_percent:.0f}%)",
         )
     recent_ctx = observation.recent_avg_context_tokens.value if observation is not None else None
-    # a TPOT safety decrease waits for the window to stop shifting too: taken mid-shift it goes to a
-    # blend of before and after, and reaching where traffic went costs a second restart (a
-    # KV-capacity one does not wait: it preempts)
-    if (not safety or target.limited_by != "kv-capacity") and recent_ctx is not None and recent_ctx > 0:
+    if not goes_now and recent_ctx is not None and recent_ctx > 0:
         lately = _knee(rules, roofline, kv_pool_bytes, recent_ctx)
         if _moves_past(rules, lately.unrounded, target.recommendation.unrounded):
             return hold(
@@ -993,6 +1014,8 @@ def decide(
                 f"{wanted} must hold outside the dead band of {origin:.1f} for {hold_s}s "
                 f"(outside since {_z(since)}; until {_z(until)})",
             )
+    if safety and rules.live:  # a cap lowered in place: no restart for the cooldown or budget to bound
+        return decision("roll", wanted, f"max-num-seqs {current}→{wanted}: {explain} (live)")
     last = applied.last_retune
     if last is not None and now < last.time + timedelta(seconds=rules.cooldown_s):
         return hold("cooldown", f"cooldown until {_z(last.time + timedelta(seconds=rules.cooldown_s))}")

@@ -4,11 +4,11 @@ settings on the same arrivals.
 One engine replica is simulated (`Engine`); a scraper snapshots what it exports every scrape
 interval, and every evaluation interval the snapshots of the last window become an `Observation`
 the way the Prometheus adapter builds one (gauges averaged over the window, the TPOT/TTFT p99
-interpolated within the engine's own histogram buckets, the TPOT mean from sum/count, the average
-context from KV usage, the recent third of the window for the trend). The real `decide()` picks the
-batch limit, with its dead band, settle window, cooldown and rollout budget; a rollout takes the pod
-down for `restart_s` (requests in flight are lost, arrivals meanwhile are turned away) and starts a
-fresh engine with the new limit.
+interpolated within the engine's own histogram buckets, the mean step time from the inter-token
+latency's sum/count, the average context from KV usage, the recent third of the window for the
+trend). The real `decide()` picks the batch limit, with its dead band, settle window, cooldown and
+rollout budget; a rollout takes the pod down for `restart_s` (requests in flight are lost, arrivals
+meanwhile are turned away) and starts a fresh engine with the new limit.
 
 Arrivals are open-loop Poisson, drawn once per trace and replayed to every policy. The rate of each
 phase saturates vLLM's default limit (256): it is that limit's modelled request capacity. A
@@ -248,6 +248,7 @@ class Snapshot:
     preemptions: int
     tpot: tuple[tuple[int, ...], float, int]
     ttft: tuple[tuple[int, ...], float, int]
+    itl: tuple[tuple[int, ...], float, int]
     prompt_sum: float
     prompt_count: int
     output_sum: float
@@ -271,6 +272,7 @@ def snapshot(engine: Engine) -> Snapshot:
         s.preemptions,
         hist(s.request_tpot),
         hist(s.ttft),
+        hist(s.itl),
         s.request_prompt_tokens.sum,
         s.request_prompt_tokens.count,
         s.request_generation_tokens.sum,
@@ -317,8 +319,10 @@ def observe(
         return Reading.of(usage * kv_tokens / running)
 
     recent = [s for s in inside if s.time > now - window_s / 3] or inside[-1:]
-    finished = last.tpot[2] - base.tpot[2]
-    tpot_mean = (last.tpot[1] - base.tpot[1]) / finished if finished > 0 else math.nan
+    # the mean step time from the inter-token latency (one sample per output step), as the adapter
+    # takes it from vLLM's inter_token_latency_seconds
+    steps = last.itl[2] - base.itl[2]
+    tpot_mean = (last.itl[1] - base.itl[1]) / steps if steps > 0 else math.nan
     prompts = last.prompt_count - base.prompt_count
     outputs = last.output_count - base.output_count
     queries = last.prefix_queries - base.prefix_queries
@@ -327,7 +331,7 @@ def observe(
         pods=1,
         avg_context_tokens=context_over(inside),
         tpot_p99_s=reading(_quantile(TPOT_BUCKETS, last.tpot, base.tpot, 0.99), "finished requests"),
-        tpot_mean_s=reading(tpot_mean, "finished requests"),
+        tpot_mean_s=reading(tpot_mean, "output steps"),
         ttft_p99_s=reading(_quantile(TTFT_BUCKETS, last.ttft, base.ttft, 0.99), "started requests"),
         running=Reading.of(sum(s.running for s in inside) / len(inside)),
         waiting=Reading.of(sum(s.waiting for s in inside) / len(inside)),
@@ -397,6 +401,8 @@ def run_policy(
             result.served.append((request.arrival, request.output, request.tpot_s, request.ttft_s))
 
     live = setup.live and static is None and rules is not None
+    if live and rules is not None:
+        rules = replace(rules, live=True)  # decreases are caps set in place
     ceiling = 0
 
     def set_cap(engine: Engine, value: int) -> None:

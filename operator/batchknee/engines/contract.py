@@ -27,7 +27,7 @@ class EngineMetrics:
     running: tuple[str, ...]
     waiting: tuple[str, ...]
     kv_usage: tuple[str, ...]
-    tpot: tuple[str, ...]  # histograms (base names)
+    tpot: tuple[str, ...]  # histograms (base names): per finished request first, then per step
     ttft: tuple[str, ...]
     generation_tokens: tuple[str, ...]  # counters
     preemptions: tuple[str, ...]
@@ -42,6 +42,11 @@ class EngineMetrics:
     # Bytes the engine estimates it read from GPU memory, per GPU (a counter; rate() is the achieved
     # bandwidth). Exported only behind the engine's own switch (`--enable-mfu-metrics`).
     read_bytes: tuple[str, ...] = ()
+    # Inter-token latency: one sample per output step, so its mean over the window is the step time
+    # of the window's own steps. The per-request TPOT of the requests that finished in the window
+    # spans their whole lives: after a shift it still shows the steps before it for as long as a
+    # request runs (minutes at long outputs), and a fit on it picks a batch too large.
+    step_time: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

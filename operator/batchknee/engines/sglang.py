@@ -94,6 +94,7 @@ METRICS = EngineMetrics(
     prompt_length=("sglang[:_]prompt_tokens_histogram",),
     generation_length=("sglang[:_]generation_tokens_histogram",),
     read_bytes=("sglang[:_]estimated_read_bytes_per_gpu_total",),
+    step_time=("sglang[:_]inter_token_latency_seconds",),
 )
 # SGLang counts the bytes it reads only with this switch (and --enable-metrics): the scheduler's
 # collector registers the counter either way, but without samples until it is incremented.

@@ -85,6 +85,8 @@ METRICS = EngineMetrics(
     prompt_length=("vllm[:_]request_prompt_tokens",),
     generation_length=("vllm[:_]request_generation_tokens",),
     read_bytes=("vllm[:_]estimated_read_bytes_per_gpu_total",),
+    # (time_per_output_token_seconds is inter-token latency too, under its ≤ 0.11 name)
+    step_time=("vllm[:_]inter_token_latency_seconds", "vllm[:_]time_per_output_token_seconds"),
 )
 # vLLM counts the bytes it reads only with this switch (vllm/v1/metrics/perf.py, 0.33.0); without it
 # the counter is still registered, at zero, per engine (labels model_name, engine).
