@@ -385,8 +385,8 @@ class _Reconcile:
             if target.problem is not None or not target.wired:
                 rules = replace(rules, mode="Recommend")  # report only, write nothing
         live = self.live_pods(obj, state, target)
-        if live:  # pods that take caps in place: lowering one restarts nothing
-            rules = replace(rules, live=True)
+        if live and state is not None:  # pods that take caps in place, under their startup value
+            rules = replace(rules, live_ceiling=state.max_num_seqs)
         settled_since = self.settled_since(state, history)
         observation = self.observe(obj, state, target)
         fingerprint = calibration_fingerprint(obj.spec)

@@ -33,9 +33,10 @@ def settle(world: World, seconds: float = 121) -> None:
 
 
 def shift_context(world: World, ctx: int) -> None:
-    """Traffic moves to `ctx` and evaluations every 30 s see it for a window (they hold while the
-    windowed average takes the change in); the next evaluation may act on it."""
-    for _ in range(4):
+    """Traffic moves to `ctx` and evaluations every 30 s see it for a minute (the creation's guess
+    holds while the change is younger than a third of the 120 s window); the next evaluation may act
+    on it."""
+    for _ in range(2):
         world.observer.set("default", "chat", observation(world.clock.now, ctx=ctx))
         world.reconcile()
         world.clock.advance(30)

@@ -30,10 +30,11 @@ def settle(world: World, seconds: float = 181) -> None:
 
 
 def shift_context(world: World, ctx: int) -> None:
-    """Traffic moves to `ctx` and evaluations every 30 s see it for a window (120 s: they hold, the
-    windowed average must take the change in); the next evaluation may roll (the engines run the
-    initial context's setting, not one tuned to traffic, so one window is enough)."""
-    for _ in range(4):
+    """Traffic moves to `ctx` and evaluations every 30 s see it for a minute (they hold while the
+    change is younger than a third of the 120 s window); the next evaluation may roll (the engines
+    run the initial context's guess, not a setting tuned to traffic, so a third of a window is
+    enough)."""
+    for _ in range(2):
         world.observer.set("default", "chat", observation(world.clock.now, ctx=ctx))
         world.reconcile()
         assert world.kube.status("default", "chat")["holdReason"] == "unsteady"
@@ -92,8 +93,8 @@ def test_context_shift_rolls_to_the_new_knee_and_says_why(world: World) -> None:
     )
     assert status["recommendedMaxNumSeqs"] == 16
 
-    # from the initial context's setting: it rolls once the change has lasted a window (120 s)
-    for _ in range(3):
+    # from the initial context's guess: it rolls once the change has lasted a third of a window (40 s)
+    for _ in range(1):
         world.clock.advance(30)
         world.observer.set("default", "chat", observation(world.clock.now, ctx=8192, tpot_p99_ms=31))
         world.reconcile()
@@ -444,7 +445,7 @@ def test_a_setting_tuned_to_traffic_changes_only_for_a_change_that_holds(world: 
     world.clock.advance(600)
     shift_context(world, 8192)
     world.reconcile()
-    assert max_num_seqs(world) == 16  # from the initial context's 64: one window
+    assert max_num_seqs(world) == 16  # from the initial context's 64: a third of a window
     settle(world)
     world.reconcile()
     assert world.kube.status("default", "chat")["holdReason"] == "at-target"

@@ -211,14 +211,36 @@ def test_under_live_actuation_a_safety_decrease_skips_settling_cooldown_and_budg
     assert restart.hold == "settling" and restart.value == 176
     settled = replace(applied, settled_since=T0 - timedelta(seconds=rules.window_s))
     assert decide(rules, NAIVE, POOL, observation, settled, (), T0).hold == "cooldown"
-    live = decide(replace(rules, live=True), NAIVE, POOL, observation, applied, (), T0)
+    live = decide(replace(rules, live_ceiling=224), NAIVE, POOL, observation, applied, (), T0)
     assert live.rolls and live.value < 112 and live.limited_by == "tpot-target", live.reason
     # an optimisation (a climb) still waits out the settle window under Live
-    climb = decide(replace(rules, live=True), NAIVE, POOL, mid_shift(2048, 2048, 64), Applied(
+    climb = decide(replace(rules, live_ceiling=224), NAIVE, POOL, mid_shift(2048, 2048, 64), Applied(
         64, settled_since=just_now, rollouts=(retune,)), (), T0)  # fmt: skip
     assert climb.hold == "settling"
     # nor does a decrease before the window's last third has seen the change, or after a creation
     sooner = replace(applied, settled_since=T0 - timedelta(seconds=rules.window_s // 3 - 30))
-    assert decide(replace(rules, live=True), NAIVE, POOL, observation, sooner, (), T0).hold == "settling"
+    assert (
+        decide(replace(rules, live_ceiling=224), NAIVE, POOL, observation, sooner, (), T0).hold == "settling"
+    )
     created = Applied(176, settled_since=just_now, rollouts=(Rollout(just_now, None, 176, "initial"),))
-    assert decide(replace(rules, live=True), NAIVE, POOL, observation, created, (), T0).hold == "settling"
+    assert (
+        decide(replace(rules, live_ceiling=224), NAIVE, POOL, observation, created, (), T0).hold == "settling"
+    )
+
+
+def test_under_live_actuation_a_change_under_the_ceiling_is_not_held_by_cooldown_or_budget() -> None:
+    """The cooldown and the rollout budget bound restarts; a cap raised in place under the pods'
+    startup ceiling restarts nothing. One above the ceiling is a restart and waits as before."""
+    rules = TuningRules(cooldown_s=3600, max_rollouts_per_hour=1)
+    retune = Rollout(T0 - timedelta(minutes=30), 32, 64, "retune", 59.8)
+    applied = Applied(64, settled_since=T0 - timedelta(minutes=29), rollouts=(retune,))
+    observation = seen(512, 20.0, running=64)
+    restart = steady(rules, NAIVE, POOL, observation, applied, (), T0)
+    assert restart.hold == "cooldown" and restart.recommended == 240
+    live = steady(replace(rules, live_ceiling=256), NAIVE, POOL, observation, applied, (), T0)
+    assert live.rolls and live.value == 240 and live.reason.endswith("(live)")
+    above = steady(replace(rules, live_ceiling=128), NAIVE, POOL, observation, applied, (), T0)
+    assert above.hold == "cooldown"
+    spent = replace(rules, cooldown_s=0)
+    assert steady(spent, NAIVE, POOL, observation, applied, (), T0).hold == "rollout-budget"
+    assert steady(replace(spent, live_ceiling=256), NAIVE, POOL, observation, applied, (), T0).rolls

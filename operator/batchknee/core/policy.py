@@ -16,10 +16,11 @@ Rules, in the order they are checked (the first that applies names the hold):
   the TPOT guard, clamped to [min, max];
 - already there, inside the dead band, still moving, not yet held long enough, inside the
   cooldown, or over the rollouts-per-hour budget (both count retunes, not the creation): hold;
-  otherwise roll. A safety decrease (the KV pool; a TPOT target the current limit breaks: goal
-  SLO's bound, goal Knee's guard by more than the dead band) skips the dead band and the hold time,
-  not the cooldown or the budget — except under Live actuation, where lowering a cap restarts
-  nothing —, and goal Knee's TPOT guard waits while the window shifts.
+  otherwise roll. Under Live actuation a change under the pods' startup ceiling restarts nothing:
+  the cooldown and the budget (both bound restarts) do not hold it. A safety decrease (the KV pool;
+  a TPOT target the current limit breaks: goal SLO's bound, goal Knee's guard by more than the dead
+  band) skips the dead band and the hold time, and goal Knee's TPOT guard waits while the window
+  shifts.
 - the creation's guess (the initial context's knee) counts its dead band from that knee unrounded.
 
 Hysteresis works on the unrounded target (`Recommendation.unrounded`, the batch before rounding
@@ -31,10 +32,11 @@ observation was sampled: a reconcile that reuses a cached reading never compares
 and with the window's last third (the windowed average blends before and after a shift). A
 setting tuned to traffic changes only once every target for `hold_for_s` (1.5 windows) lay
 outside the dead band on the same side: a window to take in the shift, half a window more to see
-it stay; one not chosen from observed traffic (the initial context's, a pinned or the user's)
-once they have for one window (the windowed average has taken the change in: never mid-shift). Traffic that swings out and back within that time (flapping) never
-rolls; a steady drift moves less than the band per interval, so it is not "moving" and rolls once
-it has held.
+it stay; one not chosen from observed traffic (the initial context's, a pinned or the user's) is a
+guess, replaced once they have for a third of a window (the window's last third agreeing with the
+whole: never mid-shift; waiting a whole window kept a guess of 64 eight minutes where 240 was right).
+Traffic that swings out and back within the hold (flapping) never rolls; a steady drift moves less
+than the band per interval, so it is not "moving" and rolls once it has held.
 
 The TPOT guard, with a p99 target: once enough calibration samples exist, the calibrated cap
 (overhead and efficiency fitted within their bounds to the windows' exact mean TPOT, the TPOT p99
@@ -136,9 +138,10 @@ class TuningRules:
     slo_margin_percent: int = 10
     ttft_p99_target_ms: int | None = None
     max_num_batched_tokens: int = 2048
-    # Live actuation with pods that take caps in place: a decrease never restarts a pod, so a
-    # safety decrease is not held back by the cooldown or the rollout budget (both bound restarts).
-    live: bool = False
+    # Live actuation: the pods' startup --max-num-seqs, under which they take a cap in place (None:
+    # every change restarts them). A change under it restarts nothing, so neither the cooldown nor
+    # the rollout budget (both bound restarts) holds it back; the dead band and the hold still do.
+    live_ceiling: int | None = None
 
     def __post_init__(self) -> None:
         if not 100 <= self.knee_factor_percent <= 200:
@@ -965,7 +968,7 @@ def decide(
     # the pods keep running, and the next step can follow once the window's last third is all after
     # the change (an engine just created is left its window: its first requests arrive together).
     follows_live = (
-        rules.live
+        rules.live_ceiling is not None
         and goes_now
         and applied.last_retune is not None
         and settled is not None
@@ -1005,8 +1008,9 @@ def decide(
             )
         since = _outside_since(rules, recent_targets, origin, batch, sampled_at)
         # a setting from the initial context (or pinned, or the user's) is a guess: replaced once the
-        # window has taken the change in; one tuned to traffic only for a change that also stays
-        hold_s = rules.hold_for_s if applied.tuned_to_traffic else rules.window_s
+        # change has held a third of a window (its last third); one tuned to traffic only for a
+        # change that also stays
+        hold_s = rules.hold_for_s if applied.tuned_to_traffic else rules.window_s // 3
         if sampled_at - since < timedelta(seconds=hold_s):
             until = since + timedelta(seconds=hold_s)
             return hold(
@@ -1014,7 +1018,8 @@ def decide(
                 f"{wanted} must hold outside the dead band of {origin:.1f} for {hold_s}s "
                 f"(outside since {_z(since)}; until {_z(until)})",
             )
-    if safety and rules.live:  # a cap lowered in place: no restart for the cooldown or budget to bound
+    if rules.live_ceiling is not None and wanted <= rules.live_ceiling:
+        # a cap set in place: no restart for the cooldown or the budget to bound
         return decision("roll", wanted, f"max-num-seqs {current}→{wanted}: {explain} (live)")
     last = applied.last_retune
     if last is not None and now < last.time + timedelta(seconds=rules.cooldown_s):

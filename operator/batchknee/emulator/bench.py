@@ -401,8 +401,6 @@ def run_policy(
             result.served.append((request.arrival, request.output, request.tpot_s, request.ttft_s))
 
     live = setup.live and static is None and rules is not None
-    if live and rules is not None:
-        rules = replace(rules, live=True)  # decreases are caps set in place
     ceiling = 0
 
     def set_cap(engine: Engine, value: int) -> None:
@@ -473,7 +471,7 @@ def run_policy(
             at = EPOCH + timedelta(seconds=now)
             observation = observe(snapshots, kv_tokens, now, rules.window_s)
             decision = decide(
-                rules,
+                replace(rules, live_ceiling=ceiling) if live else rules,  # caps under it are set in place
                 setup.operator_roofline,
                 setup.kv_pool_bytes,
                 observation,
