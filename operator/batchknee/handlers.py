@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import aiohttp
 import kopf
 
 from batchknee.adapters.engine_runtime import HttpEngineRuntime
@@ -79,6 +80,7 @@ class Runtime:
     router: RoutedObserver
     metrics: OperatorMetrics
     locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
+    namespaces: list[str] = field(default_factory=list)  # watched ([]: every namespace)
     targets: dict[tuple[str, str], ObservationTarget] = field(default_factory=dict)
     # Reconciles wait mostly on the apiserver: more of them in flight than asyncio's default
     # executor allows (CPUs + 4) keeps a thousand objects' startup short.
@@ -167,11 +169,46 @@ def configure(settings: OperatorSettings) -> Runtime:
         runtime=HttpEngineRuntime(),
         prometheus_url_refusal=router.refusal,
     )
-    RUNTIME = Runtime(ports, router, metrics, executor=executor)
+    RUNTIME = Runtime(ports, router, metrics, executor=executor, namespaces=list(settings.namespaces))
     return RUNTIME
 
 
 # --- handlers --------------------------------------------------------------------------------------
+
+
+# kopf's own HTTP session has no connection limit: a thousand objects found at startup are a
+# thousand concurrent TLS handshakes (each connection's buffers stay in the process's heap, and the
+# apiserver serves nothing else meanwhile). Its watch streams hold a connection each (at most three
+# per watched namespace: LLMServings, Deployments, peering; or a handful cluster-wide); 32 more
+# carry kopf's patches.
+KOPF_SPARE_CONNECTIONS = 32
+
+
+def kopf_connection_limit(namespaces: list[str]) -> int:
+    return 3 * max(len(namespaces), 1) + 8 + KOPF_SPARE_CONNECTIONS
+
+
+@kopf.on.login()
+async def login(**kwargs: Any) -> kopf.AiohttpSession | None:
+    """The credentials kopf would use (the kubernetes client's: in-cluster or kubeconfig), in a
+    session whose connections are bounded (see KOPF_SPARE_CONNECTIONS)."""
+    info = kopf.login_via_client(**kwargs)
+    if info is None:
+        return None
+    namespaces = RUNTIME.namespaces if RUNTIME is not None else []
+    session = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=kopf_connection_limit(namespaces), ssl=info.as_ssl_context()),
+        headers=info.as_http_headers(),
+        auth=info.as_aiohttp_basic_auth(),
+        proxy=info.proxy_url,
+        trust_env=info.trust_env,
+    )
+    return kopf.AiohttpSession(
+        aiohttp_session=session,
+        server=info.server,
+        default_namespace=info.default_namespace,
+        expiration=info.expiration,
+    )
 
 
 @kopf.on.create(GROUP, VERSION, PLURAL)
