@@ -196,10 +196,12 @@ async def login(**kwargs: Any) -> kopf.AiohttpSession | None:
     if info is None:
         return None
     namespaces = RUNTIME.namespaces if RUNTIME is not None else []
+    headers = info.as_http_headers()
+    if info.username and info.password and "Authorization" not in headers:  # (older kopf leaves it out)
+        headers["Authorization"] = aiohttp.BasicAuth(info.username, info.password).encode()
     session = aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=kopf_connection_limit(namespaces), ssl=info.as_ssl_context()),
-        headers=info.as_http_headers(),
-        auth=info.as_aiohttp_basic_auth(),
+        headers=headers,
         proxy=info.proxy_url,
         trust_env=info.trust_env,
     )
