@@ -1,13 +1,18 @@
 """kopf registration only: every handler funnels into `reconcile` for one object.
 
-- create / update / resume of an LLMServing, and a daemon per object that re-evaluates every
-  `spec.tuning.evaluationIntervalSeconds` (read live, so a change applies at the next wait);
+- create / update / resume of an LLMServing reconcile it at once; one scheduler (scheduling.py)
+  re-evaluates every watched object every `spec.tuning.evaluationIntervalSeconds` (read live from
+  kopf's index of LLMServings), ticks spread evenly over the interval, a bounded number in flight,
+  a failing evaluation never stopping it — no kopf daemon, so no task and no finalizer per object
+  (kopf removes the finalizer an older build's daemons left: nothing here requires one);
 - changes of an engine Deployment (its rollout progressing) reconcile the owning LLMServing;
 - one reconcile per object at a time (an asyncio lock per object, taken before work goes to a
   thread); different objects run in parallel;
-- the object's state (route, cache, lock, gauges) is freed on delete and when its daemon ends;
+- the object's state (route, cache, lock, gauges) is freed on delete and when it leaves the watch
+  (kopf's index drops it: deleted, deleting, or no longer watched);
 - kopf peering: replicas see each other through a KopfPeering/ClusterKopfPeering object and only
-  the highest-priority one acts (priorities are random by default, so two never tie and pause).
+  the highest-priority one acts (priorities are random by default, so two never tie and pause); kopf
+  pauses its watches, and the scheduler reads the same peering object to pause with it.
 """
 
 from __future__ import annotations
@@ -15,12 +20,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import random
+import socket
 import time
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import Any
+from datetime import UTC, datetime, timedelta
+from typing import Any, cast
 
 import aiohttp
 import kopf
@@ -35,6 +43,7 @@ from batchknee.operator_metrics import OperatorMetrics
 from batchknee.ports import TransientApiError
 from batchknee.reconcile import Outcome, Ports, reconcile
 from batchknee.render import LABEL, RenderDefaults
+from batchknee.scheduling import Key, Scheduler
 from batchknee.settings import OperatorSettings
 
 log = logging.getLogger("batchknee")
@@ -71,6 +80,17 @@ def _target(body: Any) -> ObservationTarget | None:
         return None
 
 
+@dataclass(frozen=True)
+class Peering:
+    """This replica in kopf's peering: what the scheduler needs to pause when kopf does."""
+
+    name: str
+    identity: str  # kopf's id of this replica (passed to kopf.run)
+    priority: int
+    mandatory: bool
+    statuses: Callable[[], list[dict[str, Any]] | None]  # each peering object's status
+
+
 @dataclass
 class Runtime:
     """What the handlers share: the ports, the metrics and an asyncio lock per object (taken
@@ -82,6 +102,12 @@ class Runtime:
     locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
     namespaces: list[str] = field(default_factory=list)  # watched ([]: every namespace)
     targets: dict[tuple[str, str], ObservationTarget] = field(default_factory=dict)
+    evaluated: dict[tuple[str, str], float] = field(default_factory=dict)  # loop time of the last
+    scheduler: Scheduler | None = None
+    max_in_flight: int = 16  # scheduled evaluations at once (the reconcile workers)
+    peering: Peering | None = None  # None: standalone
+    outranked: bool = False  # another replica acts (kopf peering): the scheduler pauses
+    background: list[asyncio.Task[None]] = field(default_factory=list)
     # Reconciles wait mostly on the apiserver: more of them in flight than asyncio's default
     # executor allows (CPUs + 4) keeps a thousand objects' startup short.
     executor: ThreadPoolExecutor = field(
@@ -93,6 +119,7 @@ class Runtime:
         key = (namespace, name)
         lock = self.locks.setdefault(key, asyncio.Lock())
         async with lock:
+            self.evaluated[key] = asyncio.get_running_loop().time()
             if body is not None:
                 spec = body.get("spec") or {}
                 self.router.route(namespace, name, (spec.get("prometheus") or {}).get("url"))
@@ -132,6 +159,7 @@ class Runtime:
         self.router.forget(namespace, name)
         self.metrics.forget(namespace, name)
         self.targets.pop(key, None)
+        self.evaluated.pop(key, None)
         lock = self.locks.get(key)
         if lock is not None and not lock.locked():
             del self.locks[key]
@@ -146,8 +174,9 @@ def runtime() -> Runtime:
     return RUNTIME
 
 
-def configure(settings: OperatorSettings) -> Runtime:
-    """Connect to the cluster, start /metrics, and build the runtime the handlers use."""
+def configure(settings: OperatorSettings, identity: str = "", priority: int = 0) -> Runtime:
+    """Connect to the cluster, start /metrics, and build the runtime the handlers use (`identity`
+    and `priority`: this replica's in kopf peering)."""
     global RUNTIME
     load_config()
     kube = KubernetesAdapter(pooled_client(settings.reconcile_workers + 4))
@@ -169,7 +198,24 @@ def configure(settings: OperatorSettings) -> Runtime:
         runtime=HttpEngineRuntime(),
         prometheus_url_refusal=router.refusal,
     )
-    RUNTIME = Runtime(ports, router, metrics, executor=executor, namespaces=list(settings.namespaces))
+    peering = None
+    if settings.peering != "standalone":
+        peering = Peering(
+            name=settings.peering_name,
+            identity=identity,
+            priority=priority,
+            mandatory=settings.peering == "mandatory",
+            statuses=lambda: kube.peering_statuses(settings.peering_name, list(settings.namespaces)),
+        )
+    RUNTIME = Runtime(
+        ports,
+        router,
+        metrics,
+        executor=executor,
+        namespaces=list(settings.namespaces),
+        max_in_flight=settings.reconcile_workers,
+        peering=peering,
+    )
     return RUNTIME
 
 
@@ -226,29 +272,111 @@ async def on_delete(**kwargs: Any) -> None:
     runtime().forget(kwargs["namespace"], kwargs["name"])
 
 
-@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
-async def evaluate(**kwargs: Any) -> None:
-    """Re-evaluate this object every evaluationIntervalSeconds (the body here is live). When the
-    daemon ends (the object is deleted or no longer watched), its state is freed."""
-    namespace, name, body, stopped = kwargs["namespace"], kwargs["name"], kwargs["body"], kwargs["stopped"]
-
-    def interval() -> int:
-        tuning = (body.get("spec") or {}).get("tuning") or {}
-        return max(1, int(tuning.get("evaluationIntervalSeconds") or 30))
-
+def evaluation_interval(spec: Any) -> float:
+    tuning = (spec or {}).get("tuning") or {}
     try:
-        # on_change has just reconciled (create or resume): the first evaluation comes within one
-        # interval, spread at random so that a thousand objects started together do not tick together.
-        await stopped.wait(interval() * random.uniform(0.5, 1.5))
-        while not stopped:
+        return float(max(1, int(tuning.get("evaluationIntervalSeconds") or 30)))
+    except (TypeError, ValueError):  # admission rejects it; never let the index drop the object
+        return 30.0
+
+
+@kopf.index(GROUP, VERSION, PLURAL)
+def llmserving_intervals(**kwargs: Any) -> dict[Key, float]:
+    """What the scheduler evaluates: every watched LLMServing not being deleted, with its interval
+    (kopf keeps the index from its watch, so a change applies at once and a delete drops it)."""
+    if kwargs["meta"].get("deletionTimestamp"):
+        return {}
+    return {(kwargs["namespace"], kwargs["name"]): evaluation_interval(kwargs["spec"])}
+
+
+class Intervals(Mapping[Key, float]):
+    """kopf's index (key → a store of one value per object) as key → interval."""
+
+    def __init__(self, index: kopf.Index[Key, float]) -> None:
+        self.index = index
+
+    def __getitem__(self, key: Key) -> float:
+        return next(iter(self.index[key]))
+
+    def __iter__(self) -> Iterator[Key]:
+        return iter(self.index)
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.index
+
+
+@kopf.on.startup()
+async def start_scheduler(**kwargs: Any) -> None:
+    rt = runtime()
+    intervals = Intervals(kwargs["llmserving_intervals"])
+    rt.scheduler = Scheduler(
+        evaluate=rt.run,
+        known=lambda: intervals,
+        last_evaluated=rt.evaluated.get,
+        forget=rt.forget,
+        max_in_flight=rt.max_in_flight,
+        paused=lambda: rt.outranked,
+    )
+    rt.background.append(asyncio.get_running_loop().create_task(rt.scheduler.run(), name="scheduler"))
+    if rt.peering is not None:
+        rt.outranked = True  # until the first look at the peers
+        rt.background.append(asyncio.get_running_loop().create_task(watch_peers(rt), name="peers"))
+
+
+@kopf.on.cleanup()
+async def stop_scheduler(**_: Any) -> None:
+    if RUNTIME is None:
+        return
+    if RUNTIME.scheduler is not None:
+        await RUNTIME.scheduler.stop()
+    for task in RUNTIME.background:
+        task.cancel()
+    await asyncio.gather(*RUNTIME.background, return_exceptions=True)
+
+
+def outranked(statuses: list[dict[str, Any]], identity: str, priority: int, now: datetime) -> bool:
+    """kopf's rule for pausing: another live peer (seen within its lifetime) with a priority as
+    high as ours, in any of the peering objects."""
+    for status in statuses:
+        for peer, info in status.items():
+            if peer == identity or not isinstance(info, dict):
+                continue
             try:
-                await runtime().run(namespace, name, body)
-            except Exception as error:  # keep evaluating; the next tick reads the world again
-                log.exception("%s/%s: reconcile failed: %s", namespace, name, error)
-            await stopped.wait(interval())
-    finally:
-        if RUNTIME is not None:
-            RUNTIME.forget(namespace, name)
+                lastseen = datetime.fromisoformat(str(info["lastseen"]))
+                if lastseen.tzinfo is None:
+                    lastseen = lastseen.replace(tzinfo=UTC)
+                alive = lastseen + timedelta(seconds=int(info.get("lifetime", 60))) > now
+                rank = int(info.get("priority", 0))
+            except (KeyError, TypeError, ValueError):
+                continue
+            if alive and rank >= priority:
+                return True
+    return False
+
+
+PEERS_CHECK_S = 5.0
+
+
+async def watch_peers(rt: Runtime) -> None:
+    """Keep rt.outranked as kopf's own pause decision would be, from the same peering objects."""
+    assert rt.peering is not None
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            statuses = await loop.run_in_executor(rt.executor, rt.peering.statuses)
+            if statuses is None:  # no peering object (or CRD): kopf runs alone unless peering is mandatory
+                paused = rt.peering.mandatory
+            else:
+                paused = outranked(statuses, rt.peering.identity, rt.peering.priority, datetime.now(UTC))
+            if paused != rt.outranked:
+                log.info("scheduled evaluations %s (kopf peering)", "paused" if paused else "resumed")
+            rt.outranked = paused
+        except Exception as error:  # keep the last decision; look again
+            log.warning("could not read the peering objects: %s", error)
+        await asyncio.sleep(PEERS_CHECK_S)
 
 
 @kopf.on.event("apps", "v1", "deployments", labels={LABEL: kopf.PRESENT})
@@ -293,16 +421,21 @@ def run(settings: OperatorSettings) -> int:
         level=logging.DEBUG if settings.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    configure(settings)
     priority = (
         settings.peering_priority if settings.peering_priority is not None else random.randint(1, 2**31 - 1)
     )
+    # kopf's own form of a replica's id (its POD_ID when set), given to kopf so the scheduler knows it
+    identity = os.environ.get("POD_ID") or (
+        f"batchknee@{socket.gethostname()}/{datetime.now(UTC):%Y%m%d%H%M%S}/{random.randrange(36**3):03x}"
+    )
+    configure(settings, identity, priority)
     liveness = (
         f"http://{settings.health_address}:{settings.health_port}/healthz" if settings.health_port else None
     )
     kopf.run(
         settings=kopf_settings(settings),
         standalone=True if settings.peering == "standalone" else None,
+        identity=cast(Any, identity),
         priority=priority,  # (no peering_name here: kopf would make peering mandatory; it is in kopf_settings)
         liveness_endpoint=liveness,
         clusterwide=not settings.namespaces,
