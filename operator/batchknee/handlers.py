@@ -1,10 +1,12 @@
 """kopf registration only: every handler funnels into `reconcile` for one object.
 
-- create / update / resume of an LLMServing reconcile it at once; one scheduler (scheduling.py)
-  re-evaluates every watched object every `spec.tuning.evaluationIntervalSeconds` (read live from
-  kopf's index of LLMServings), ticks spread evenly over the interval, a bounded number in flight,
-  a failing evaluation never stopping it — no kopf daemon, so no task and no finalizer per object
-  (kopf removes the finalizer an older build's daemons left: nothing here requires one);
+- an LLMServing first seen (created, or listed at startup) or with a new spec (a new generation)
+  is reconciled at once, from a watch-only handler (kopf writes no annotations on it);
+- one scheduler (scheduling.py) re-evaluates every watched object every
+  `spec.tuning.evaluationIntervalSeconds` (read live from kopf's index of LLMServings), ticks
+  spread evenly over the interval, a bounded number in flight, a failing evaluation never stopping
+  it — no kopf daemon, so no task and no finalizer per object (kopf removes the finalizer an older
+  build's daemons left: nothing here requires one);
 - changes of an engine Deployment (its rollout progressing) reconcile the owning LLMServing;
 - one reconcile per object at a time (an asyncio lock per object, taken before work goes to a
   thread); different objects run in parallel;
@@ -103,6 +105,7 @@ class Runtime:
     namespaces: list[str] = field(default_factory=list)  # watched ([]: every namespace)
     targets: dict[tuple[str, str], ObservationTarget] = field(default_factory=dict)
     evaluated: dict[tuple[str, str], float] = field(default_factory=dict)  # loop time of the last
+    spec_versions: dict[tuple[str, str], tuple[Any, Any]] = field(default_factory=dict)  # (uid, generation)
     scheduler: Scheduler | None = None
     max_in_flight: int = 16  # scheduled evaluations at once (the reconcile workers)
     peering: Peering | None = None  # None: standalone
@@ -160,6 +163,7 @@ class Runtime:
         self.metrics.forget(namespace, name)
         self.targets.pop(key, None)
         self.evaluated.pop(key, None)
+        self.spec_versions.pop(key, None)
         lock = self.locks.get(key)
         if lock is not None and not lock.locked():
             del self.locks[key]
@@ -259,17 +263,26 @@ async def login(**kwargs: Any) -> kopf.AiohttpSession | None:
     )
 
 
-@kopf.on.create(GROUP, VERSION, PLURAL)
-@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
-@kopf.on.resume(GROUP, VERSION, PLURAL)
-async def on_change(**kwargs: Any) -> None:
-    await runtime().run(kwargs["namespace"], kwargs["name"], kwargs["body"])
-
-
-@kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
-async def on_delete(**kwargs: Any) -> None:
-    """Free the object's state (optional: no finalizer of its own is added for this)."""
-    runtime().forget(kwargs["namespace"], kwargs["name"])
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def on_llmserving(**kwargs: Any) -> None:
+    """An LLMServing seen for the first time (listed at startup, or created) or with a new spec (a
+    new generation) is reconciled at once; a deleted or deleting one has its state freed. Watching
+    only, no kopf change handler: kopf then writes nothing on the object (no last-handled and
+    progress annotations, no finalizer), and removes the finalizer an older build left."""
+    event, namespace, name, meta = kwargs["event"], kwargs["namespace"], kwargs["name"], kwargs["meta"]
+    rt = runtime()
+    if event.get("type") == "DELETED" or meta.get("deletionTimestamp"):
+        rt.forget(namespace, name)
+        return
+    key = (namespace, name)
+    spec_version = (meta.get("uid"), meta.get("generation"))
+    if rt.spec_versions.get(key) == spec_version:
+        return  # a write to status or metadata (ours, at each evaluation): the scheduler's ticks cover it
+    rt.spec_versions[key] = spec_version
+    try:
+        await rt.run(namespace, name, kwargs["body"])
+    except Exception as error:  # the scheduler evaluates it again at its interval
+        log.exception("%s/%s: reconcile failed: %s", namespace, name, error)
 
 
 def evaluation_interval(spec: Any) -> float:
