@@ -124,11 +124,7 @@ class Runtime:
         async with lock:
             self.evaluated[key] = asyncio.get_running_loop().time()
             if body is not None:
-                spec = body.get("spec") or {}
-                self.router.route(namespace, name, (spec.get("prometheus") or {}).get("url"))
-                target = _target(body)
-                if target is not None:
-                    self.targets[key] = target
+                self.note(namespace, name, body)
             target = self.targets.get(key)
             if target is not None:
                 await self.router.prepare(target, datetime.now(UTC))
@@ -137,6 +133,14 @@ class Runtime:
         if not outcome.found or outcome.deleting:
             self.forget(namespace, name)
         return outcome
+
+    def note(self, namespace: str, name: str, body: Any) -> None:
+        """What the object's spec says about observing it: its Prometheus URL and target."""
+        spec = body.get("spec") or {}
+        self.router.route(namespace, name, (spec.get("prometheus") or {}).get("url"))
+        target = _target(body)
+        if target is not None:
+            self.targets[(namespace, name)] = target
 
     def reconcile(self, namespace: str, name: str) -> Outcome:
         started = time.perf_counter()
@@ -279,6 +283,10 @@ async def on_llmserving(**kwargs: Any) -> None:
     if rt.spec_versions.get(key) == spec_version:
         return  # a write to status or metadata (ours, at each evaluation): the scheduler's ticks cover it
     rt.spec_versions[key] = spec_version
+    rt.note(namespace, name, kwargs["body"])
+    if rt.scheduler is not None:  # (started before kopf's watches: always)
+        rt.scheduler.soon(key)  # at once, in turn: this handler does not wait for the reconcile
+        return
     try:
         await rt.run(namespace, name, kwargs["body"])
     except Exception as error:  # the scheduler evaluates it again at its interval

@@ -7,8 +7,8 @@ object must carry and every delete must wait on), one loop keeps a heap of due t
   its name, at least half an interval after its last evaluation (whatever triggered that: a create,
   a spec change, a Deployment's rollout) — so a fleet found at once, or changed at once, still ticks
   spread evenly over the interval instead of in bursts;
-- an object is scheduled once it has been evaluated (kopf's create/resume handler, which routes it
-  by its spec, comes first);
+- an object just found, or whose spec changed, is evaluated as soon as a slot frees (`soon()`), in
+  turn with those due; periodic evaluations start once it has been evaluated;
 - the interval is read live (`known()` is kopf's index of the watched objects and their intervals);
 - at most `max_in_flight` scheduled evaluations run at once; the others wait their turn in due order;
 - an object that leaves `known()` (deleted, deleting, no longer watched) has its state freed;
@@ -58,6 +58,7 @@ class Scheduler:
     paused: Callable[[], bool] = lambda: False
     resync_s: float = 1.0  # how often known() is compared with the schedule
     due: dict[Key, tuple[float, float]] = field(default_factory=dict)  # key → (due, interval)
+    urgent: set[Key] = field(default_factory=set)  # evaluate when a slot frees, whatever the grid says
     in_flight: dict[Key, asyncio.Task[None]] = field(default_factory=dict)
     _heap: list[tuple[float, Key]] = field(default_factory=list)
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
@@ -71,14 +72,28 @@ class Scheduler:
         self.due[key] = (when, interval)
         heapq.heappush(self._heap, (when, key))
 
+    def soon(self, key: Key) -> None:
+        """Evaluate `key` as soon as a slot is free (it was just found, or its spec changed), in turn
+        with the others due: a thousand objects found at once wait in this heap, not as a thousand
+        parked coroutines."""
+        self.urgent.add(key)
+        if key not in self.in_flight:
+            now = asyncio.get_running_loop().time()
+            self.due[key] = (now, self.known().get(key, 30.0))
+            heapq.heappush(self._heap, (now, key))
+        self._wake.set()
+
     def _resync(self, now: float) -> None:
         known = self.known()
         for key in [key for key in self.due if key not in known]:
             del self.due[key]
+            self.urgent.discard(key)
             self.forget(*key)
         for key, interval in known.items():
             scheduled = self.due.get(key)
-            if key not in self.in_flight and (scheduled is None or scheduled[1] != interval):
+            if key in self.in_flight or key in self.urgent:
+                continue
+            if scheduled is None or scheduled[1] != interval:
                 self._schedule(key, interval, now)
 
     async def _run_one(self, key: Key) -> None:
@@ -91,7 +106,12 @@ class Scheduler:
         self.in_flight.pop(key, None)
         interval = self.known().get(key)
         if interval is None:
+            self.urgent.discard(key)
             self.forget(*key)
+        elif key in self.urgent:  # its spec changed while it was being evaluated
+            now = asyncio.get_running_loop().time()
+            self.due[key] = (now, interval)
+            heapq.heappush(self._heap, (now, key))
         elif not self._stopped:
             self._schedule(key, interval, asyncio.get_running_loop().time())
         self._wake.set()
@@ -105,8 +125,10 @@ class Scheduler:
             del self.due[key]
             interval = scheduled[1]
             last = self.last_evaluated(key)
-            if last is not None and next_due(last, interval, phase(key)) > now:
-                self._schedule(key, interval, now)  # evaluated meanwhile (a change, a rollout)
+            if key in self.urgent:
+                self.urgent.discard(key)
+            elif last is not None and next_due(last, interval, phase(key)) > now:
+                self._schedule(key, interval, now)  # evaluated meanwhile (a rollout's event)
                 continue
             task = asyncio.get_running_loop().create_task(self._run_one(key), name=f"evaluate {key}")
             self.in_flight[key] = task

@@ -140,3 +140,22 @@ def test_a_replica_pauses_when_a_live_peer_ranks_as_high() -> None:
     assert outranked([{"me": peer(10, 0)}, {"other": peer(10, 5)}], "me", 10, now)  # a tie pauses both
     assert not outranked([{"other": peer(5, 5)}], "me", 10, now)
     assert not outranked([{"other": peer(20, 120)}], "me", 10, now)  # dead: not seen in its lifetime
+
+
+def test_a_new_or_changed_object_is_evaluated_at_once_in_turn() -> None:
+    async def scenario() -> None:
+        fleet = Fleet({("ml", f"s{i}"): 3600.0 for i in range(40)})
+        scheduler = fleet.scheduler(max_in_flight=4)
+        task = asyncio.create_task(scheduler.run())
+        for key in fleet.intervals:  # a fleet found at once: none waits an hour, four at a time
+            scheduler.soon(key)
+        await until(lambda: len(fleet.evaluated) == 40)
+        assert len(fleet.evaluated) == 40 and fleet.most_running <= 4
+        scheduler.soon(("ml", "s0"))  # its spec changed: evaluated again, an hour before its tick
+        await until(lambda: fleet.evaluated[("ml", "s0")] == 2)
+        assert fleet.evaluated[("ml", "s0")] == 2
+        assert sum(fleet.evaluated.values()) == 41
+        await scheduler.stop()
+        await task
+
+    asyncio.run(scenario())
