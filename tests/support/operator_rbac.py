@@ -84,7 +84,10 @@ def _calls(cluster_wide: bool, peering: bool, peering_name: str) -> list[Call]:
         plural = "clusterkopfpeerings" if cluster_wide else "kopfpeerings"
         calls += [
             Call(p("kopf.dev", plural, "create", cluster=cluster_wide), "KubernetesAdapter.ensure_peering"),
-            Call(p("kopf.dev", plural, "list", cluster=cluster_wide), "kopf: peering watch-stream"),
+            Call(
+                p("kopf.dev", plural, "list", cluster=cluster_wide),
+                "kopf: peering watch-stream; KubernetesAdapter.peering_statuses (the scheduler's pause)",
+            ),
             Call(p("kopf.dev", plural, "watch", cluster=cluster_wide), "kopf: peering watch-stream"),
             Call(
                 p("kopf.dev", plural, "patch", name=peering_name, cluster=cluster_wide),
