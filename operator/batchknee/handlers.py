@@ -409,11 +409,16 @@ async def on_engine_deployment(**kwargs: Any) -> None:
     if event.get("type") in (None, "DELETED", "ADDED"):
         return
     owner = labels.get(LABEL)
-    if owner:
-        try:
-            await runtime().run(namespace, owner)
-        except Exception as error:
-            log.warning("%s/%s: reconcile after a Deployment change failed: %s", namespace, owner, error)
+    if not owner:
+        return
+    rt = runtime()
+    if rt.scheduler is not None:  # in turn with the others; events while it waits count once
+        rt.scheduler.soon((namespace, owner))
+        return
+    try:
+        await rt.run(namespace, owner)
+    except Exception as error:
+        log.warning("%s/%s: reconcile after a Deployment change failed: %s", namespace, owner, error)
 
 
 # --- running ---------------------------------------------------------------------------------------
