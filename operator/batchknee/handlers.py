@@ -1,13 +1,20 @@
 """kopf registration only: every handler funnels into `reconcile` for one object.
 
-- create / update / resume of an LLMServing, and a daemon per object that re-evaluates every
-  `spec.tuning.evaluationIntervalSeconds` (read live, so a change applies at the next wait);
+- an LLMServing first seen (created, or listed at startup) or with a new spec (a new generation)
+  is reconciled at once, from a watch-only handler (kopf writes no annotations on it);
+- one scheduler (scheduling.py) re-evaluates every watched object every
+  `spec.tuning.evaluationIntervalSeconds` (read live from kopf's index of LLMServings), ticks
+  spread evenly over the interval, a bounded number in flight, a failing evaluation never stopping
+  it — no kopf daemon, so no task and no finalizer per object (kopf removes the finalizer an older
+  build's daemons left: nothing here requires one);
 - changes of an engine Deployment (its rollout progressing) reconcile the owning LLMServing;
 - one reconcile per object at a time (an asyncio lock per object, taken before work goes to a
   thread); different objects run in parallel;
-- the object's state (route, cache, lock, gauges) is freed on delete and when its daemon ends;
+- the object's state (route, cache, lock, gauges) is freed on delete and when it leaves the watch
+  (kopf's index drops it: deleted, deleting, or no longer watched);
 - kopf peering: replicas see each other through a KopfPeering/ClusterKopfPeering object and only
-  the highest-priority one acts (priorities are random by default, so two never tie and pause).
+  the highest-priority one acts (priorities are random by default, so two never tie and pause); kopf
+  pauses its watches, and the scheduler reads the same peering object to pause with it.
 """
 
 from __future__ import annotations
@@ -15,13 +22,17 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import random
+import socket
 import time
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import Any
+from datetime import UTC, datetime, timedelta
+from typing import Any, cast
 
+import aiohttp
 import kopf
 
 from batchknee.adapters.engine_runtime import HttpEngineRuntime
@@ -34,6 +45,7 @@ from batchknee.operator_metrics import OperatorMetrics
 from batchknee.ports import TransientApiError
 from batchknee.reconcile import Outcome, Ports, reconcile
 from batchknee.render import LABEL, RenderDefaults
+from batchknee.scheduling import Key, Scheduler
 from batchknee.settings import OperatorSettings
 
 log = logging.getLogger("batchknee")
@@ -70,6 +82,17 @@ def _target(body: Any) -> ObservationTarget | None:
         return None
 
 
+@dataclass(frozen=True)
+class Peering:
+    """This replica in kopf's peering: what the scheduler needs to pause when kopf does."""
+
+    name: str
+    identity: str  # kopf's id of this replica (passed to kopf.run)
+    priority: int
+    mandatory: bool
+    statuses: Callable[[], list[dict[str, Any]] | None]  # each peering object's status
+
+
 @dataclass
 class Runtime:
     """What the handlers share: the ports, the metrics and an asyncio lock per object (taken
@@ -79,7 +102,15 @@ class Runtime:
     router: RoutedObserver
     metrics: OperatorMetrics
     locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
+    namespaces: list[str] = field(default_factory=list)  # watched ([]: every namespace)
     targets: dict[tuple[str, str], ObservationTarget] = field(default_factory=dict)
+    evaluated: dict[tuple[str, str], float] = field(default_factory=dict)  # loop time of the last
+    spec_versions: dict[tuple[str, str], tuple[Any, Any]] = field(default_factory=dict)  # (uid, generation)
+    scheduler: Scheduler | None = None
+    max_in_flight: int = 16  # scheduled evaluations at once (the reconcile workers)
+    peering: Peering | None = None  # None: standalone
+    outranked: bool = False  # another replica acts (kopf peering): the scheduler pauses
+    background: list[asyncio.Task[None]] = field(default_factory=list)
     # Reconciles wait mostly on the apiserver: more of them in flight than asyncio's default
     # executor allows (CPUs + 4) keeps a thousand objects' startup short.
     executor: ThreadPoolExecutor = field(
@@ -91,12 +122,9 @@ class Runtime:
         key = (namespace, name)
         lock = self.locks.setdefault(key, asyncio.Lock())
         async with lock:
+            self.evaluated[key] = asyncio.get_running_loop().time()
             if body is not None:
-                spec = body.get("spec") or {}
-                self.router.route(namespace, name, (spec.get("prometheus") or {}).get("url"))
-                target = _target(body)
-                if target is not None:
-                    self.targets[key] = target
+                self.note(namespace, name, body)
             target = self.targets.get(key)
             if target is not None:
                 await self.router.prepare(target, datetime.now(UTC))
@@ -105,6 +133,14 @@ class Runtime:
         if not outcome.found or outcome.deleting:
             self.forget(namespace, name)
         return outcome
+
+    def note(self, namespace: str, name: str, body: Any) -> None:
+        """What the object's spec says about observing it: its Prometheus URL and target."""
+        spec = body.get("spec") or {}
+        self.router.route(namespace, name, (spec.get("prometheus") or {}).get("url"))
+        target = _target(body)
+        if target is not None:
+            self.targets[(namespace, name)] = target
 
     def reconcile(self, namespace: str, name: str) -> Outcome:
         started = time.perf_counter()
@@ -130,6 +166,8 @@ class Runtime:
         self.router.forget(namespace, name)
         self.metrics.forget(namespace, name)
         self.targets.pop(key, None)
+        self.evaluated.pop(key, None)
+        self.spec_versions.pop(key, None)
         lock = self.locks.get(key)
         if lock is not None and not lock.locked():
             del self.locks[key]
@@ -144,8 +182,9 @@ def runtime() -> Runtime:
     return RUNTIME
 
 
-def configure(settings: OperatorSettings) -> Runtime:
-    """Connect to the cluster, start /metrics, and build the runtime the handlers use."""
+def configure(settings: OperatorSettings, identity: str = "", priority: int = 0) -> Runtime:
+    """Connect to the cluster, start /metrics, and build the runtime the handlers use (`identity`
+    and `priority`: this replica's in kopf peering)."""
     global RUNTIME
     load_config()
     kube = KubernetesAdapter(pooled_client(settings.reconcile_workers + 4))
@@ -167,49 +206,198 @@ def configure(settings: OperatorSettings) -> Runtime:
         runtime=HttpEngineRuntime(),
         prometheus_url_refusal=router.refusal,
     )
-    RUNTIME = Runtime(ports, router, metrics, executor=executor)
+    peering = None
+    if settings.peering != "standalone":
+        peering = Peering(
+            name=settings.peering_name,
+            identity=identity,
+            priority=priority,
+            mandatory=settings.peering == "mandatory",
+            statuses=lambda: kube.peering_statuses(settings.peering_name, list(settings.namespaces)),
+        )
+    RUNTIME = Runtime(
+        ports,
+        router,
+        metrics,
+        executor=executor,
+        namespaces=list(settings.namespaces),
+        max_in_flight=settings.reconcile_workers,
+        peering=peering,
+    )
     return RUNTIME
 
 
 # --- handlers --------------------------------------------------------------------------------------
 
 
-@kopf.on.create(GROUP, VERSION, PLURAL)
-@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
-@kopf.on.resume(GROUP, VERSION, PLURAL)
-async def on_change(**kwargs: Any) -> None:
-    await runtime().run(kwargs["namespace"], kwargs["name"], kwargs["body"])
+# kopf's own HTTP session has no connection limit: a thousand objects found at startup are a
+# thousand concurrent TLS handshakes (each connection's buffers stay in the process's heap, and the
+# apiserver serves nothing else meanwhile). Its watch streams hold a connection each (at most three
+# per watched namespace: LLMServings, Deployments, peering; or a handful cluster-wide); 32 more
+# carry kopf's patches.
+KOPF_SPARE_CONNECTIONS = 32
 
 
-@kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
-async def on_delete(**kwargs: Any) -> None:
-    """Free the object's state (optional: no finalizer of its own is added for this)."""
-    runtime().forget(kwargs["namespace"], kwargs["name"])
+def kopf_connection_limit(namespaces: list[str]) -> int:
+    return 3 * max(len(namespaces), 1) + 8 + KOPF_SPARE_CONNECTIONS
 
 
-@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
-async def evaluate(**kwargs: Any) -> None:
-    """Re-evaluate this object every evaluationIntervalSeconds (the body here is live). When the
-    daemon ends (the object is deleted or no longer watched), its state is freed."""
-    namespace, name, body, stopped = kwargs["namespace"], kwargs["name"], kwargs["body"], kwargs["stopped"]
+@kopf.on.login()
+async def login(**kwargs: Any) -> kopf.AiohttpSession | None:
+    """The credentials kopf would use (the kubernetes client's: in-cluster or kubeconfig), in a
+    session whose connections are bounded (see KOPF_SPARE_CONNECTIONS)."""
+    info = kopf.login_via_client(**kwargs)
+    if info is None:
+        return None
+    namespaces = RUNTIME.namespaces if RUNTIME is not None else []
+    headers = info.as_http_headers()
+    if info.username and info.password and "Authorization" not in headers:  # (older kopf leaves it out)
+        headers["Authorization"] = aiohttp.BasicAuth(info.username, info.password).encode()
+    session = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=kopf_connection_limit(namespaces), ssl=info.as_ssl_context()),
+        headers=headers,
+        proxy=info.proxy_url,
+        trust_env=info.trust_env,
+    )
+    return kopf.AiohttpSession(
+        aiohttp_session=session,
+        server=info.server,
+        default_namespace=info.default_namespace,
+        expiration=info.expiration,
+    )
 
-    def interval() -> int:
-        tuning = (body.get("spec") or {}).get("tuning") or {}
-        return max(1, int(tuning.get("evaluationIntervalSeconds") or 30))
 
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def on_llmserving(**kwargs: Any) -> None:
+    """An LLMServing seen for the first time (listed at startup, or created) or with a new spec (a
+    new generation) is reconciled at once; a deleted or deleting one has its state freed. Watching
+    only, no kopf change handler: kopf then writes nothing on the object (no last-handled and
+    progress annotations, no finalizer), and removes the finalizer an older build left."""
+    event, namespace, name, meta = kwargs["event"], kwargs["namespace"], kwargs["name"], kwargs["meta"]
+    rt = runtime()
+    if event.get("type") == "DELETED" or meta.get("deletionTimestamp"):
+        rt.forget(namespace, name)
+        return
+    key = (namespace, name)
+    spec_version = (meta.get("uid"), meta.get("generation"))
+    if rt.spec_versions.get(key) == spec_version:
+        return  # a write to status or metadata (ours, at each evaluation): the scheduler's ticks cover it
+    rt.spec_versions[key] = spec_version
+    rt.note(namespace, name, kwargs["body"])
+    if rt.scheduler is not None:  # (started before kopf's watches: always)
+        rt.scheduler.soon(key)  # at once, in turn: this handler does not wait for the reconcile
+        return
     try:
-        # on_change has just reconciled (create or resume): the first evaluation comes within one
-        # interval, spread at random so that a thousand objects started together do not tick together.
-        await stopped.wait(interval() * random.uniform(0.5, 1.5))
-        while not stopped:
+        await rt.run(namespace, name, kwargs["body"])
+    except Exception as error:  # the scheduler evaluates it again at its interval
+        log.exception("%s/%s: reconcile failed: %s", namespace, name, error)
+
+
+def evaluation_interval(spec: Any) -> float:
+    tuning = (spec or {}).get("tuning") or {}
+    try:
+        return float(max(1, int(tuning.get("evaluationIntervalSeconds") or 30)))
+    except (TypeError, ValueError):  # admission rejects it; never let the index drop the object
+        return 30.0
+
+
+@kopf.index(GROUP, VERSION, PLURAL)
+def llmserving_intervals(**kwargs: Any) -> dict[Key, float]:
+    """What the scheduler evaluates: every watched LLMServing not being deleted, with its interval
+    (kopf keeps the index from its watch, so a change applies at once and a delete drops it)."""
+    if kwargs["meta"].get("deletionTimestamp"):
+        return {}
+    return {(kwargs["namespace"], kwargs["name"]): evaluation_interval(kwargs["spec"])}
+
+
+class Intervals(Mapping[Key, float]):
+    """kopf's index (key → a store of one value per object) as key → interval."""
+
+    def __init__(self, index: kopf.Index[Key, float]) -> None:
+        self.index = index
+
+    def __getitem__(self, key: Key) -> float:
+        return next(iter(self.index[key]))
+
+    def __iter__(self) -> Iterator[Key]:
+        return iter(self.index)
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.index
+
+
+@kopf.on.startup()
+async def start_scheduler(**kwargs: Any) -> None:
+    rt = runtime()
+    intervals = Intervals(kwargs["llmserving_intervals"])
+    rt.scheduler = Scheduler(
+        evaluate=rt.run,
+        known=lambda: intervals,
+        last_evaluated=rt.evaluated.get,
+        forget=rt.forget,
+        max_in_flight=rt.max_in_flight,
+        paused=lambda: rt.outranked,
+    )
+    rt.background.append(asyncio.get_running_loop().create_task(rt.scheduler.run(), name="scheduler"))
+    if rt.peering is not None:
+        rt.outranked = True  # until the first look at the peers
+        rt.background.append(asyncio.get_running_loop().create_task(watch_peers(rt), name="peers"))
+
+
+@kopf.on.cleanup()
+async def stop_scheduler(**_: Any) -> None:
+    if RUNTIME is None:
+        return
+    if RUNTIME.scheduler is not None:
+        await RUNTIME.scheduler.stop()
+    for task in RUNTIME.background:
+        task.cancel()
+    await asyncio.gather(*RUNTIME.background, return_exceptions=True)
+
+
+def outranked(statuses: list[dict[str, Any]], identity: str, priority: int, now: datetime) -> bool:
+    """kopf's rule for pausing: another live peer (seen within its lifetime) with a priority as
+    high as ours, in any of the peering objects."""
+    for status in statuses:
+        for peer, info in status.items():
+            if peer == identity or not isinstance(info, dict):
+                continue
             try:
-                await runtime().run(namespace, name, body)
-            except Exception as error:  # keep evaluating; the next tick reads the world again
-                log.exception("%s/%s: reconcile failed: %s", namespace, name, error)
-            await stopped.wait(interval())
-    finally:
-        if RUNTIME is not None:
-            RUNTIME.forget(namespace, name)
+                lastseen = datetime.fromisoformat(str(info["lastseen"]))
+                if lastseen.tzinfo is None:
+                    lastseen = lastseen.replace(tzinfo=UTC)
+                alive = lastseen + timedelta(seconds=int(info.get("lifetime", 60))) > now
+                rank = int(info.get("priority", 0))
+            except (KeyError, TypeError, ValueError):
+                continue
+            if alive and rank >= priority:
+                return True
+    return False
+
+
+PEERS_CHECK_S = 5.0
+
+
+async def watch_peers(rt: Runtime) -> None:
+    """Keep rt.outranked as kopf's own pause decision would be, from the same peering objects."""
+    assert rt.peering is not None
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            statuses = await loop.run_in_executor(rt.executor, rt.peering.statuses)
+            if statuses is None:  # no peering object (or CRD): kopf runs alone unless peering is mandatory
+                paused = rt.peering.mandatory
+            else:
+                paused = outranked(statuses, rt.peering.identity, rt.peering.priority, datetime.now(UTC))
+            if paused != rt.outranked:
+                log.info("scheduled evaluations %s (kopf peering)", "paused" if paused else "resumed")
+            rt.outranked = paused
+        except Exception as error:  # keep the last decision; look again
+            log.warning("could not read the peering objects: %s", error)
+        await asyncio.sleep(PEERS_CHECK_S)
 
 
 @kopf.on.event("apps", "v1", "deployments", labels={LABEL: kopf.PRESENT})
@@ -221,11 +409,16 @@ async def on_engine_deployment(**kwargs: Any) -> None:
     if event.get("type") in (None, "DELETED", "ADDED"):
         return
     owner = labels.get(LABEL)
-    if owner:
-        try:
-            await runtime().run(namespace, owner)
-        except Exception as error:
-            log.warning("%s/%s: reconcile after a Deployment change failed: %s", namespace, owner, error)
+    if not owner:
+        return
+    rt = runtime()
+    if rt.scheduler is not None:  # in turn with the others; events while it waits count once
+        rt.scheduler.soon((namespace, owner))
+        return
+    try:
+        await rt.run(namespace, owner)
+    except Exception as error:
+        log.warning("%s/%s: reconcile after a Deployment change failed: %s", namespace, owner, error)
 
 
 # --- running ---------------------------------------------------------------------------------------
@@ -254,16 +447,21 @@ def run(settings: OperatorSettings) -> int:
         level=logging.DEBUG if settings.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    configure(settings)
     priority = (
         settings.peering_priority if settings.peering_priority is not None else random.randint(1, 2**31 - 1)
     )
+    # kopf's own form of a replica's id (its POD_ID when set), given to kopf so the scheduler knows it
+    identity = os.environ.get("POD_ID") or (
+        f"batchknee@{socket.gethostname()}/{datetime.now(UTC):%Y%m%d%H%M%S}/{random.randrange(36**3):03x}"
+    )
+    configure(settings, identity, priority)
     liveness = (
         f"http://{settings.health_address}:{settings.health_port}/healthz" if settings.health_port else None
     )
     kopf.run(
         settings=kopf_settings(settings),
         standalone=True if settings.peering == "standalone" else None,
+        identity=cast(Any, identity),
         priority=priority,  # (no peering_name here: kopf would make peering mandatory; it is in kopf_settings)
         liveness_endpoint=liveness,
         clusterwide=not settings.namespaces,

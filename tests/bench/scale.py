@@ -336,8 +336,8 @@ def run_size(
                 operator.wait(10)
         exporter.terminate()
         exporter.wait(10)
-        # The namespaces stay (the cluster is thrown away at the end): their objects keep the
-        # operator's finalizers, and the next size's operator watches only its own namespaces.
+        # The namespaces stay (the cluster is thrown away at the end): the next size's operator
+        # watches only its own namespaces.
 
 
 def main() -> int:

@@ -132,7 +132,7 @@ def test_a_helm_installed_engine_is_retuned_and_keeps_its_value(
     assert env_of(world, "deployment", "chat")[TARGET_ENV_VAR] == "16"
 
     # deleting the LLMServing leaves the workload running with its last value
-    world.start_operator()  # (it removes its finalizer)
+    world.start_operator()
     world.kubectl("delete", "llms", "chat-tuner", "--wait=true")
     assert env_of(world, "deployment", "chat")[TARGET_ENV_VAR] == "16"
     assert world.get("deployment", "chat")["spec"]["replicas"] == 2  # type: ignore[index]

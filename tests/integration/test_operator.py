@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ import pytest
 pytest.importorskip("batchknee.devcluster", reason="the local control plane has not landed on this branch")
 
 from batchknee.devcluster import DevCluster, LocalPrometheus
+from batchknee.devcluster.cluster import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "crds" / "batchknee.io_llmservings.yaml"
@@ -315,6 +317,47 @@ def test_deleting_the_llmserving_removes_its_children(world: Harness) -> None:
     world.kubectl("delete", "llms", "gone", "--wait=true")
     wait_for(lambda: world.get("deployment", "gone") is None, 60, "the garbage collector")
     wait_for(lambda: world.get("service", "gone") is None, 60, "the Service gone")
+
+
+KOPF_FINALIZER = "kopf.zalando.org/KopfFinalizerMarker"  # what an older build's per-object daemon needed
+
+
+def test_one_scheduler_re_evaluates_adds_no_finalizer_and_frees_a_deleted_objects_state(
+    world: Harness,
+) -> None:
+    """Every object is re-evaluated at its interval by one scheduler, not a kopf daemon per object: no
+    finalizer is added; an object an older build left with kopf's finalizer loses it and deletes; a
+    deleted object's state (its gauges here) is freed."""
+    assert world.apply("legacy").returncode == 0
+    patch = json.dumps({"metadata": {"finalizers": [KOPF_FINALIZER]}})
+    world.kubectl("patch", "llms", "legacy", "--type=merge", "-p", patch)
+    port = free_port()
+    world.start_operator("--peering", "standalone", "--metrics-port", str(port))
+    assert world.apply("ticking").returncode == 0
+
+    def sampled() -> str | None:
+        return world.status("ticking").get("observed", {}).get("sampledAt")
+
+    first = wait_for(sampled, 150, "an observation of ticking", world.log)
+    second = wait_for(
+        lambda: (s := sampled()) != first and s, 60, "a second evaluation (interval 5 s)", world.log
+    )
+    wait_for(lambda: (s := sampled()) not in (first, second) and s, 60, "a third evaluation", world.log)
+
+    def finalizers(name: str) -> list[str]:
+        return list((world.get("llmserving", name) or {})["metadata"].get("finalizers") or [])
+
+    assert KOPF_FINALIZER not in finalizers("ticking")  # evaluated three times, never blocked
+    wait_for(lambda: KOPF_FINALIZER not in finalizers("legacy"), 60, "kopf's old finalizer gone", world.log)
+
+    def gauges() -> str:
+        return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+
+    assert 'batchknee_max_num_seqs{name="ticking"' in gauges()
+    done = world.kubectl("delete", "llms", "ticking", "legacy", "--wait=true", "--timeout=60s", check=False)
+    assert done.returncode == 0, done.stderr
+    assert world.get("llmserving", "legacy") is None
+    wait_for(lambda: 'batchknee_max_num_seqs{name="ticking"' not in gauges(), 30, "ticking's gauges freed")
 
 
 def test_killing_the_operator_during_a_rollout_does_not_roll_twice(world: Harness) -> None:

@@ -12,10 +12,11 @@ Where each call comes from:
   request, but when the object does not exist yet the apiserver creates it and checks `create` too —
   seen as a 403 "cannot create resource" with `patch` alone); list and delete old TensorRT-LLM options
   ConfigMaps; create Event; create the peering object.
-- kopf (handlers.py registers: on.create/update/resume + a daemon on LLMServings, on.event on
-  Deployments labelled batchknee.io/llmserving): list+watch of both; patch of LLMServings (its
-  annotation bookkeeping and the daemon's finalizer); with peering: list+watch of the peering objects
-  and a patch of its own keep-alive into the one named by the peering name; cluster-wide only: list+watch
+- kopf (handlers.py registers: on.event and an index on LLMServings, on.event on Deployments
+  labelled batchknee.io/llmserving): list+watch of both; patch of LLMServings (only to remove the
+  finalizer an older build's per-object daemons added); with peering: list+watch of the peering
+  objects (the scheduler lists them too, to pause with kopf) and a patch of its own keep-alive into
+  the one named by the peering name; cluster-wide only: list+watch
   of CustomResourceDefinitions (kopf's resource observer). Discovery (/api, /apis, /version) is open to
   every authenticated user (system:discovery). Posting of kopf's own Events is off (handlers.py).
 """
@@ -50,7 +51,7 @@ def _calls(cluster_wide: bool, peering: bool, peering_name: str) -> list[Call]:
         Call(p("batchknee.io", "llmservings", "get"), "KubernetesAdapter.get_llmserving"),
         Call(p("batchknee.io", "llmservings", "list"), "kopf: the LLMServing watch-stream"),
         Call(p("batchknee.io", "llmservings", "watch"), "kopf: the LLMServing watch-stream"),
-        Call(p("batchknee.io", "llmservings", "patch"), "kopf: annotations (progress, diff base), finalizer"),
+        Call(p("batchknee.io", "llmservings", "patch"), "kopf: removes an older build's finalizer"),
         Call(p("batchknee.io", "llmservings/status", "patch"), "KubernetesAdapter.patch_status"),
         Call(p("apps", "deployments", "get"), "KubernetesAdapter.get_deployment"),
         Call(p("apps", "deployments", "list"), "kopf: on.event of engine Deployments"),
@@ -83,7 +84,10 @@ def _calls(cluster_wide: bool, peering: bool, peering_name: str) -> list[Call]:
         plural = "clusterkopfpeerings" if cluster_wide else "kopfpeerings"
         calls += [
             Call(p("kopf.dev", plural, "create", cluster=cluster_wide), "KubernetesAdapter.ensure_peering"),
-            Call(p("kopf.dev", plural, "list", cluster=cluster_wide), "kopf: peering watch-stream"),
+            Call(
+                p("kopf.dev", plural, "list", cluster=cluster_wide),
+                "kopf: peering watch-stream; KubernetesAdapter.peering_statuses (the scheduler's pause)",
+            ),
             Call(p("kopf.dev", plural, "watch", cluster=cluster_wide), "kopf: peering watch-stream"),
             Call(
                 p("kopf.dev", plural, "patch", name=peering_name, cluster=cluster_wide),

@@ -22,11 +22,17 @@ def test_handlers_register_with_kopf() -> None:
     import batchknee.handlers as handlers
 
     registry = kopf.get_default_registry()
-    ids = {h.id for h in registry._changing.get_all_handlers()}
-    assert any("on_change" in i for i in ids)
-    [on_delete] = [h for h in registry._changing.get_all_handlers() if "on_delete" in h.id]
-    assert on_delete.requires_finalizer is False  # optional: frees state, never blocks a delete
-    assert any("evaluate" in h.id for h in registry._spawning.get_all_handlers())
+    # watching only: no change handler (kopf would write its annotations on every object) and
+    # nothing that needs a finalizer
+    assert not registry._changing.get_all_handlers()
+    watching = {h.id for h in registry._watching.get_all_handlers()}
+    assert any("on_llmserving" in i for i in watching)
+    # no daemon (a task and a finalizer per object): one scheduler over kopf's index of LLMServings
+    assert not registry._spawning.get_all_handlers()
+    assert any("llmserving_intervals" in h.id for h in registry._indexing.get_all_handlers())
+    activities = {h.id for h in registry._activities.get_all_handlers()}
+    assert any("start_scheduler" in i for i in activities) and any("stop_scheduler" in i for i in activities)
+    assert any("login" in i for i in activities)  # kopf's session with a bounded connection pool
     assert any("on_engine_deployment" in h.id for h in registry._watching.get_all_handlers())
     settings = handlers.kopf_settings(handlers.OperatorSettings())
     assert settings.posting.enabled is False

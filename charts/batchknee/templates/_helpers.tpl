@@ -94,7 +94,7 @@ The RBAC rules of one watched namespace (or, with the cluster-scoped extras, of 
 Each rule is a call the operator makes; the README lists which code makes it.
 */}}
 {{- define "batchknee.namespacedRules" -}}
-# kopf lists and watches LLMServings and patches its bookkeeping annotations and finalizer; reconcile
+# kopf lists and watches LLMServings and patches off the finalizer older builds added; reconcile
 # reads one (get) and writes its status through the status subresource (server-side apply).
 - apiGroups: ["batchknee.io"]
   resources: ["llmservings"]

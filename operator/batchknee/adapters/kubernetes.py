@@ -288,6 +288,41 @@ class KubernetesAdapter:
         _finish(response)
 
     # --- peering ---
+    def peering_statuses(self, name: str, namespaces: list[str]) -> list[dict[str, Any]] | None:
+        """The status of each of kopf's peering objects (peer id → priority, lastseen, lifetime);
+        None when one is missing. (A list by name: kopf's RBAC has list and watch, not get.)"""
+        found = []
+        targets: list[str | None] = list(namespaces) or [None]
+        for namespace in targets:
+            selector = f"metadata.name={name}"
+            try:
+                if namespace:
+                    listed = self.custom.list_namespaced_custom_object(
+                        "kopf.dev",
+                        "v1",
+                        namespace,
+                        "kopfpeerings",
+                        field_selector=selector,
+                        _request_timeout=self.timeout_s,
+                    )
+                else:
+                    listed = self.custom.list_cluster_custom_object(
+                        "kopf.dev",
+                        "v1",
+                        "clusterkopfpeerings",
+                        field_selector=selector,
+                        _request_timeout=self.timeout_s,
+                    )
+            except ApiException as error:
+                if error.status == 404:  # the peering CRD is not installed
+                    return None
+                raise
+            items = cast(dict[str, Any], listed).get("items") or []
+            if not items:
+                return None
+            found.append(items[0].get("status") or {})
+        return found
+
     def ensure_peering(self, name: str, namespaces: list[str]) -> None:
         """kopf's peering object must exist for replicas to see each other: create it if missing."""
         targets: list[str | None] = list(namespaces) or [None]

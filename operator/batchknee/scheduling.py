@@ -1,0 +1,162 @@
+"""One scheduler that re-evaluates every watched LLMServing at its own evaluation interval.
+
+In place of a kopf daemon per object (an asyncio task per object, and a kopf finalizer that every
+object must carry and every delete must wait on), one loop keeps a heap of due times:
+
+- each object's evaluations fall on its own grid, `phase·interval + k·interval`, the phase a hash of
+  its name, at least half an interval after its last evaluation (whatever triggered that: a create,
+  a spec change, a Deployment's rollout) — so a fleet found at once, or changed at once, still ticks
+  spread evenly over the interval instead of in bursts;
+- an object just found, or whose spec changed, is evaluated as soon as a slot frees (`soon()`), in
+  turn with those due; periodic evaluations start once it has been evaluated;
+- the interval is read live (`known()` is kopf's index of the watched objects and their intervals);
+- at most `max_in_flight` scheduled evaluations run at once; the others wait their turn in due order;
+- an object that leaves `known()` (deleted, deleting, no longer watched) has its state freed;
+- a failing evaluation is logged and the object is scheduled again; nothing stops the loop but
+  `stop()`;
+- while `paused()` (another replica outranks this one) nothing is evaluated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import heapq
+import logging
+import math
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger("batchknee")
+
+Key = tuple[str, str]
+
+
+def phase(key: Key) -> float:
+    """Where in its interval an object's evaluations fall, in [0, 1): stable across restarts and
+    replicas, and spread evenly over a fleet."""
+    digest = hashlib.blake2b(f"{key[0]}/{key[1]}".encode(), digest_size=8).digest()  # (crc32 bunches)
+    return int.from_bytes(digest) / 2**64
+
+
+def next_due(last: float, interval: float, at: float) -> float:
+    """The first point of the grid `at·interval + k·interval` at least half an interval after
+    `last` (so two evaluations are between half and one and a half intervals apart)."""
+    offset = at * interval
+    return offset + math.ceil((last + interval / 2 - offset) / interval) * interval
+
+
+@dataclass
+class Scheduler:
+    evaluate: Callable[[str, str], Awaitable[Any]]  # one evaluation (it records last_evaluated)
+    known: Callable[[], Mapping[Key, float]]  # watched objects → evaluation interval, live
+    last_evaluated: Callable[[Key], float | None]  # loop time of the object's last evaluation
+    forget: Callable[[str, str], None]  # free the object's state
+    max_in_flight: int = 16
+    paused: Callable[[], bool] = lambda: False
+    resync_s: float = 1.0  # how often known() is compared with the schedule
+    due: dict[Key, tuple[float, float]] = field(default_factory=dict)  # key → (due, interval)
+    urgent: set[Key] = field(default_factory=set)  # evaluate when a slot frees, whatever the grid says
+    in_flight: dict[Key, asyncio.Task[None]] = field(default_factory=dict)
+    _heap: list[tuple[float, Key]] = field(default_factory=list)
+    _wake: asyncio.Event = field(default_factory=asyncio.Event)
+    _stopped: bool = False
+
+    def _schedule(self, key: Key, interval: float, now: float) -> None:
+        last = self.last_evaluated(key)
+        if last is None:
+            return  # its first evaluation is kopf's create/resume handler's, which brings its spec
+        when = next_due(last, interval, phase(key))
+        self.due[key] = (when, interval)
+        heapq.heappush(self._heap, (when, key))
+
+    def soon(self, key: Key) -> None:
+        """Evaluate `key` as soon as a slot is free (it was just found, or its spec changed), in turn
+        with the others due: a thousand objects found at once wait in this heap, not as a thousand
+        parked coroutines."""
+        self.urgent.add(key)
+        if key not in self.in_flight:
+            now = asyncio.get_running_loop().time()
+            self.due[key] = (now, self.known().get(key, 30.0))
+            heapq.heappush(self._heap, (now, key))
+        self._wake.set()
+
+    def _resync(self, now: float) -> None:
+        known = self.known()
+        for key in [key for key in self.due if key not in known]:
+            del self.due[key]
+            self.urgent.discard(key)
+            self.forget(*key)
+        for key, interval in known.items():
+            scheduled = self.due.get(key)
+            if key in self.in_flight or key in self.urgent:
+                continue
+            if scheduled is None or scheduled[1] != interval:
+                self._schedule(key, interval, now)
+
+    async def _run_one(self, key: Key) -> None:
+        try:
+            await self.evaluate(*key)
+        except Exception as error:  # the next evaluation reads the world again
+            log.exception("%s/%s: scheduled evaluation failed: %s", key[0], key[1], error)
+
+    def _done(self, key: Key) -> None:
+        self.in_flight.pop(key, None)
+        interval = self.known().get(key)
+        if interval is None:
+            self.urgent.discard(key)
+            self.forget(*key)
+        elif key in self.urgent:  # its spec changed while it was being evaluated
+            now = asyncio.get_running_loop().time()
+            self.due[key] = (now, interval)
+            heapq.heappush(self._heap, (now, key))
+        elif not self._stopped:
+            self._schedule(key, interval, asyncio.get_running_loop().time())
+        self._wake.set()
+
+    def _launch_due(self, now: float) -> None:
+        while self._heap and self._heap[0][0] <= now and len(self.in_flight) < self.max_in_flight:
+            when, key = heapq.heappop(self._heap)
+            scheduled = self.due.get(key)
+            if scheduled is None or scheduled[0] != when:
+                continue  # superseded by a newer entry
+            del self.due[key]
+            interval = scheduled[1]
+            last = self.last_evaluated(key)
+            if key in self.urgent:
+                self.urgent.discard(key)
+            elif last is not None and next_due(last, interval, phase(key)) > now:
+                self._schedule(key, interval, now)  # evaluated meanwhile (a rollout's event)
+                continue
+            task = asyncio.get_running_loop().create_task(self._run_one(key), name=f"evaluate {key}")
+            self.in_flight[key] = task
+            task.add_done_callback(lambda _, key=key: self._done(key))  # type: ignore[misc]
+
+    async def run(self) -> None:
+        """Evaluate until stop(); never returns early on a failing evaluation."""
+        loop = asyncio.get_running_loop()
+        next_resync = 0.0
+        while not self._stopped:
+            now = loop.time()
+            if now >= next_resync:
+                self._resync(now)
+                next_resync = now + self.resync_s
+            paused = self.paused()
+            if not paused:
+                self._launch_due(now)
+            soonest = next_resync
+            if self._heap and len(self.in_flight) < self.max_in_flight and not paused:
+                soonest = min(soonest, self._heap[0][0])
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=max(soonest - loop.time(), 0.001))
+
+    async def stop(self) -> None:
+        self._stopped = True
+        self._wake.set()
+        tasks = list(self.in_flight.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

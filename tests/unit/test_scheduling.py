@@ -1,0 +1,161 @@
+"""The scheduler that re-evaluates every LLMServing at its interval (in place of a daemon per object)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import Counter
+
+from batchknee.handlers import evaluation_interval, outranked
+from batchknee.scheduling import Key, Scheduler, next_due, phase
+
+
+def test_evaluations_fall_on_the_objects_grid_half_to_one_and_a_half_intervals_apart() -> None:
+    for last in (0.0, 7.3, 29.9, 30.0, 1234.5):
+        for at in (0.0, 0.25, 0.999):
+            due = next_due(last, 30.0, at)
+            assert 15.0 <= due - last <= 45.0
+            assert abs((due - at * 30.0) / 30.0 - round((due - at * 30.0) / 30.0)) < 1e-9
+
+
+def test_a_fleet_found_at_once_is_spread_over_the_interval() -> None:
+    keys = [(f"ns-{i % 10}", f"chat-{i:05d}") for i in range(1000)]
+    first = [next_due(100.0 - 15.0, 30.0, phase(key)) - 100.0 for key in keys]  # never evaluated
+    assert all(0.0 <= d <= 30.0 for d in first)
+    per_3s = Counter(int(d // 3) for d in first)  # ten slots of 3 s: about 100 each, none bunched
+    assert max(per_3s.values()) < 150 and min(per_3s.values()) > 50
+
+
+def test_the_interval_comes_from_the_spec() -> None:
+    assert evaluation_interval({"tuning": {"evaluationIntervalSeconds": 5}}) == 5.0
+    assert evaluation_interval({}) == 30.0
+    assert evaluation_interval({"tuning": {"evaluationIntervalSeconds": "x"}}) == 30.0
+
+
+class Fleet:
+    """known() and the evaluations a scheduler made: a fake only of the reconcile itself."""
+
+    def __init__(self, intervals: dict[Key, float], failing: set[Key] | None = None) -> None:
+        self.intervals = intervals
+        self.failing = failing or set()
+        self.evaluated: Counter[Key] = Counter()
+        self.last: dict[Key, float] = {}
+        self.forgotten: list[Key] = []
+        self.running = 0
+        self.most_running = 0
+
+    async def evaluate(self, namespace: str, name: str) -> None:
+        key = (namespace, name)
+        self.last[key] = asyncio.get_running_loop().time()
+        self.running += 1
+        self.most_running = max(self.most_running, self.running)
+        try:
+            await asyncio.sleep(0.01)
+            self.evaluated[key] += 1
+            if key in self.failing:
+                raise RuntimeError("the apiserver said no")
+        finally:
+            self.running -= 1
+
+    def forget(self, namespace: str, name: str) -> None:
+        self.forgotten.append((namespace, name))
+        self.last.pop((namespace, name), None)
+
+    def scheduler(self, **kwargs: object) -> Scheduler:
+        return Scheduler(
+            evaluate=self.evaluate,
+            known=lambda: self.intervals,
+            last_evaluated=self.last.get,
+            forget=self.forget,
+            resync_s=0.02,
+            **kwargs,  # type: ignore[arg-type]
+        )
+
+
+async def until(predicate: object, limit_s: float = 20.0) -> None:
+    """Wait (bounded) for a condition; the assertion after it says what was expected."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit_s
+    while not predicate() and loop.time() < deadline:  # type: ignore[operator]
+        await asyncio.sleep(0.01)
+
+
+def test_objects_are_re_evaluated_a_failure_never_stops_it_a_removed_one_is_forgotten() -> None:
+    async def scenario() -> None:
+        fleet = Fleet({("ml", "a"): 0.1, ("ml", "b"): 0.1, ("ml", "bad"): 0.1}, failing={("ml", "bad")})
+        scheduler = fleet.scheduler()
+        task = asyncio.create_task(scheduler.run())
+        await asyncio.sleep(0.3)
+        assert not fleet.evaluated  # the create/resume handler evaluates first (it routes the object)
+        for key in fleet.intervals:
+            with contextlib.suppress(RuntimeError):
+                await fleet.evaluate(*key)
+        await until(lambda: min(fleet.evaluated[k] for k in fleet.intervals) >= 3)
+        assert min(fleet.evaluated[k] for k in fleet.intervals) >= 3  # the failing one too, again
+        del fleet.intervals[("ml", "b")]  # deleted, or no longer watched
+        await until(lambda: ("ml", "b") in fleet.forgotten)
+        assert ("ml", "b") in fleet.forgotten and ("ml", "b") not in scheduler.due
+        count = fleet.evaluated[("ml", "b")]
+        await until(lambda: fleet.evaluated[("ml", "a")] >= 6)
+        assert fleet.evaluated[("ml", "b")] == count  # never evaluated again
+        await scheduler.stop()
+        await task
+
+    asyncio.run(scenario())
+
+
+def test_in_flight_evaluations_are_bounded_and_nothing_runs_while_paused() -> None:
+    async def scenario() -> None:
+        fleet = Fleet({("ml", f"s{i}"): 0.05 for i in range(40)})
+        fleet.last = dict.fromkeys(fleet.intervals, asyncio.get_running_loop().time())
+        paused = [True]
+        scheduler = fleet.scheduler(max_in_flight=4, paused=lambda: paused[0])
+        task = asyncio.create_task(scheduler.run())
+        await asyncio.sleep(0.3)  # several intervals while another replica acts
+        assert not fleet.evaluated
+        paused[0] = False
+        await until(lambda: len(fleet.evaluated) == 40)
+        assert len(fleet.evaluated) == 40
+        assert fleet.most_running <= 4
+        await scheduler.stop()
+        await task
+
+    asyncio.run(scenario())
+
+
+def test_a_replica_pauses_when_a_live_peer_ranks_as_high() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    now = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+
+    def peer(priority: int, seen_s_ago: float) -> dict[str, object]:
+        return {
+            "priority": priority,
+            "lifetime": 60,
+            "lastseen": (now - timedelta(seconds=seen_s_ago)).isoformat(),
+        }
+
+    assert not outranked([{"me": peer(10, 0)}], "me", 10, now)
+    assert outranked([{"me": peer(10, 0), "other": peer(20, 5)}], "me", 10, now)
+    assert outranked([{"me": peer(10, 0)}, {"other": peer(10, 5)}], "me", 10, now)  # a tie pauses both
+    assert not outranked([{"other": peer(5, 5)}], "me", 10, now)
+    assert not outranked([{"other": peer(20, 120)}], "me", 10, now)  # dead: not seen in its lifetime
+
+
+def test_a_new_or_changed_object_is_evaluated_at_once_in_turn() -> None:
+    async def scenario() -> None:
+        fleet = Fleet({("ml", f"s{i}"): 3600.0 for i in range(40)})
+        scheduler = fleet.scheduler(max_in_flight=4)
+        task = asyncio.create_task(scheduler.run())
+        for key in fleet.intervals:  # a fleet found at once: none waits an hour, four at a time
+            scheduler.soon(key)
+        await until(lambda: len(fleet.evaluated) == 40)
+        assert len(fleet.evaluated) == 40 and fleet.most_running <= 4
+        scheduler.soon(("ml", "s0"))  # its spec changed: evaluated again, an hour before its tick
+        await until(lambda: fleet.evaluated[("ml", "s0")] == 2)
+        assert fleet.evaluated[("ml", "s0")] == 2
+        assert sum(fleet.evaluated.values()) == 41
+        await scheduler.stop()
+        await task
+
+    asyncio.run(scenario())
