@@ -29,7 +29,7 @@ from operator_rbac import CLUSTER_SCOPED, Permission, granted, operator_calls, r
 
 pytest.importorskip("batchknee.devcluster", reason="the local control plane has not landed on this branch")
 
-from test_operator import Harness, state_for, wait_for
+from test_operator import KOPF_FINALIZER, Harness, state_for, wait_for
 
 from batchknee.devcluster import DevCluster, LocalPrometheus
 from batchknee.devcluster.cluster import free_port
@@ -350,9 +350,29 @@ def test_the_chart_installs_and_its_service_account_runs_the_operator_through_a_
 
     # the operator with that identity, through one retune
     harness = Harness(cluster, namespace, prometheus, tmp_path)
+    # an object an older build left with its kopf finalizer: the one patch of an LLMServing left
+    # to the operator (kopf removes a finalizer no handler needs) — an upgrade must not 403
+    assert harness.apply("upgraded", tuning={"mode": "Recommend"}).returncode == 0
+    harness.kubectl(
+        "patch",
+        "llms",
+        "upgraded",
+        "--type=merge",
+        "-p",
+        json.dumps({"metadata": {"finalizers": [KOPF_FINALIZER]}}),
+    )
     try:
         metrics_port, health_port = installed.start_operator(harness, prometheus)
         assert harness.apply("chat").returncode == 0
+        wait_for(
+            lambda: (
+                KOPF_FINALIZER
+                not in ((harness.get("llmserving", "upgraded") or {})["metadata"].get("finalizers") or [])
+            ),
+            90,
+            "the older build's finalizer removed",
+            harness.log,
+        )
         wait_for(lambda: harness.max_num_seqs("chat") == 64, 90, "the Deployment at 64", harness.log)
         wait_for(lambda: harness.condition("chat", "Ready").get("status") == "True", 90, "Ready", harness.log)
         wait_for(
