@@ -949,19 +949,16 @@ def decide(
             "hold", current, f"holding {current}: {_unobserved(ctx_reading)}", "metrics-unavailable"
         )
     wanted, batch = target.value, target.unrounded
-    safety = wanted < current and (
-        target.limited_by == "kv-capacity"
-        or (target.limited_by == "tpot-target" and rules.goal == "SLO")
-        or _guard_breaks(rules, target.guard, current)
-    )
     # A KV-capacity decrease goes at once (it preempts), as does goal SLO's: its bound is taken where
     # traffic is going (the window's last third, when that is the longer context), and every request
     # served meanwhile over the target is lost goodput. A Knee-goal TPOT safety decrease waits for
     # the window to stop shifting: its guard is taken at the window's blend of before and after, and
     # reaching where traffic went costs a second restart.
-    goes_now = safety and (
-        target.limited_by == "kv-capacity" or (rules.goal == "SLO" and target.limited_by == "tpot-target")
+    at_once = target.limited_by == "kv-capacity" or (
+        target.limited_by == "tpot-target" and rules.goal == "SLO"
     )
+    goes_now = wanted < current and at_once
+    safety = goes_now or (wanted < current and _guard_breaks(rules, target.guard, current))
     settled = applied.settled_since
     settling = settled is not None and now < settled + timedelta(seconds=rules.window_s)
     # Under Live actuation such a decrease after a retune does not wait out the whole settle window:
