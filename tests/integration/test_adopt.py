@@ -87,8 +87,14 @@ def test_a_helm_installed_engine_is_retuned_and_keeps_its_value(
     wired = world.condition("chat-tuner", "Wired")
     assert wired["status"] == "True", wired
     wait_for(lambda: world.condition("chat-tuner", "Ready").get("status") == "True", 120, "Ready", world.log)
+
     # observed through the workload's own selector: its pods are `chat-<hash>-<hash>`, counted as 2
-    observed = wait_for(lambda: world.status("chat-tuner").get("observed"), 120, "an observation", world.log)
+    # once Prometheus scrapes both pods of the roll to 64 (an observation taken mid-roll sees one)
+    def both_pods_observed() -> dict[str, Any] | None:
+        observed = world.status("chat-tuner").get("observed") or {}
+        return observed if observed.get("pods") == 2 else None
+
+    observed = wait_for(both_pods_observed, 120, "an observation of both pods", world.log)
     assert observed["pods"] == 2 and observed["avgContextLength"] == 2048
 
     world.set_state(state_for(8192))
