@@ -36,7 +36,7 @@ import aiohttp
 import kopf
 
 from batchknee.adapters.engine_runtime import HttpEngineRuntime
-from batchknee.adapters.kubernetes import KubernetesAdapter, load_config, pooled_client
+from batchknee.adapters.kubernetes import KubernetesAdapter, WatchCache, load_config, pooled_client
 from batchknee.adapters.observing import RoutedObserver
 from batchknee.api.models import GROUP, PLURAL, VERSION
 from batchknee.api.resolve import SpecError, observation_target, parse_llmserving
@@ -111,6 +111,7 @@ class Runtime:
     peering: Peering | None = None  # None: standalone
     outranked: bool = False  # another replica acts (kopf peering): the scheduler pauses
     background: list[asyncio.Task[None]] = field(default_factory=list)
+    cache: WatchCache = field(default_factory=WatchCache)  # what the watches delivered, for reconcile
     # Reconciles wait mostly on the apiserver: more of them in flight than asyncio's default
     # executor allows (CPUs + 4) keeps a thousand objects' startup short.
     executor: ThreadPoolExecutor = field(
@@ -187,7 +188,8 @@ def configure(settings: OperatorSettings, identity: str = "", priority: int = 0)
     and `priority`: this replica's in kopf peering)."""
     global RUNTIME
     load_config()
-    kube = KubernetesAdapter(pooled_client(settings.reconcile_workers + 4))
+    cache = WatchCache()
+    kube = KubernetesAdapter(pooled_client(settings.reconcile_workers + 4), cache=cache)
     router = prometheus_observer(settings)
     metrics = OperatorMetrics()
     if settings.metrics_port:
@@ -223,6 +225,7 @@ def configure(settings: OperatorSettings, identity: str = "", priority: int = 0)
         namespaces=list(settings.namespaces),
         max_in_flight=settings.reconcile_workers,
         peering=peering,
+        cache=cache,
     )
     return RUNTIME
 
@@ -232,14 +235,14 @@ def configure(settings: OperatorSettings, identity: str = "", priority: int = 0)
 
 # kopf's own HTTP session has no connection limit: a thousand objects found at startup are a
 # thousand concurrent TLS handshakes (each connection's buffers stay in the process's heap, and the
-# apiserver serves nothing else meanwhile). Its watch streams hold a connection each (at most three
-# per watched namespace: LLMServings, Deployments, peering; or a handful cluster-wide); 32 more
-# carry kopf's patches.
+# apiserver serves nothing else meanwhile). Its watch streams hold a connection each (at most five
+# per watched namespace: LLMServings, Deployments, Services, PodDisruptionBudgets, peering; or a
+# handful cluster-wide); 32 more carry kopf's patches.
 KOPF_SPARE_CONNECTIONS = 32
 
 
 def kopf_connection_limit(namespaces: list[str]) -> int:
-    return 3 * max(len(namespaces), 1) + 8 + KOPF_SPARE_CONNECTIONS
+    return 5 * max(len(namespaces), 1) + 8 + KOPF_SPARE_CONNECTIONS
 
 
 @kopf.on.login()
@@ -275,6 +278,7 @@ async def on_llmserving(**kwargs: Any) -> None:
     progress annotations, no finalizer), and removes the finalizer an older build left."""
     event, namespace, name, meta = kwargs["event"], kwargs["namespace"], kwargs["name"], kwargs["meta"]
     rt = runtime()
+    remember(rt.cache, "LLMServing", f"{GROUP}/{VERSION}", event)
     if event.get("type") == "DELETED" or meta.get("deletionTimestamp"):
         rt.forget(namespace, name)
         return
@@ -394,16 +398,46 @@ async def watch_peers(rt: Runtime) -> None:
                 paused = outranked(statuses, rt.peering.identity, rt.peering.priority, datetime.now(UTC))
             if paused != rt.outranked:
                 log.info("scheduled evaluations %s (kopf peering)", "paused" if paused else "resumed")
+                rt.cache.clear()  # kopf's watches pause too: what they brought before may be old
             rt.outranked = paused
         except Exception as error:  # keep the last decision; look again
             log.warning("could not read the peering objects: %s", error)
         await asyncio.sleep(PEERS_CHECK_S)
 
 
-@kopf.on.event("apps", "v1", "deployments", labels={LABEL: kopf.PRESENT})
-async def on_engine_deployment(**kwargs: Any) -> None:
-    """An engine Deployment moved (a rollout progressed or finished): reconcile its owner now."""
+def remember(
+    cache: WatchCache, kind: str, api_version: str, event: Mapping[str, Any], *, label: str | None = None
+) -> None:
+    """Keep the object a watch event brought in the cache (with `label`: only while it carries it,
+    so an object that stops being the operator's is read from the apiserver again). Listed objects
+    come without their kind: it is put back, as a GET would return it."""
+    body = event.get("object") or {}
+    meta = body.get("metadata") or {}
+    if event.get("type") == "DELETED" or (label is not None and label not in (meta.get("labels") or {})):
+        cache.gone(kind, meta.get("namespace") or "", meta.get("name") or "")
+    else:
+        cache.seen(kind, {"apiVersion": api_version, "kind": kind, **body})
+
+
+# Watched unfiltered (kopf filters labels in the process, not in the watch): an object whose label is
+# taken off must leave the cache.
+@kopf.on.event("", "v1", "services")
+async def on_service(**kwargs: Any) -> None:
+    remember(runtime().cache, "Service", "v1", kwargs["event"], label=LABEL)
+
+
+@kopf.on.event("policy", "v1", "poddisruptionbudgets")
+async def on_disruption_budget(**kwargs: Any) -> None:
+    remember(runtime().cache, "PodDisruptionBudget", "policy/v1", kwargs["event"], label=LABEL)
+
+
+@kopf.on.event("apps", "v1", "deployments")
+async def on_deployment(**kwargs: Any) -> None:
+    """Cached while it is an engine Deployment; one that moved (a rollout progressed or finished)
+    has its owner reconciled now."""
     event, namespace, labels = kwargs["event"], kwargs["namespace"], kwargs["labels"]
+    rt = runtime()
+    remember(rt.cache, "Deployment", "apps/v1", event, label=LABEL)
     # Listed at startup (None), deleted, or just created (ADDED: by the reconcile that has just
     # written its owner's status — a second one would find nothing new): only changes count.
     if event.get("type") in (None, "DELETED", "ADDED"):
@@ -411,7 +445,6 @@ async def on_engine_deployment(**kwargs: Any) -> None:
     owner = labels.get(LABEL)
     if not owner:
         return
-    rt = runtime()
     if rt.scheduler is not None:  # in turn with the others; events while it waits count once
         rt.scheduler.soon((namespace, owner))
         return

@@ -6,14 +6,15 @@ installs the chart, asks the apiserver (`kubectl auth can-i --as=<the chart's Se
 the operator with that ServiceAccount's token and compares the apiserver's audit log with the table.
 
 Where each call comes from:
-- batchknee.adapters.kubernetes.KubernetesAdapter: get LLMServing; patch llmservings/status
+- batchknee.adapters.kubernetes.KubernetesAdapter: list an LLMServing by name (when the watch cache
+  has not brought its latest); patch llmservings/status
   (server-side apply); get Deployment/Service/ConfigMap (never apply over an object another owner
   controls); list the engine pods (crash loops); patch Deployment/Service/ConfigMap (server-side apply: a PATCH
   request, but when the object does not exist yet the apiserver creates it and checks `create` too —
   seen as a 403 "cannot create resource" with `patch` alone); list and delete old TensorRT-LLM options
   ConfigMaps; create Event; create the peering object.
-- kopf (handlers.py registers: on.event and an index on LLMServings, on.event on Deployments
-  labelled batchknee.io/llmserving): list+watch of both; patch of LLMServings (only to remove the
+- kopf (handlers.py registers: on.event and an index on LLMServings, on.event on Deployments,
+  Services and PodDisruptionBudgets, which feed the watch cache): list+watch of all four; patch of LLMServings (only to remove the
   finalizer an older build's per-object daemons added); with peering: list+watch of the peering
   objects (the scheduler lists them too, to pause with kopf) and a patch of its own keep-alive into
   the one named by the peering name; cluster-wide only: list+watch
@@ -48,22 +49,28 @@ def _calls(cluster_wide: bool, peering: bool, peering_name: str) -> list[Call]:
         return Permission(group, resource, verb, name, cluster)
 
     calls = [
-        Call(p("batchknee.io", "llmservings", "get"), "KubernetesAdapter.get_llmserving"),
-        Call(p("batchknee.io", "llmservings", "list"), "kopf: the LLMServing watch-stream"),
+        Call(
+            p("batchknee.io", "llmservings", "list"),
+            "kopf: the LLMServing watch-stream; KubernetesAdapter.get_llmserving (a list by name)",
+        ),
         Call(p("batchknee.io", "llmservings", "watch"), "kopf: the LLMServing watch-stream"),
         Call(p("batchknee.io", "llmservings", "patch"), "kopf: removes an older build's finalizer"),
         Call(p("batchknee.io", "llmservings/status", "patch"), "KubernetesAdapter.patch_status"),
         Call(p("apps", "deployments", "get"), "KubernetesAdapter.get_deployment"),
-        Call(p("apps", "deployments", "list"), "kopf: on.event of engine Deployments"),
-        Call(p("apps", "deployments", "watch"), "kopf: on.event of engine Deployments"),
+        Call(p("apps", "deployments", "list"), "kopf: on.event of Deployments (the watch cache)"),
+        Call(p("apps", "deployments", "watch"), "kopf: on.event of Deployments (the watch cache)"),
         Call(p("apps", "deployments", "patch"), "KubernetesAdapter.apply (server-side apply)"),
         Call(p("apps", "deployments", "create"), "KubernetesAdapter.apply (server-side apply creating it)"),
         Call(p("apps", "statefulsets", "get"), "KubernetesAdapter.get_object (an adopted StatefulSet)"),
         Call(p("apps", "statefulsets", "patch"), "KubernetesAdapter.apply (its one env entry)"),
         Call(p("", "services", "get"), "KubernetesAdapter.get_object (is it this LLMServing's?)"),
+        Call(p("", "services", "list"), "kopf: on.event of Services (the watch cache)"),
+        Call(p("", "services", "watch"), "kopf: on.event of Services (the watch cache)"),
         Call(p("", "configmaps", "get"), "KubernetesAdapter.get_object (is it this LLMServing's?)"),
         Call(p("", "pods", "list"), "KubernetesAdapter.list_pods (engine crash loops)"),
         Call(p("policy", "poddisruptionbudgets", "get"), "KubernetesAdapter.get_object (is it ours?)"),
+        Call(p("policy", "poddisruptionbudgets", "list"), "kopf: on.event of budgets (the watch cache)"),
+        Call(p("policy", "poddisruptionbudgets", "watch"), "kopf: on.event of budgets (the watch cache)"),
         Call(p("policy", "poddisruptionbudgets", "create"), "KubernetesAdapter.apply (creating it)"),
         Call(p("policy", "poddisruptionbudgets", "patch"), "KubernetesAdapter.apply (server-side apply)"),
         Call(p("", "services", "patch"), "KubernetesAdapter.apply (server-side apply)"),

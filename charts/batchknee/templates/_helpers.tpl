@@ -95,15 +95,17 @@ Each rule is a call the operator makes; the README lists which code makes it.
 */}}
 {{- define "batchknee.namespacedRules" -}}
 # kopf lists and watches LLMServings and patches off the finalizer older builds added; reconcile
-# reads one (get) and writes its status through the status subresource (server-side apply).
+# reads one from that watch (or, right after writing it, by a list of its name) and writes its
+# status through the status subresource (server-side apply).
 - apiGroups: ["batchknee.io"]
   resources: ["llmservings"]
-  verbs: ["get", "list", "watch", "patch"]
+  verbs: ["list", "watch", "patch"]
 - apiGroups: ["batchknee.io"]
   resources: ["llmservings/status"]
   verbs: ["patch"]
-# The engine Deployment: read (get), watched for rollout progress (list, watch), written by server-side
-# apply: a PATCH, for which the apiserver also requires create when the object does not exist yet.
+# The engine Deployment: watched (list, watch: rollout progress, and what reconcile reads), read (get)
+# where the watch has not brought it yet, written by server-side apply: a PATCH, for which the
+# apiserver also requires create when the object does not exist yet.
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["get", "list", "watch", "create", "patch"]
@@ -111,20 +113,21 @@ Each rule is a call the operator makes; the README lists which code makes it.
 - apiGroups: ["apps"]
   resources: ["statefulsets"]
   verbs: ["get", "patch"]
-# The engine Service: read first (an object of that name that this LLMServing does not control is
-# never applied over), then server-side apply (create, patch).
+# The engine Service: watched and read first (an object of that name that this LLMServing does not
+# control is never applied over), then server-side apply (create, patch).
 - apiGroups: [""]
   resources: ["services"]
-  verbs: ["get", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 # TensorRT-LLM's options ConfigMaps (immutable, one per content): read first, applied, and its own
 # old ones listed and deleted past the newest three.
 - apiGroups: [""]
   resources: ["configmaps"]
   verbs: ["get", "create", "patch", "list", "delete"]
-# The engine pods' PodDisruptionBudget (at most one evicted at a time): read, then server-side apply.
+# The engine pods' PodDisruptionBudget (at most one evicted at a time): watched and read, then
+# server-side apply.
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
-  verbs: ["get", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 # The engine pods: listed to report an engine that crash-loops after a change.
 - apiGroups: [""]
   resources: ["pods"]

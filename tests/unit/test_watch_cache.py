@@ -1,0 +1,123 @@
+"""The watch cache: a steady-state reconcile reads what the watches delivered, never what was there
+before the operator's own write, and an object that stops being the operator's is read afresh."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from test_kubernetes_retries import Script, apiserver
+
+from batchknee.adapters.kubernetes import KubernetesAdapter, WatchCache
+from batchknee.handlers import remember
+from batchknee.render import LABEL
+
+__all__ = ["apiserver"]
+
+
+def deployment(version: str, replicas: int = 1, **labels: str) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": "chat",
+            "namespace": "ml",
+            "resourceVersion": version,
+            "labels": labels,
+            "managedFields": [{"manager": "batchknee", "fieldsV1": {"f:spec": {}}}],
+        },
+        "spec": {"replicas": replicas},
+    }
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_listed_object_reads_back_as_a_get_would_without_managed_fields() -> None:
+    cache = WatchCache()
+    remember(
+        cache,
+        "Deployment",
+        "apps/v1",
+        {"type": None, "object": deployment("7", **{LABEL: "chat"})},
+        label=LABEL,
+    )
+    found = cache.get("Deployment", "ml", "chat")
+    assert found is not None
+    assert found["kind"] == "Deployment" and found["apiVersion"] == "apps/v1"  # a list's items lack both
+    assert "managedFields" not in found["metadata"] and found["metadata"]["resourceVersion"] == "7"
+    found["spec"]["replicas"] = 5  # each read is the caller's own copy
+    assert cache.get("Deployment", "ml", "chat")["spec"]["replicas"] == 1  # type: ignore[index]
+
+
+def test_deleted_or_relabelled_objects_are_read_from_the_apiserver() -> None:
+    cache = WatchCache()
+    ours = {"type": "MODIFIED", "object": deployment("7", **{LABEL: "chat"})}
+    remember(cache, "Deployment", "apps/v1", ours, label=LABEL)
+    remember(cache, "Deployment", "apps/v1", {"type": "MODIFIED", "object": deployment("8")}, label=LABEL)
+    assert cache.get("Deployment", "ml", "chat") is None  # label taken off: no longer the operator's
+    remember(cache, "Deployment", "apps/v1", ours, label=LABEL)
+    remember(
+        cache, "Deployment", "apps/v1", {"type": "DELETED", "object": deployment("9", **{LABEL: "chat"})}
+    )
+    assert cache.get("Deployment", "ml", "chat") is None and len(cache) == 0
+
+
+def test_after_a_write_reads_wait_for_the_watch_to_bring_it() -> None:
+    clock = Clock()
+    cache = WatchCache(write_wait_s=10, clock=clock)
+    cache.seen("Deployment", deployment("7"))
+    cache.wrote("Deployment", "ml", "chat", "9")
+    assert cache.get("Deployment", "ml", "chat") is None  # what it holds is from before the write
+    cache.seen("Deployment", deployment("8"))  # an event from before the write, still in flight
+    assert cache.get("Deployment", "ml", "chat") is None
+    cache.seen("Deployment", deployment("9", replicas=3))  # the write itself
+    assert cache.get("Deployment", "ml", "chat")["spec"]["replicas"] == 3  # type: ignore[index]
+
+    # a write whose own event never shows (squashed by a later one): the wait ends
+    cache.wrote("Deployment", "ml", "chat", "11")
+    cache.seen("Deployment", deployment("12", replicas=4))
+    assert cache.get("Deployment", "ml", "chat") is None
+    clock.now += 10
+    assert cache.get("Deployment", "ml", "chat")["spec"]["replicas"] == 4  # type: ignore[index]
+
+
+def test_a_cleared_cache_knows_nothing() -> None:
+    cache = WatchCache()
+    cache.seen("Service", deployment("7"))
+    cache.clear()
+    assert cache.get("Service", "ml", "chat") is None
+
+
+def test_the_adapter_reads_the_cache_and_the_apiserver_only_around_it(
+    apiserver: tuple[Script, KubernetesAdapter],
+) -> None:
+    script, plain = apiserver
+    cache = WatchCache()
+    kube = KubernetesAdapter(plain.api_client, timeout_s=5, cache=cache)
+    cache.seen("Deployment", {"apiVersion": "apps/v1", "kind": "Deployment", **deployment("7")})
+    assert kube.get_deployment("ml", "chat")["metadata"]["resourceVersion"] == "7"  # type: ignore[index]
+    assert script.requests == []
+
+    # an object the watch has not brought: asked for (an LLMServing by a list of its name, which the
+    # watch's RBAC allows)
+    script.answers.append((200, {"items": [{"metadata": {"name": "chat", "namespace": "ml"}}]}))
+    assert kube.get_llmserving("ml", "chat") is not None
+    assert script.requests == ["GET /apis/batchknee.io/v1alpha1/namespaces/ml/llmservings"]
+
+    # after the operator's own write, the next read is the apiserver's until the watch brings it
+    script.requests.clear()
+    script.answers.append((200, {"metadata": {"name": "chat", "namespace": "ml", "resourceVersion": "8"}}))
+    kube.apply({"apiVersion": "apps/v1", **deployment("7")} | {"kind": "Deployment"})
+    script.answers.append((200, {"metadata": {"name": "chat", "namespace": "ml", "resourceVersion": "8"}}))
+    assert kube.get_deployment("ml", "chat")["metadata"]["resourceVersion"] == "8"  # type: ignore[index]
+    assert script.requests == [
+        "PATCH /apis/apps/v1/namespaces/ml/deployments/chat",
+        "GET /apis/apps/v1/namespaces/ml/deployments/chat",
+    ]
+    cache.seen("Deployment", deployment("8"))
+    script.requests.clear()
+    assert kube.get_deployment("ml", "chat")["metadata"]["resourceVersion"] == "8"  # type: ignore[index]
+    assert script.requests == []
