@@ -235,14 +235,14 @@ def configure(settings: OperatorSettings, identity: str = "", priority: int = 0)
 
 # kopf's own HTTP session has no connection limit: a thousand objects found at startup are a
 # thousand concurrent TLS handshakes (each connection's buffers stay in the process's heap, and the
-# apiserver serves nothing else meanwhile). Its watch streams hold a connection each (at most five
-# per watched namespace: LLMServings, Deployments, Services, PodDisruptionBudgets, peering; or a
-# handful cluster-wide); 32 more carry kopf's patches.
+# apiserver serves nothing else meanwhile). Its watch streams hold a connection each (at most three
+# per watched namespace: LLMServings, Deployments, peering; or a handful cluster-wide); 32 more
+# carry kopf's patches.
 KOPF_SPARE_CONNECTIONS = 32
 
 
 def kopf_connection_limit(namespaces: list[str]) -> int:
-    return 5 * max(len(namespaces), 1) + 8 + KOPF_SPARE_CONNECTIONS
+    return 3 * max(len(namespaces), 1) + 8 + KOPF_SPARE_CONNECTIONS
 
 
 @kopf.on.login()
@@ -419,18 +419,8 @@ def remember(
         cache.seen(kind, {"apiVersion": api_version, "kind": kind, **body})
 
 
-# Watched unfiltered (kopf filters labels in the process, not in the watch): an object whose label is
-# taken off must leave the cache.
-@kopf.on.event("", "v1", "services")
-async def on_service(**kwargs: Any) -> None:
-    remember(runtime().cache, "Service", "v1", kwargs["event"], label=LABEL)
-
-
-@kopf.on.event("policy", "v1", "poddisruptionbudgets")
-async def on_disruption_budget(**kwargs: Any) -> None:
-    remember(runtime().cache, "PodDisruptionBudget", "policy/v1", kwargs["event"], label=LABEL)
-
-
+# Watched unfiltered (kopf filters labels in the process, not in the watch): a Deployment whose label
+# is taken off must leave the cache.
 @kopf.on.event("apps", "v1", "deployments")
 async def on_deployment(**kwargs: Any) -> None:
     """Cached while it is an engine Deployment; one that moved (a rollout progressed or finished)

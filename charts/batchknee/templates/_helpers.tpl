@@ -113,21 +113,20 @@ Each rule is a call the operator makes; the README lists which code makes it.
 - apiGroups: ["apps"]
   resources: ["statefulsets"]
   verbs: ["get", "patch"]
-# The engine Service: watched and read first (an object of that name that this LLMServing does not
-# control is never applied over), then server-side apply (create, patch).
+# The engine Service: read first (an object of that name that this LLMServing does not control is
+# never applied over), then server-side apply (create, patch).
 - apiGroups: [""]
   resources: ["services"]
-  verbs: ["get", "list", "watch", "create", "patch"]
+  verbs: ["get", "create", "patch"]
 # TensorRT-LLM's options ConfigMaps (immutable, one per content): read first, applied, and its own
 # old ones listed and deleted past the newest three.
 - apiGroups: [""]
   resources: ["configmaps"]
   verbs: ["get", "create", "patch", "list", "delete"]
-# The engine pods' PodDisruptionBudget (at most one evicted at a time): watched and read, then
-# server-side apply.
+# The engine pods' PodDisruptionBudget (at most one evicted at a time): read, then server-side apply.
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
-  verbs: ["get", "list", "watch", "create", "patch"]
+  verbs: ["get", "create", "patch"]
 # The engine pods: listed to report an engine that crash-loops after a change.
 - apiGroups: [""]
   resources: ["pods"]
