@@ -18,8 +18,11 @@ from batchknee.core.policy import (
     RecentTarget,
     Rollout,
     TuningRules,
+    calibrate,
     decide,
+    window_sample,
 )
+from batchknee.core.recommend import round_down_fine
 from batchknee.core.roofline import PrefillMix
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -244,3 +247,71 @@ def test_under_live_actuation_a_change_under_the_ceiling_is_not_held_by_cooldown
     spent = replace(rules, cooldown_s=0)
     assert steady(spent, NAIVE, POOL, observation, applied, (), T0).hold == "rollout-budget"
     assert steady(replace(spent, live_ceiling=256), NAIVE, POOL, observation, applied, (), T0).rolls
+
+
+# --- calibration from few, far-apart windows ------------------------------------------------------
+
+
+def window_at(batch: float, ctx: float, minute: int) -> CalibrationPoint:
+    """A settled window of the real engine: its exact mean TPOT, a coarse bucketed p99."""
+    mix = PrefillMix(ctx / 2, ctx)
+    return CalibrationPoint(
+        T0 + timedelta(minutes=minute),
+        batch,
+        ctx,
+        0.05,
+        tpot_mean_s=REAL.tpot_with_prefill_s(batch, ctx, mix),
+        prompt_tokens=ctx / 2,
+        output_tokens=ctx,
+    )
+
+
+def test_three_far_apart_windows_calibrate_the_roofline() -> None:
+    # a climb from 64 to 176 at 512 tokens, then a shift to 2,048: step times far apart
+    points = [window_at(64, 512, 0), window_at(176, 512, 5), window_at(80, 2048, 10)]
+    fit, text = calibrate(NAIVE, points)
+    assert fit is not None, text
+    assert "calibrated on 3 samples" in text
+    assert fit.bandwidth_efficiency == pytest.approx(0.8, rel=1e-3)
+    assert fit.overhead_s == pytest.approx(0.002, rel=1e-2)
+
+
+@pytest.mark.parametrize("count", [3, 4, 5])
+def test_windows_at_one_operating_point_are_not_trusted_until_six(count: int) -> None:
+    # the same batch and context every window: one step time pins one line through a point, not
+    # both of overhead and efficiency (a few percent of jitter would swing the slope wildly)
+    jitter = (1.0, 1.01, 0.99, 1.005, 0.995)
+    points = [
+        replace(p, batch=p.batch * jitter[i])
+        for i, p in enumerate(window_at(175, 512, 5 * i) for i in range(count))
+    ]
+    fit, text = calibrate(NAIVE, points)
+    assert fit is None
+    assert f"uncalibrated, {count}/6 samples" in text and "span" in text
+
+
+def test_few_windows_that_a_line_does_not_fit_closely_are_not_trusted() -> None:
+    far = [window_at(64, 512, 0), window_at(176, 512, 5), window_at(80, 2048, 10)]
+    off = [far[0], replace(far[1], tpot_mean_s=far[1].tpot_mean_s * 1.15), far[2]]  # type: ignore[operator]
+    fit, text = calibrate(NAIVE, off)
+    assert fit is None and "residual" in text, text
+
+
+def test_the_window_a_climb_is_decided_on_is_a_sample_but_not_one_blending_a_shift() -> None:
+    steady_window = replace(
+        seen(512, 25.0, 64, mean_ms=real_mean_ms(64, 512)), recent_avg_context_tokens=Reading.of(520)
+    )
+    assert window_sample(steady_window, SLO, rolls=True) is not None
+    assert window_sample(steady_window, SLO, rolls=False) is not None
+    shifting = mid_shift(700, 2000, 150)
+    assert window_sample(shifting, SLO, rolls=True) is None
+    assert window_sample(shifting, SLO, rolls=False) is not None  # held: the window settled
+
+
+@pytest.mark.parametrize(
+    ("cap", "value"),
+    [(21, 20), (25, 24), (17, 16), (15, 15), (7, 7), (33, 32), (47, 44), (63, 60), (64, 64), (71, 64)],
+)
+def test_goal_slo_rounds_finer_than_the_granularity_at_small_batches(cap: int, value: int) -> None:
+    # a step of at most 1/8 of the value: vLLM takes any integer and pads to its CUDA graphs
+    assert round_down_fine(cap, 8) == value

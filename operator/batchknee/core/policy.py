@@ -75,7 +75,13 @@ from batchknee.core.calibration import (
     unit_roofline,
 )
 from batchknee.core.observation import Observation, Reading
-from batchknee.core.recommend import Recommendation, recommend, round_down_under_cap, round_up
+from batchknee.core.recommend import (
+    Recommendation,
+    recommend,
+    round_down_fine,
+    round_down_under_cap,
+    round_up,
+)
 from batchknee.core.roofline import DecodeRoofline, PrefillMix
 
 Mode = Literal["Auto", "Recommend", "Pinned"]
@@ -102,6 +108,12 @@ SloSource = Literal["calibrated", "start", "climb", "step-down", "hold"]
 STEP_DOWN_NUMERATOR, STEP_DOWN_DENOMINATOR = 3, 4  # uncalibrated guard: ×3/4 per evaluation over target
 NO_RAISE_FRACTION = 0.9  # uncalibrated guard: no raise while p99 is within 10 % of the target
 MIN_CALIBRATION_SAMPLES = 6
+# Fewer samples suffice when they are far apart: their step times at full efficiency (the fit's x)
+# span at least this fraction of their mean, and the line through them fits them closely. Samples
+# at one operating point pin a single step time, not both of overhead and efficiency.
+MIN_VARIED_CALIBRATION_SAMPLES = 3
+VARIED_CALIBRATION_SPREAD = 0.25
+MAX_VARIED_CALIBRATION_RELATIVE_RMSE = 0.05
 MIN_BANDWIDTH_SAMPLES = 3  # decode-dominated windows with achieved bytes/s, to set the efficiency
 MAX_CALIBRATION_RELATIVE_RMSE = 0.2  # a fit worse than this is noise, not a model
 CALIBRATION_SAMPLES_KEPT = 32
@@ -358,6 +370,18 @@ def calibration_point(observation: Observation) -> CalibrationPoint | None:
     )
 
 
+def window_sample(observation: Observation, rules: TuningRules, rolls: bool) -> CalibrationPoint | None:
+    """The calibration sample a settled window gives. The window a change is decided on counts too
+    when its last third agrees with the whole (a climb on steady traffic: the operating point the
+    climb leaves is the one that makes the next fit well-conditioned); one that blends a shift is
+    no operating point."""
+    if rolls:
+        whole, recent = observation.avg_context_tokens.value, observation.recent_avg_context_tokens.value
+        if whole is None or recent is None or whole <= 0 or _moves_past(rules, recent, whole):
+            return None
+    return calibration_point(observation)
+
+
 def current_mix(
     observation: Observation | None, points: Sequence[CalibrationPoint], max_num_batched_tokens: int
 ) -> PrefillMix | None:
@@ -388,7 +412,7 @@ def calibrate(
     sample's prefill mix; the p99 is then predicted by the same model (a bucketed p99 is
     interpolated within 25 ms-wide buckets: too coarse to fit). Older samples without the mean fit
     the p99 to decode steps alone. None (and why) until there are enough, varied, consistent samples."""
-    if len(points) < MIN_CALIBRATION_SAMPLES:
+    if len(points) < MIN_VARIED_CALIBRATION_SAMPLES:
         return None, f"uncalibrated, {len(points)}/{MIN_CALIBRATION_SAMPLES} samples"
     unit = unit_roofline(roofline)
     on_mean = all(p.tpot_mean_s is not None for p in points)
@@ -401,6 +425,14 @@ def calibrate(
         else:
             xs.append(unit.tpot_s(p.batch, p.context_tokens))
         ys.append(p.tpot_mean_s if on_mean and p.tpot_mean_s is not None else p.tpot_p99_s)
+    few = len(points) < MIN_CALIBRATION_SAMPLES
+    spread = (max(xs) - min(xs)) / (sum(xs) / len(xs))
+    if few and spread < VARIED_CALIBRATION_SPREAD:
+        return None, (
+            f"uncalibrated, {len(points)}/{MIN_CALIBRATION_SAMPLES} samples (or "
+            f"{MIN_VARIED_CALIBRATION_SAMPLES} whose step times span {VARIED_CALIBRATION_SPREAD:.0%}: "
+            f"these span {spread:.0%})"
+        )
     try:
         fit = fit_step_times(xs, ys)
     except ValueError as error:
@@ -408,6 +440,11 @@ def calibrate(
     mean = sum(ys) / len(ys)
     if fit.rmse_s > MAX_CALIBRATION_RELATIVE_RMSE * mean:
         return None, f"uncalibrated: fit residual {fit.rmse_s / mean:.0%} of TPOT"
+    if few and fit.rmse_s > MAX_VARIED_CALIBRATION_RELATIVE_RMSE * mean:
+        return None, (
+            f"uncalibrated, {len(points)}/{MIN_CALIBRATION_SAMPLES} samples: the fit through so few "
+            f"leaves a residual of {fit.rmse_s / mean:.0%} of TPOT"
+        )
     measured = measured_efficiencies(roofline, points, fit.overhead_s, max_num_batched_tokens)
     if len(measured) >= MIN_BANDWIDTH_SAMPLES:
         efficiency = sorted(measured)[len(measured) // 2]
@@ -718,7 +755,8 @@ def _slo_target(
     recent = observation.recent_avg_context_tokens.value if observation is not None else None
     bound_context = max(context_tokens, recent) if recent is not None and recent > 0 else context_tokens
     bound = _slo_bound(rules, roofline, bound_context, observation, applied, knee, fit, calibration_text, mix)
-    value = round_down_under_cap(bound.cap, rules.granularity)
+    # finer than the granularity at small batches: the bound sits on a TPOT cliff
+    value = round_down_fine(bound.cap, rules.granularity)
     # A bound that only trims the margin is an optimisation (dead band and trend checks apply); one
     # the current limit breaks the target by is a safety decrease, like the Knee goal's TPOT guard.
     limited_by = "knee" if bound.source == "start" else "tpot-target" if bound.urgent else "slo-target"

@@ -38,9 +38,9 @@ from batchknee.core.policy import (
     Rollout,
     TuningRules,
     add_calibration_point,
-    calibration_point,
     decide,
     record,
+    window_sample,
 )
 from batchknee.core.roofline import DecodeRoofline, PrefillMix
 from batchknee.emulator.engine import FINISHED, Engine, EngineConfig, Request, vllm_num_gpu_blocks
@@ -482,12 +482,8 @@ def run_policy(
             )
             recent_targets = decision.recent_targets
             settled_since = applied.settled_since
-            if (
-                not decision.rolls
-                and settled_since is not None
-                and at >= settled_since + timedelta(seconds=rules.window_s)
-            ):
-                point = calibration_point(observation)
+            if settled_since is not None and at >= settled_since + timedelta(seconds=rules.window_s):
+                point = window_sample(observation, rules, decision.rolls)
                 last = calibration[-1].time if calibration else None
                 if point is not None and (last is None or at - last >= timedelta(seconds=rules.window_s)):
                     calibration = add_calibration_point(calibration, point)
