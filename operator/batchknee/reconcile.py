@@ -63,9 +63,9 @@ from batchknee.core.policy import (
     Rollout,
     TuningRules,
     add_calibration_point,
+    calibration_point,
     decide,
     record,
-    window_sample,
 )
 from batchknee.core.roofline import DecodeRoofline
 from batchknee.core.verify import Check, Figures, verify
@@ -488,8 +488,8 @@ class _Reconcile:
             settled_since is None or self.now >= settled_since + timedelta(seconds=rules.window_s)
         )
         spec_changed = self.old.observed_generation != self.generation
-        if settled and observation is not None and not spec_changed:
-            point = window_sample(observation, rules, decision.rolls)
+        if settled and observation is not None and not decision.rolls and not spec_changed:
+            point = calibration_point(observation)
             last_time = calibration[-1].time if calibration else None
             if point is not None and (
                 last_time is None or self.now - last_time >= timedelta(seconds=rules.window_s)

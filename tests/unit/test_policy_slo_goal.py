@@ -20,7 +20,6 @@ from batchknee.core.policy import (
     TuningRules,
     calibrate,
     decide,
-    window_sample,
 )
 from batchknee.core.recommend import round_down_fine
 from batchknee.core.roofline import PrefillMix
@@ -295,17 +294,6 @@ def test_few_windows_that_a_line_does_not_fit_closely_are_not_trusted() -> None:
     off = [far[0], replace(far[1], tpot_mean_s=far[1].tpot_mean_s * 1.15), far[2]]  # type: ignore[operator]
     fit, text = calibrate(NAIVE, off)
     assert fit is None and "residual" in text, text
-
-
-def test_the_window_a_climb_is_decided_on_is_a_sample_but_not_one_blending_a_shift() -> None:
-    steady_window = replace(
-        seen(512, 25.0, 64, mean_ms=real_mean_ms(64, 512)), recent_avg_context_tokens=Reading.of(520)
-    )
-    assert window_sample(steady_window, SLO, rolls=True) is not None
-    assert window_sample(steady_window, SLO, rolls=False) is not None
-    shifting = mid_shift(700, 2000, 150)
-    assert window_sample(shifting, SLO, rolls=True) is None
-    assert window_sample(shifting, SLO, rolls=False) is not None  # held: the window settled
 
 
 @pytest.mark.parametrize(

@@ -370,18 +370,6 @@ def calibration_point(observation: Observation) -> CalibrationPoint | None:
     )
 
 
-def window_sample(observation: Observation, rules: TuningRules, rolls: bool) -> CalibrationPoint | None:
-    """The calibration sample a settled window gives. The window a change is decided on counts too
-    when its last third agrees with the whole (a climb on steady traffic: the operating point the
-    climb leaves is the one that makes the next fit well-conditioned); one that blends a shift is
-    no operating point."""
-    if rolls:
-        whole, recent = observation.avg_context_tokens.value, observation.recent_avg_context_tokens.value
-        if whole is None or recent is None or whole <= 0 or _moves_past(rules, recent, whole):
-            return None
-    return calibration_point(observation)
-
-
 def current_mix(
     observation: Observation | None, points: Sequence[CalibrationPoint], max_num_batched_tokens: int
 ) -> PrefillMix | None:
