@@ -604,10 +604,10 @@ def bench_trace(
     # the oracle restricted to values whose TPOT p99 in the phase meets the target
     target_s = trace.tpot_target_ms / 1e3
     meeting = [[v for v in values if _phase_tpot_p99(statics[v], trace, p) <= target_s] for p in phases]
-    p99_picks = [
-        max(vs, key=lambda v, p=p: per_phase[v][p]) if vs else None
+    p99_picks: list[int | None] = [
+        max(vs, key=lambda v, p=p: per_phase[v][p]) if vs else None  # type: ignore[misc]
         for p, vs in zip(phases, meeting, strict=True)
-    ]  # type: ignore[misc]
+    ]
     p99_goodput = sum(per_phase[v][p] for p, v in zip(phases, p99_picks, strict=True) if v is not None)
     p99_oracle = RunResult(
         "oracle-p99",
