@@ -248,6 +248,35 @@ def test_under_live_actuation_a_change_under_the_ceiling_is_not_held_by_cooldown
     assert steady(replace(spent, live_ceiling=256), NAIVE, POOL, observation, applied, (), T0).rolls
 
 
+def test_under_live_actuation_a_change_under_the_ceiling_holds_one_window_not_one_and_a_half() -> None:
+    """A setting tuned to traffic changes once the change has held outside the dead band: 1.5
+    windows when it restarts the pods, the window alone for a cap set in place."""
+    rules = TuningRules(cooldown_s=0)
+    retune = Rollout(T0 - timedelta(hours=1), 32, 64, "retune", 59.8)
+    applied = Applied(64, settled_since=T0 - timedelta(hours=1), rollouts=(retune,))
+    observation = seen(512, 20.0, running=64)  # knee 240, far outside the band of 59.8
+
+    def held_for(seconds: int, ceiling: int | None) -> Decision:
+        since = [RecentTarget(T0 - timedelta(seconds=s), 240.0) for s in range(seconds, 0, -30)]
+        return decide(
+            replace(rules, live_ceiling=ceiling),
+            NAIVE,
+            POOL,
+            observation,
+            applied,
+            (),
+            T0,
+            recent_targets=since,
+        )
+
+    assert held_for(rules.window_s, 256).rolls
+    assert held_for(rules.window_s - 60, 256).hold == "unsteady"
+    restart = held_for(rules.window_s, None)
+    assert restart.hold == "unsteady" and f"for {rules.hold_for_s}s" in restart.reason
+    assert held_for(rules.window_s, 128).hold == "unsteady"  # above the ceiling: a restart
+    assert held_for(rules.hold_for_s, None).rolls
+
+
 # --- calibration from few, far-apart windows ------------------------------------------------------
 
 

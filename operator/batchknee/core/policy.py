@@ -32,7 +32,7 @@ observation was sampled: a reconcile that reuses a cached reading never compares
 and with the window's last third (the windowed average blends before and after a shift). A
 setting tuned to traffic changes only once every target for `hold_for_s` (1.5 windows) lay
 outside the dead band on the same side: a window to take in the shift, half a window more to see
-it stay; one not chosen from observed traffic (the initial context's, a pinned or the user's) is a
+it stay (a cap set in place under Live actuation: the window alone, no restart at stake); one not chosen from observed traffic (the initial context's, a pinned or the user's) is a
 guess, replaced once they have for a third of a window (the window's last third agreeing with the
 whole: never mid-shift; waiting a whole window kept a guess of 64 eight minutes where 240 was right).
 Traffic that swings out and back within the hold (flapping) never rolls; a steady drift moves less
@@ -1032,8 +1032,15 @@ def decide(
         since = _outside_since(rules, recent_targets, origin, batch, sampled_at)
         # a setting from the initial context (or pinned, or the user's) is a guess: replaced once the
         # change has held a third of a window (its last third); one tuned to traffic only for a
-        # change that also stays
-        hold_s = rules.hold_for_s if applied.tuned_to_traffic else rules.window_s // 3
+        # change that also stays: half a window more than the window takes in the shift — or, for a
+        # cap set in place (Live, under the startup ceiling), the window alone: it restarts nothing,
+        # and one that turns out wrong is undone in place too (the diurnal trace's caps lagged each
+        # hour-sixth by 7.5 minutes)
+        live_cap = rules.live_ceiling is not None and wanted <= rules.live_ceiling
+        if not applied.tuned_to_traffic:
+            hold_s = rules.window_s // 3
+        else:
+            hold_s = rules.window_s if live_cap else rules.hold_for_s
         if sampled_at - since < timedelta(seconds=hold_s):
             until = since + timedelta(seconds=hold_s)
             return hold(
