@@ -648,11 +648,9 @@ def _slo_bound(
                 f"({calibration_text})",
             )
         return SloBound(applied, "hold", f"no TPOT mean observed: stay at {applied} ({calibration_text})")
-    # One window fixes one parameter: all of the observed time above the roofline is taken as lost
-    # bandwidth (overhead on its bound, 0). That over-predicts TPOT at any larger batch — a safe
-    # estimate to climb on (in bounded steps) and to step down on.
-    one = _one_point_fit(roofline, point, rules.max_num_batched_tokens)
-    estimate = _calibrated_bound(rules, roofline, one, rules.slo_tpot_s, context_tokens, mix)
+    # One window fixes one parameter; `_one_point_bound` takes the reading that errs on the safe
+    # side of the batch it observed, to climb on (in bounded steps) and to step down on.
+    estimate, one = _one_point_bound(rules, roofline, point, rules.slo_tpot_s, context_tokens, mix)
     seen = f"TPOT mean {point.tpot_mean_s * 1e3:.1f} ms at {point.batch:.0f} running"
     if estimate < applied:
         return SloBound(
@@ -705,24 +703,37 @@ def _estimated_bound(
     point = calibration_point(observation) if observation is not None else None
     if point is None or point.tpot_mean_s is None:
         return None
-    one = _one_point_fit(roofline, point, rules.max_num_batched_tokens)
-    cap = _calibrated_bound(rules, roofline, one, target_s, context_tokens, mix)
+    cap, _ = _one_point_bound(rules, roofline, point, target_s, context_tokens, mix)
     return cap, f"TPOT mean {point.tpot_mean_s * 1e3:.1f} ms at {point.batch:.0f} running"
 
 
-def _one_point_fit(
-    roofline: DecodeRoofline, point: CalibrationPoint, max_num_batched_tokens: int
-) -> RooflineCalibration:
-    """The efficiency one window's mean TPOT implies with no per-step overhead (capped at 1)."""
+def _one_point_bound(
+    rules: TuningRules,
+    roofline: DecodeRoofline,
+    point: CalibrationPoint,
+    target_s: float,
+    context_tokens: float,
+    mix: PrefillMix | None,
+) -> tuple[int, RooflineCalibration]:
+    """The TPOT cap one window's exact mean TPOT implies, and the fit it rests on. One window fixes
+    one parameter, so the observed time above the roofline is read both ways: all lost bandwidth
+    (no overhead) over-predicts TPOT above the observed batch, all per-step overhead (peak
+    bandwidth) over-predicts it below. The smaller cap is the one that errs on the safe side."""
     assert point.tpot_mean_s is not None
     unit = unit_roofline(roofline)
-    mix = point.mix(max_num_batched_tokens)
+    window_mix = point.mix(rules.max_num_batched_tokens)
     modelled = (
-        unit.tpot_with_prefill_s(point.batch, point.context_tokens, mix)
-        if mix is not None
+        unit.tpot_with_prefill_s(point.batch, point.context_tokens, window_mix)
+        if window_mix is not None
         else unit.tpot_s(point.batch, point.context_tokens)
     )
-    return RooflineCalibration(0.0, min(1.0, modelled / point.tpot_mean_s), 0.0, 1, "overhead")
+    as_bandwidth = RooflineCalibration(0.0, min(1.0, modelled / point.tpot_mean_s), 0.0, 1, "overhead")
+    as_overhead = RooflineCalibration(max(0.0, point.tpot_mean_s - modelled), 1.0, 0.0, 1, "efficiency")
+    bounds = [
+        (_calibrated_bound(rules, roofline, fit, target_s, context_tokens, mix), fit)
+        for fit in (as_bandwidth, as_overhead)
+    ]
+    return min(bounds, key=lambda bound: bound[0])
 
 
 def _slo_target(
