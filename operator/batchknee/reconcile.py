@@ -633,15 +633,21 @@ class _Reconcile:
 
         seen = decision.context_tokens
         for entry in quarantine:
-            near = seen is not None and abs(seen - entry.context_tokens) <= max(
-                1.0, entry.context_tokens * rules.dead_band_percent / 100
+            band = max(1.0, entry.context_tokens * rules.dead_band_percent / 100)
+            # A raised limit that failed is no better at a longer context (each sequence holds more
+            # KV), a lowered one no better at a shorter: the quarantine holds there too, not only
+            # within the dead band of the context it failed at.
+            covered = seen is not None and (
+                seen >= entry.context_tokens - band
+                if entry.direction == "Above"
+                else seen <= entry.context_tokens + band
             )
             beyond = (
                 decision.value >= entry.max_num_seqs
                 if entry.direction == "Above"
                 else decision.value <= entry.max_num_seqs
             )
-            if beyond and near:
+            if beyond and covered:
                 return hold(
                     "quarantined",
                     f"{decision.value} would reach the quarantined {entry.max_num_seqs} (failed at avg ctx "

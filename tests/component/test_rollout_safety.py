@@ -165,6 +165,43 @@ def test_a_change_that_lost_throughput_is_reverted_and_not_retried(world: World)
     assert world.kube.status("default", "chat")["holdReason"] == "quarantined"
 
 
+def test_a_quarantine_holds_where_the_context_grew_and_lifts_where_it_shrank(world: World) -> None:
+    """A larger limit that did worse at 512 tokens is no better at 600, where each sequence holds
+    more KV: bounded by maxMaxNumSeqs, the wanted value stays the failed one as the context grows
+    past the dead band, and it is not retried. At a shorter context each sequence is lighter, and
+    the value may be tried again."""
+    world.kube.create(llmserving(tuning={"cooldownSeconds": 0, "maxMaxNumSeqs": 200}))
+    world.reconcile()
+    world.kube.finish_rollout("default", "chat")
+    world.reconcile()
+    world.clock.advance(121)
+    good = {"tpot_p99_ms": 20.0, "tokens_per_s": 3000.0}
+    for _ in range(6):
+        world.observer.set("default", "chat", observation(world.clock.now, ctx=512, **good))  # type: ignore[arg-type]
+        world.reconcile()
+        world.clock.advance(30)
+    assert applied(world) == 200
+    settled_window(world, 512, tpot_p99_ms=60, tokens_per_s=2000)
+    assert applied(world) == 64
+    [entry] = world.kube.status("default", "chat")["quarantine"]
+    assert (entry["maxNumSeqs"], entry["direction"], entry["contextTokens"]) == (200, "Above", 512)
+
+    settled_window(world, 600, **good)  # 17 % longer: the knee is still past 200
+    for _ in range(8):
+        world.clock.advance(30)
+        world.observer.set("default", "chat", observation(world.clock.now, ctx=600, **good))  # type: ignore[arg-type]
+        world.reconcile()
+    assert applied(world) == 64
+    status = world.kube.status("default", "chat")
+    assert status["holdReason"] == "quarantined" and "quarantined 200" in status["reason"]
+
+    for _ in range(8):  # 14 % shorter
+        world.clock.advance(30)
+        world.observer.set("default", "chat", observation(world.clock.now, ctx=440, **good))  # type: ignore[arg-type]
+        world.reconcile()
+    assert applied(world) == 200
+
+
 def test_preemptions_appearing_revert_the_change(world: World) -> None:
     started(world)
     for _ in range(6):

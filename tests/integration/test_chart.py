@@ -337,7 +337,9 @@ def test_the_chart_installs_and_its_service_account_runs_the_operator_through_a_
     # the apiserver's answers for the chart's ServiceAccount
     user = installed.user
     calls = operator_calls(cluster_wide=True, peering=True)
-    wait_for(lambda: can_i(cluster, user, "get", "llmservings.batchknee.io", namespace), 30, "RBAC in effect")
+    wait_for(
+        lambda: can_i(cluster, user, "list", "llmservings.batchknee.io", namespace), 30, "RBAC in effect"
+    )
     for call in calls:
         resource, sub = resource_arg(call.permission)
         scope = None if call.permission.cluster_scoped else namespace
@@ -512,7 +514,9 @@ def test_a_namespaced_install_needs_nothing_cluster_scoped(
 
     user = installed.user
     calls = operator_calls(cluster_wide=False, peering=False)
-    wait_for(lambda: can_i(cluster, user, "get", "llmservings.batchknee.io", namespace), 30, "RBAC in effect")
+    wait_for(
+        lambda: can_i(cluster, user, "list", "llmservings.batchknee.io", namespace), 30, "RBAC in effect"
+    )
     for call in calls:
         resource, sub = resource_arg(call.permission)
         assert can_i(cluster, user, call.permission.verb, resource, namespace, sub), call.permission

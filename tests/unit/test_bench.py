@@ -42,6 +42,17 @@ def test_the_oracle_bounds_every_static_and_the_best_static_bounds_the_default(s
     assert p["best-static"].rollouts == p["oracle"].rollouts == p["vllm-default"].rollouts == 0
 
 
+def test_the_p99_oracle_picks_per_phase_only_values_whose_tpot_p99_meets_the_target(shift: dict) -> None:
+    result = shift["result"]  # type: ignore[attr-defined]
+    p99_oracle, oracle = result.p99_oracle, result.policies["oracle"]
+    assert p99_oracle is not None
+    assert 0 < p99_oracle.slo_goodput <= oracle.slo_goodput
+    # each phase's p99 meets the target, so the whole run's does (a mixture's tail is no heavier)
+    assert p99_oracle.tpot_p99_ms <= result.trace.tpot_target_ms
+    assert p99_oracle.ratio_to_p99_oracle == 1.0
+    assert result.policies["slo"].ratio_to_p99_oracle >= result.policies["slo"].ratio_to_oracle
+
+
 def test_every_rollout_costs_its_downtime_in_gpu_seconds(shift: dict) -> None:
     p = shift["result"].policies  # type: ignore[attr-defined]
     assert p["knee"].rollouts >= 1  # the shift moves the knee from 240 to 64 to 16
@@ -113,8 +124,12 @@ def test_cli_json_contract(capsys: pytest.CaptureFixture[str]) -> None:
     for figures in policies.values():
         assert set(figures) == {
             "sloGoodputTokensPerSecond", "ratioToOracle", "tpotP99Ms", "ttftP99Ms", "rollouts", "restartGpuSeconds",
+            "ratioToP99Oracle",
         }  # fmt: skip
     assert policies["oracle"]["ratioToOracle"] == 1.0
+    p99_oracle = document["traces"]["flapping"]["p99Oracle"]
+    assert p99_oracle["ratioToP99Oracle"] == 1.0
+    assert p99_oracle["sloGoodputTokensPerSecond"] <= policies["oracle"]["sloGoodputTokensPerSecond"]
     assert document["wallSeconds"] > 0
 
 

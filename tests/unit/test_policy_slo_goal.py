@@ -18,8 +18,10 @@ from batchknee.core.policy import (
     RecentTarget,
     Rollout,
     TuningRules,
+    calibrate,
     decide,
 )
+from batchknee.core.recommend import round_down_fine
 from batchknee.core.roofline import PrefillMix
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -244,3 +246,89 @@ def test_under_live_actuation_a_change_under_the_ceiling_is_not_held_by_cooldown
     spent = replace(rules, cooldown_s=0)
     assert steady(spent, NAIVE, POOL, observation, applied, (), T0).hold == "rollout-budget"
     assert steady(replace(spent, live_ceiling=256), NAIVE, POOL, observation, applied, (), T0).rolls
+
+
+def test_under_live_actuation_a_change_under_the_ceiling_holds_one_window_not_one_and_a_half() -> None:
+    """A setting tuned to traffic changes once the change has held outside the dead band: 1.5
+    windows when it restarts the pods, the window alone for a cap set in place."""
+    rules = TuningRules(cooldown_s=0)
+    retune = Rollout(T0 - timedelta(hours=1), 32, 64, "retune", 59.8)
+    applied = Applied(64, settled_since=T0 - timedelta(hours=1), rollouts=(retune,))
+    observation = seen(512, 20.0, running=64)  # knee 240, far outside the band of 59.8
+
+    def held_for(seconds: int, ceiling: int | None) -> Decision:
+        since = [RecentTarget(T0 - timedelta(seconds=s), 240.0) for s in range(seconds, 0, -30)]
+        return decide(
+            replace(rules, live_ceiling=ceiling),
+            NAIVE,
+            POOL,
+            observation,
+            applied,
+            (),
+            T0,
+            recent_targets=since,
+        )
+
+    assert held_for(rules.window_s, 256).rolls
+    assert held_for(rules.window_s - 60, 256).hold == "unsteady"
+    restart = held_for(rules.window_s, None)
+    assert restart.hold == "unsteady" and f"for {rules.hold_for_s}s" in restart.reason
+    assert held_for(rules.window_s, 128).hold == "unsteady"  # above the ceiling: a restart
+    assert held_for(rules.hold_for_s, None).rolls
+
+
+# --- calibration from few, far-apart windows ------------------------------------------------------
+
+
+def window_at(batch: float, ctx: float, minute: int) -> CalibrationPoint:
+    """A settled window of the real engine: its exact mean TPOT, a coarse bucketed p99."""
+    mix = PrefillMix(ctx / 2, ctx)
+    return CalibrationPoint(
+        T0 + timedelta(minutes=minute),
+        batch,
+        ctx,
+        0.05,
+        tpot_mean_s=REAL.tpot_with_prefill_s(batch, ctx, mix),
+        prompt_tokens=ctx / 2,
+        output_tokens=ctx,
+    )
+
+
+def test_three_far_apart_windows_calibrate_the_roofline() -> None:
+    # a climb from 64 to 176 at 512 tokens, then a shift to 2,048: step times far apart
+    points = [window_at(64, 512, 0), window_at(176, 512, 5), window_at(80, 2048, 10)]
+    fit, text = calibrate(NAIVE, points)
+    assert fit is not None, text
+    assert "calibrated on 3 samples" in text
+    assert fit.bandwidth_efficiency == pytest.approx(0.8, rel=1e-3)
+    assert fit.overhead_s == pytest.approx(0.002, rel=1e-2)
+
+
+@pytest.mark.parametrize("count", [3, 4, 5])
+def test_windows_at_one_operating_point_are_not_trusted_until_six(count: int) -> None:
+    # the same batch and context every window: one step time pins one line through a point, not
+    # both of overhead and efficiency (a few percent of jitter would swing the slope wildly)
+    jitter = (1.0, 1.01, 0.99, 1.005, 0.995)
+    points = [
+        replace(p, batch=p.batch * jitter[i])
+        for i, p in enumerate(window_at(175, 512, 5 * i) for i in range(count))
+    ]
+    fit, text = calibrate(NAIVE, points)
+    assert fit is None
+    assert f"uncalibrated, {count}/6 samples" in text and "span" in text
+
+
+def test_few_windows_that_a_line_does_not_fit_closely_are_not_trusted() -> None:
+    far = [window_at(64, 512, 0), window_at(176, 512, 5), window_at(80, 2048, 10)]
+    off = [far[0], replace(far[1], tpot_mean_s=far[1].tpot_mean_s * 1.15), far[2]]  # type: ignore[operator]
+    fit, text = calibrate(NAIVE, off)
+    assert fit is None and "residual" in text, text
+
+
+@pytest.mark.parametrize(
+    ("cap", "value"),
+    [(21, 20), (25, 24), (17, 16), (15, 15), (7, 7), (33, 32), (47, 44), (63, 60), (64, 64), (71, 64)],
+)
+def test_goal_slo_rounds_finer_than_the_granularity_at_small_batches(cap: int, value: int) -> None:
+    # a step of at most 1/8 of the value: vLLM takes any integer and pads to its CUDA graphs
+    assert round_down_fine(cap, 8) == value

@@ -32,7 +32,7 @@ observation was sampled: a reconcile that reuses a cached reading never compares
 and with the window's last third (the windowed average blends before and after a shift). A
 setting tuned to traffic changes only once every target for `hold_for_s` (1.5 windows) lay
 outside the dead band on the same side: a window to take in the shift, half a window more to see
-it stay; one not chosen from observed traffic (the initial context's, a pinned or the user's) is a
+it stay (a cap set in place under Live actuation: the window alone, no restart at stake); one not chosen from observed traffic (the initial context's, a pinned or the user's) is a
 guess, replaced once they have for a third of a window (the window's last third agreeing with the
 whole: never mid-shift; waiting a whole window kept a guess of 64 eight minutes where 240 was right).
 Traffic that swings out and back within the hold (flapping) never rolls; a steady drift moves less
@@ -75,7 +75,13 @@ from batchknee.core.calibration import (
     unit_roofline,
 )
 from batchknee.core.observation import Observation, Reading
-from batchknee.core.recommend import Recommendation, recommend, round_down_under_cap, round_up
+from batchknee.core.recommend import (
+    Recommendation,
+    recommend,
+    round_down_fine,
+    round_down_under_cap,
+    round_up,
+)
 from batchknee.core.roofline import DecodeRoofline, PrefillMix
 
 Mode = Literal["Auto", "Recommend", "Pinned"]
@@ -102,6 +108,12 @@ SloSource = Literal["calibrated", "start", "climb", "step-down", "hold"]
 STEP_DOWN_NUMERATOR, STEP_DOWN_DENOMINATOR = 3, 4  # uncalibrated guard: ×3/4 per evaluation over target
 NO_RAISE_FRACTION = 0.9  # uncalibrated guard: no raise while p99 is within 10 % of the target
 MIN_CALIBRATION_SAMPLES = 6
+# Fewer samples suffice when they are far apart: their step times at full efficiency (the fit's x)
+# span at least this fraction of their mean, and the line through them fits them closely. Samples
+# at one operating point pin a single step time, not both of overhead and efficiency.
+MIN_VARIED_CALIBRATION_SAMPLES = 3
+VARIED_CALIBRATION_SPREAD = 0.25
+MAX_VARIED_CALIBRATION_RELATIVE_RMSE = 0.05
 MIN_BANDWIDTH_SAMPLES = 3  # decode-dominated windows with achieved bytes/s, to set the efficiency
 MAX_CALIBRATION_RELATIVE_RMSE = 0.2  # a fit worse than this is noise, not a model
 CALIBRATION_SAMPLES_KEPT = 32
@@ -388,7 +400,7 @@ def calibrate(
     sample's prefill mix; the p99 is then predicted by the same model (a bucketed p99 is
     interpolated within 25 ms-wide buckets: too coarse to fit). Older samples without the mean fit
     the p99 to decode steps alone. None (and why) until there are enough, varied, consistent samples."""
-    if len(points) < MIN_CALIBRATION_SAMPLES:
+    if len(points) < MIN_VARIED_CALIBRATION_SAMPLES:
         return None, f"uncalibrated, {len(points)}/{MIN_CALIBRATION_SAMPLES} samples"
     unit = unit_roofline(roofline)
     on_mean = all(p.tpot_mean_s is not None for p in points)
@@ -401,6 +413,14 @@ def calibrate(
         else:
             xs.append(unit.tpot_s(p.batch, p.context_tokens))
         ys.append(p.tpot_mean_s if on_mean and p.tpot_mean_s is not None else p.tpot_p99_s)
+    few = len(points) < MIN_CALIBRATION_SAMPLES
+    spread = (max(xs) - min(xs)) / (sum(xs) / len(xs))
+    if few and spread < VARIED_CALIBRATION_SPREAD:
+        return None, (
+            f"uncalibrated, {len(points)}/{MIN_CALIBRATION_SAMPLES} samples (or "
+            f"{MIN_VARIED_CALIBRATION_SAMPLES} whose step times span {VARIED_CALIBRATION_SPREAD:.0%}: "
+            f"these span {spread:.0%})"
+        )
     try:
         fit = fit_step_times(xs, ys)
     except ValueError as error:
@@ -408,6 +428,11 @@ def calibrate(
     mean = sum(ys) / len(ys)
     if fit.rmse_s > MAX_CALIBRATION_RELATIVE_RMSE * mean:
         return None, f"uncalibrated: fit residual {fit.rmse_s / mean:.0%} of TPOT"
+    if few and fit.rmse_s > MAX_VARIED_CALIBRATION_RELATIVE_RMSE * mean:
+        return None, (
+            f"uncalibrated, {len(points)}/{MIN_CALIBRATION_SAMPLES} samples: the fit through so few "
+            f"leaves a residual of {fit.rmse_s / mean:.0%} of TPOT"
+        )
     measured = measured_efficiencies(roofline, points, fit.overhead_s, max_num_batched_tokens)
     if len(measured) >= MIN_BANDWIDTH_SAMPLES:
         efficiency = sorted(measured)[len(measured) // 2]
@@ -623,11 +648,9 @@ def _slo_bound(
                 f"({calibration_text})",
             )
         return SloBound(applied, "hold", f"no TPOT mean observed: stay at {applied} ({calibration_text})")
-    # One window fixes one parameter: all of the observed time above the roofline is taken as lost
-    # bandwidth (overhead on its bound, 0). That over-predicts TPOT at any larger batch — a safe
-    # estimate to climb on (in bounded steps) and to step down on.
-    one = _one_point_fit(roofline, point, rules.max_num_batched_tokens)
-    estimate = _calibrated_bound(rules, roofline, one, rules.slo_tpot_s, context_tokens, mix)
+    # One window fixes one parameter; `_one_point_bound` takes the reading that errs on the safe
+    # side of the batch it observed, to climb on (in bounded steps) and to step down on.
+    estimate, one = _one_point_bound(rules, roofline, point, rules.slo_tpot_s, context_tokens, mix)
     seen = f"TPOT mean {point.tpot_mean_s * 1e3:.1f} ms at {point.batch:.0f} running"
     if estimate < applied:
         return SloBound(
@@ -680,24 +703,37 @@ def _estimated_bound(
     point = calibration_point(observation) if observation is not None else None
     if point is None or point.tpot_mean_s is None:
         return None
-    one = _one_point_fit(roofline, point, rules.max_num_batched_tokens)
-    cap = _calibrated_bound(rules, roofline, one, target_s, context_tokens, mix)
+    cap, _ = _one_point_bound(rules, roofline, point, target_s, context_tokens, mix)
     return cap, f"TPOT mean {point.tpot_mean_s * 1e3:.1f} ms at {point.batch:.0f} running"
 
 
-def _one_point_fit(
-    roofline: DecodeRoofline, point: CalibrationPoint, max_num_batched_tokens: int
-) -> RooflineCalibration:
-    """The efficiency one window's mean TPOT implies with no per-step overhead (capped at 1)."""
+def _one_point_bound(
+    rules: TuningRules,
+    roofline: DecodeRoofline,
+    point: CalibrationPoint,
+    target_s: float,
+    context_tokens: float,
+    mix: PrefillMix | None,
+) -> tuple[int, RooflineCalibration]:
+    """The TPOT cap one window's exact mean TPOT implies, and the fit it rests on. One window fixes
+    one parameter, so the observed time above the roofline is read both ways: all lost bandwidth
+    (no overhead) over-predicts TPOT above the observed batch, all per-step overhead (peak
+    bandwidth) over-predicts it below. The smaller cap is the one that errs on the safe side."""
     assert point.tpot_mean_s is not None
     unit = unit_roofline(roofline)
-    mix = point.mix(max_num_batched_tokens)
+    window_mix = point.mix(rules.max_num_batched_tokens)
     modelled = (
-        unit.tpot_with_prefill_s(point.batch, point.context_tokens, mix)
-        if mix is not None
+        unit.tpot_with_prefill_s(point.batch, point.context_tokens, window_mix)
+        if window_mix is not None
         else unit.tpot_s(point.batch, point.context_tokens)
     )
-    return RooflineCalibration(0.0, min(1.0, modelled / point.tpot_mean_s), 0.0, 1, "overhead")
+    as_bandwidth = RooflineCalibration(0.0, min(1.0, modelled / point.tpot_mean_s), 0.0, 1, "overhead")
+    as_overhead = RooflineCalibration(max(0.0, point.tpot_mean_s - modelled), 1.0, 0.0, 1, "efficiency")
+    bounds = [
+        (_calibrated_bound(rules, roofline, fit, target_s, context_tokens, mix), fit)
+        for fit in (as_bandwidth, as_overhead)
+    ]
+    return min(bounds, key=lambda bound: bound[0])
 
 
 def _slo_target(
@@ -718,7 +754,8 @@ def _slo_target(
     recent = observation.recent_avg_context_tokens.value if observation is not None else None
     bound_context = max(context_tokens, recent) if recent is not None and recent > 0 else context_tokens
     bound = _slo_bound(rules, roofline, bound_context, observation, applied, knee, fit, calibration_text, mix)
-    value = round_down_under_cap(bound.cap, rules.granularity)
+    # finer than the granularity at small batches: the bound sits on a TPOT cliff
+    value = round_down_fine(bound.cap, rules.granularity)
     # A bound that only trims the margin is an optimisation (dead band and trend checks apply); one
     # the current limit breaks the target by is a safety decrease, like the Knee goal's TPOT guard.
     limited_by = "knee" if bound.source == "start" else "tpot-target" if bound.urgent else "slo-target"
@@ -1006,8 +1043,15 @@ def decide(
         since = _outside_since(rules, recent_targets, origin, batch, sampled_at)
         # a setting from the initial context (or pinned, or the user's) is a guess: replaced once the
         # change has held a third of a window (its last third); one tuned to traffic only for a
-        # change that also stays
-        hold_s = rules.hold_for_s if applied.tuned_to_traffic else rules.window_s // 3
+        # change that also stays: half a window more than the window takes in the shift — or, for a
+        # cap set in place (Live, under the startup ceiling), the window alone: it restarts nothing,
+        # and one that turns out wrong is undone in place too (the diurnal trace's caps lagged each
+        # hour-sixth by 7.5 minutes)
+        live_cap = rules.live_ceiling is not None and wanted <= rules.live_ceiling
+        if not applied.tuned_to_traffic:
+            hold_s = rules.window_s // 3
+        else:
+            hold_s = rules.window_s if live_cap else rules.hold_for_s
         if sampled_at - since < timedelta(seconds=hold_s):
             until = since + timedelta(seconds=hold_s)
             return hold(

@@ -281,24 +281,49 @@ class DecodeRoofline:
         steady batch whose sequences are replaced as they finish: the mean (`quantile` None) or a
         quantile over requests.
 
-        The batch admits B·r prefill tokens per decode step (r = prefill tokens per output token),
-        packed into chunks of C = max_num_batched_tokens − B, so a fraction f = min(1, B·r/C) of
-        the steps carry a full chunk and cost T_C instead of T_D. Costing every chunk as a full one
-        is the conservative side: step time is convex in the tokens (the larger of two roofs). A
-        request decoding n steps sees a Poisson number k of chunk steps with mean n·f, and its TPOT
-        is T_D + k/n · (T_C − T_D); the quantile takes k's quantile."""
+        A = B / output requests join per decode step, a Poisson count K per step, and each brings
+        its uncached prompt P. The K·P tokens are computed in chunks of at most the step budget
+        C = max_num_batched_tokens − B that share steps with the decoding sequences, so a step
+        costs T_D plus the chunks' extra work Y(K). A short prompt is one small chunk, not a full
+        one (a 235-token prompt at B = 256 adds about 6 ms, a 1,792-token chunk about 85). A
+        request decoding n steps sums n such extras: its quantile is that of a compound Poisson
+        sum, taken as a Poisson count scaled to the same mean and variance. When the prompts
+        outrun the budget (A·P ≥ C), every step carries a full chunk."""
         decode = self.tpot_s(batch, context_tokens)
-        ratio = mix.prefill_tokens_per_output_token
-        if ratio <= 0:
+        prompt = mix.prompt_tokens * (1.0 - mix.cached_fraction)
+        if prompt <= 0:
             return decode
-        chunk = max(1.0, mix.max_num_batched_tokens - batch)
-        fraction = min(1.0, batch * ratio / chunk)
-        extra = self.chunk_step_s(batch, context_tokens, chunk) - decode
-        if quantile is None:
-            return decode + fraction * extra
+        budget = max(1.0, mix.max_num_batched_tokens - batch)
+        full_chunk = self.chunk_step_s(batch, context_tokens, budget)
+        joins = batch / mix.output_tokens
+        if joins * prompt >= budget:
+            return full_chunk
+        kv_read = self.kv_bytes_read(batch, context_tokens)
+        cached = mix.prompt_tokens - prompt
+        pairs_per_token = self.prefill_attended_pairs(cached, prompt) / prompt
+
+        def chunk_extra(tokens: float) -> float:
+            pairs = batch * context_tokens + tokens * pairs_per_token
+            return self.step_time_s(batch + tokens, kv_read, pairs) - decode
+
+        def extra(prompts: int) -> float:
+            full, rest = divmod(prompts * prompt, budget)
+            return full * chunk_extra(budget) + (chunk_extra(rest) if rest > 0 else 0.0)
+
+        mean = second = 0.0
+        probability, k = math.exp(-joins), 0
+        while k < 8 or (k < joins + 12.0 * math.sqrt(joins) + 12.0):
+            k += 1
+            probability *= joins / k
+            y = extra(k)
+            mean += probability * y
+            second += probability * y * y
+        if quantile is None or mean <= 0:
+            return decode + mean
         steps = max(1.0, mix.output_tokens - 1.0)
-        caught = min(steps, poisson_quantile(steps * fraction, quantile))
-        return decode + caught / steps * extra
+        size = second / mean  # one "event" of the scaled Poisson count
+        total = size * poisson_quantile(steps * mean / size, quantile)
+        return min(full_chunk, decode + total / steps)
 
     def max_batch_for_tpot_quantile(
         self, tpot_target_s: float, context_tokens: float, mix: PrefillMix, quantile: float = 0.99
