@@ -637,16 +637,12 @@ class _Reconcile:
             # A raised limit that failed is no better at a longer context (each sequence holds more
             # KV), a lowered one no better at a shorter: the quarantine holds there too, not only
             # within the dead band of the context it failed at.
-            covered = seen is not None and (
-                seen >= entry.context_tokens - band
-                if entry.direction == "Above"
-                else seen <= entry.context_tokens + band
-            )
-            beyond = (
-                decision.value >= entry.max_num_seqs
-                if entry.direction == "Above"
-                else decision.value <= entry.max_num_seqs
-            )
+            if entry.direction == "Above":
+                covered = seen is not None and seen >= entry.context_tokens - band
+                beyond = decision.value >= entry.max_num_seqs
+            else:
+                covered = seen is not None and seen <= entry.context_tokens + band
+                beyond = decision.value <= entry.max_num_seqs
             if beyond and covered:
                 return hold(
                     "quarantined",

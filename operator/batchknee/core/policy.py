@@ -697,7 +697,7 @@ def _estimated_bound(
     context_tokens: float,
     mix: PrefillMix | None,
 ) -> tuple[int, str] | None:
-    """Before calibration: the TPOT cap one window's exact mean TPOT implies (`_one_point_fit`),
+    """Before calibration: the TPOT cap one window's exact mean TPOT implies (`_one_point_bound`),
     rather than the p99 Prometheus interpolates within 25 ms-wide buckets (a p99 of 26 ms reads
     ~49 ms); None when the window has no mean."""
     point = calibration_point(observation) if observation is not None else None

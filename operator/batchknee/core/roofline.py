@@ -44,10 +44,6 @@ class PrefillMix:
         if not 0.0 <= self.cached_fraction <= 1.0:
             raise ValueError("cached_fraction must be within [0, 1]")
 
-    @property
-    def prefill_tokens_per_output_token(self) -> float:
-        return self.prompt_tokens * (1.0 - self.cached_fraction) / self.output_tokens
-
     @classmethod
     def for_context(
         cls, context_tokens: float, prompt_fraction: float, max_num_batched_tokens: int = 2048
