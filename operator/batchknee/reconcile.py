@@ -574,6 +574,9 @@ class _Reconcile:
             and last is not None
             and last.from_value is not None
             and state.max_num_seqs == last.to_value
+            # the controller keeps a stall's condition until the next template makes progress: one
+            # stamped before the last rollout speaks of the value that rollout replaced
+            and (state.stalled_at is None or state.stalled_at > last.time)
             and rules.mode != "Recommend"
         ):
             bad, good = last.to_value, last.from_value

@@ -516,6 +516,7 @@ class DeploymentState:
     rolling: bool
     stalled: bool
     message: str
+    stalled_at: datetime | None = None  # when the controller gave up (None: not stalled, or no time)
 
     @property
     def available(self) -> bool:
@@ -534,12 +535,24 @@ def as_int(value: Any) -> int | None:
         return None
 
 
-def stalled(status: Mapping[str, Any]) -> bool:
+def stall_condition(status: Mapping[str, Any]) -> Mapping[str, Any] | None:
     """The Deployment controller gave up waiting for new pods (its progress deadline passed)."""
-    return any(
-        c.get("type") == "Progressing" and c.get("reason") == "ProgressDeadlineExceeded"
-        for c in status.get("conditions") or []
+    return next(
+        (
+            c
+            for c in status.get("conditions") or []
+            if c.get("type") == "Progressing" and c.get("reason") == "ProgressDeadlineExceeded"
+        ),
+        None,
     )
+
+
+def condition_time(condition: Mapping[str, Any]) -> datetime | None:
+    stamp = condition.get("lastUpdateTime") or condition.get("lastTransitionTime")
+    try:
+        return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")) if stamp else None
+    except ValueError:
+        return None
 
 
 def deployment_state(deployment: Mapping[str, Any] | None) -> DeploymentState | None:
@@ -602,7 +615,9 @@ def rollout_state(
         rolling, message = True, f"{available} of {updated} updated pods available"
     else:
         rolling, message = False, f"{available} of {replicas} pods available"
-    is_stalled = stalled(status)
+    # a condition from before the controller observed the spec speaks of an older template
+    stall = stall_condition(status) if observed >= generation else None
+    is_stalled = stall is not None
     if is_stalled:
         message = "rollout stalled: progress deadline exceeded"
     return DeploymentState(
@@ -616,4 +631,5 @@ def rollout_state(
         rolling=rolling,
         stalled=is_stalled,
         message=message,
+        stalled_at=condition_time(stall) if stall is not None else None,
     )

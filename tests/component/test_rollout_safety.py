@@ -55,9 +55,24 @@ def stall(world: World) -> None:
         "updatedReplicas": 1,
         "readyReplicas": 1,
         "availableReplicas": 1,
-        "conditions": [{"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded"}],
+        "conditions": [
+            {
+                "type": "Progressing",
+                "status": "False",
+                "reason": "ProgressDeadlineExceeded",
+                "lastUpdateTime": world.clock.now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            }
+        ],
     }
     dep["metadata"]["resourceVersion"] += "-stalled"
+
+
+def observed_but_not_progressed(world: World) -> None:
+    """The controller has seen the rolled-back template, and keeps the stall's condition until its
+    pods make progress."""
+    dep = world.kube.objects[("Deployment", "default", "chat")]
+    dep["status"]["observedGeneration"] = dep["metadata"]["generation"]
+    dep["metadata"]["resourceVersion"] += "-observed"
 
 
 def test_a_rollout_that_never_gets_ready_is_rolled_back_and_quarantined(world: World) -> None:
@@ -76,6 +91,14 @@ def test_a_rollout_that_never_gets_ready_is_rolled_back_and_quarantined(world: W
     assert [h["to"] for h in status["history"]] == [64, 240, 64]
     assert status["history"][-1]["reason"].startswith("rollback 240→64")
     assert "RolledBack" in [e["reason"] for e in world.kube.events]
+
+    # the stall's condition outlives the rollback until 64's pods progress: it is not 64's failure
+    for _ in range(3):
+        world.clock.advance(5)
+        observed_but_not_progressed(world)
+        world.reconcile()
+    assert applied(world) == 64
+    assert [h["to"] for h in world.kube.status("default", "chat")["history"]] == [64, 240, 64]
 
     # the same traffic: the quarantined value (or more) is not tried again
     world.kube.finish_rollout("default", "chat")

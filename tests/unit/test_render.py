@@ -275,10 +275,19 @@ def test_rollout_progress() -> None:
     state = deployment_state(dep)
     assert state is not None and not state.rolling and state.available
     dep["status"]["conditions"] = [
-        {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded"}
+        {
+            "type": "Progressing",
+            "status": "False",
+            "reason": "ProgressDeadlineExceeded",
+            "lastUpdateTime": "2026-03-01T12:00:10Z",
+        }
     ]
     state = deployment_state(dep)
     assert state is not None and state.stalled
+    assert state.stalled_at == datetime(2026, 3, 1, 12, 0, 10, tzinfo=UTC)
+    dep["metadata"]["generation"] = 3  # a new template the controller has not seen: not its stall
+    state = deployment_state(dep)
+    assert state is not None and not state.stalled and state.rolling
 
 
 def test_overridden_args_name_the_users_spelling_and_the_value_run() -> None:
