@@ -35,6 +35,7 @@ from typing import Any, cast
 import aiohttp
 import kopf
 
+from batchknee.adapters import allocator
 from batchknee.adapters.engine_runtime import HttpEngineRuntime
 from batchknee.adapters.kubernetes import KubernetesAdapter, WatchCache, load_config, pooled_client
 from batchknee.adapters.observing import RoutedObserver
@@ -478,6 +479,7 @@ def run(settings: OperatorSettings) -> int:
         f"batchknee@{socket.gethostname()}/{datetime.now(UTC):%Y%m%d%H%M%S}/{random.randrange(36**3):03x}"
     )
     configure(settings, identity, priority)
+    allocator.limit_arenas(2)  # before the worker threads start: each would take an arena of its own
     liveness = (
         f"http://{settings.health_address}:{settings.health_port}/healthz" if settings.health_port else None
     )
