@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 import threading
 import time
 import urllib.parse
@@ -32,13 +33,14 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field, fields
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 import requests
 import urllib3
 from prometheus_api_client import PrometheusConnect
 from urllib3.util.retry import Retry
 
+from batchknee.adapters import allocator
 from batchknee.adapters.observing import redact_url
 from batchknee.core.observation import (
     Engine,
@@ -174,6 +176,16 @@ POD_QUERIES = (
     "capacity",
     "read_bytes",
 )
+
+
+# What an observation reads from a per-pod row (vLLM's pool size is in its cache-config labels).
+ROW_LABELS = ("pod", "engine", "num_gpu_blocks", "block_size")
+
+
+def _owner(scope: _Scope, labels: dict[str, str]) -> Key:
+    """The target a series belongs to, its strings shared across the queries of a refresh."""
+    namespace, name = scope.owner(labels)
+    return sys.intern(namespace), sys.intern(name)
 
 
 def queries(scope: _Scope) -> dict[str, str]:
@@ -501,6 +513,21 @@ class PrometheusObserver:
             ) from None
         return result
 
+    def _shaped(
+        self, scope: _Scope, name: str, promql: str, now: datetime, deadline: float
+    ) -> dict[Key, list[Row]] | dict[Key, float]:
+        """One query's answer by target, shaped in the worker: the parsed answer is dropped before
+        the next query's arrives, and the rows keep only the labels the observation reads."""
+        result = self._query(promql, now, deadline)
+        if name not in POD_QUERIES:
+            return {_owner(scope, series["metric"]): float(series["value"][1]) for series in result}
+        by_key: dict[Key, list[Row]] = defaultdict(list)
+        for series in result:
+            labels = series["metric"]
+            kept = {k: sys.intern(labels[k]) for k in ROW_LABELS if k in labels}
+            by_key[_owner(scope, labels)].append((kept, float(series["value"][1])))
+        return dict(by_key)
+
     # --- one scope ----------------------------------------------------------------------------------
 
     def fetch(self, scope: _Scope, now: datetime) -> ScopeData:
@@ -510,7 +537,7 @@ class PrometheusObserver:
         deadline = time.monotonic() + self.timeout_s
         try:
             futures = {
-                name: self._pool.submit(self._query, promql, now, deadline)
+                name: self._pool.submit(self._shaped, scope, name, promql, now, deadline)
                 for name, promql in queries(scope).items()
             }
         except RuntimeError:  # closed while a refresh was starting
@@ -519,17 +546,11 @@ class PrometheusObserver:
         try:
             for name, future in futures.items():
                 # The worker stops reading at the deadline; a hung header read is cut off here.
-                result = future.result(timeout=max(0.0, deadline - time.monotonic()) + 0.25)
+                shaped = future.result(timeout=max(0.0, deadline - time.monotonic()) + 0.25)
                 if name in POD_QUERIES:
-                    by_key: dict[Key, list[Row]] = defaultdict(list)
-                    for series in result:
-                        labels = series["metric"]
-                        by_key[scope.owner(labels)].append((labels, float(series["value"][1])))
-                    data.pod_rows[name] = dict(by_key)
+                    data.pod_rows[name] = cast(dict[Key, list[Row]], shaped)
                 else:
-                    data.values[name] = {
-                        scope.owner(series["metric"]): float(series["value"][1]) for series in result
-                    }
+                    data.values[name] = cast(dict[Key, float], shaped)
         except PrometheusUnavailable as error:
             data.error = str(error)
         except FutureTimeout:
@@ -706,8 +727,11 @@ class CachedObserver:
         cache, scope = self._cache(url), scope_for(target)
         with cache.refreshing:
             entry = cache.fresh(scope, self.ttl_s)
+            fetched = entry is None
             if entry is None:
                 entry = cache.store(scope, cache.observer.fetch(scope, now), self.ttl_s)
+        if fetched:
+            allocator.trim()  # the parsed answers are garbage now: give their pages back
         return entry.data
 
     def observation(self, url: str, target: ObservationTarget, now: datetime) -> Observation:
