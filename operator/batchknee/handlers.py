@@ -460,6 +460,10 @@ def kopf_settings(settings: OperatorSettings) -> kopf.OperatorSettings:
     kopf_conf.peering.mandatory = settings.peering == "mandatory"
     kopf_conf.peering.stealth = True
     kopf_conf.execution.max_workers = 8
+    # kopf keeps a worker per object while its events come, and waits this long for another before
+    # it lets go; our handlers only queue work, so a short wait frees the thousand workers of a
+    # startup listing (and of each interval's status writes) about as soon as they are done.
+    kopf_conf.queueing.idle_timeout = 1.0
     # Watching given namespaces, kopf needs no cluster-scoped reads: without this it would list and
     # watch every Namespace and CRD, which a namespaced install (Roles only) must not need.
     kopf_conf.scanning.disabled = bool(settings.namespaces)
