@@ -268,6 +268,7 @@ def window_figures(figures: Figures) -> WindowFigures:
         tpot_mean_milliseconds=round(figures.tpot_mean_s * 1e3, 2)
         if figures.tpot_mean_s is not None
         else None,
+        prompt_tokens=round(figures.prompt_tokens) if figures.prompt_tokens is not None else None,
     )
 
 
@@ -811,6 +812,7 @@ class _Reconcile:
                 before.tpot_p99_milliseconds / 1e3,
                 before.preemptions_per_second,
                 before.tpot_mean_milliseconds / 1e3 if before.tpot_mean_milliseconds is not None else None,
+                before.prompt_tokens,
             ),
             after,
             rules.dead_band_percent,

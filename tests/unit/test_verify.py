@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from batchknee.adapters.prometheus import Row, ScopeData, scope_for
@@ -17,8 +18,8 @@ def labels(pod: str) -> dict[str, str]:
 
 
 def figures(ctx: float = 8192, tokens: float = 1000, p99_ms: float = 49.7, mean_ms: float | None = 45.0,
-            preemptions: float = 0.0) -> Figures:  # fmt: skip
-    return Figures(ctx, tokens, p99_ms / 1e3, preemptions, None if mean_ms is None else mean_ms / 1e3)
+            preemptions: float = 0.0, prompt: float | None = None) -> Figures:  # fmt: skip
+    return Figures(ctx, tokens, p99_ms / 1e3, preemptions, None if mean_ms is None else mean_ms / 1e3, prompt)
 
 
 def test_a_tpot_gain_inside_one_histogram_bucket_shows_in_the_mean() -> None:
@@ -40,6 +41,21 @@ def test_preemptions_and_a_broken_target_revert_and_moved_traffic_is_inconclusiv
     broke = verify(figures(p99_ms=38), figures(p99_ms=45), 10, tpot_target_s=0.040)
     assert broke.verdict == "Reverted" and "40 ms target" in broke.reason
     assert verify(figures(ctx=2048), figures(ctx=8192, tokens=10), 10).verdict == "Inconclusive"
+
+
+def test_traffic_is_the_clients_prompt_not_the_running_context_a_restart_makes_young() -> None:
+    """16 → 64 on one replica restarted into a step 8× slower: the queue is admitted at once, so the
+    window after holds a young cohort, its running context 10 % under the window before's while
+    the clients sent the same prompts. Judged on the prompt, the change is checked (and its lost
+    throughput reverts it); judged on the context it would have been "inconclusive"."""
+    before = figures(ctx=1555, tokens=20000, mean_ms=8.0, prompt=939)
+    after = figures(ctx=1399, tokens=10555, mean_ms=8.1, prompt=939)
+    check = verify(before, after, dead_band_percent=10)
+    assert check.verdict == "Reverted" and "throughput fell" in check.reason
+    no_prompt = verify(replace(before, prompt_tokens=None), after, dead_band_percent=10)
+    assert no_prompt.verdict == "Inconclusive" and "avg ctx 1555 → 1399 tok" in no_prompt.reason
+    shifted = verify(before, replace(after, prompt_tokens=6042), dead_band_percent=10)
+    assert shifted.verdict == "Inconclusive" and "mean prompt 939 → 6042 tok" in shifted.reason
 
 
 def test_a_pod_drained_mid_window_counts_by_the_part_it_served() -> None:

@@ -1190,6 +1190,9 @@ class WindowFigures(_Model):
     tpot_p99_milliseconds: float = Field(ge=0, description="Time per output token, p99 (ms).")
     preemptions_per_second: float = Field(ge=0, description="Preemptions per second, all pods.")
     tpot_mean_milliseconds: float | None = Field(None, ge=0, description="Time per output token, mean (ms).")
+    prompt_tokens: int | None = Field(
+        None, ge=0, description="Mean prompt of the requests finished in the window (tokens)."
+    )
 
 
 class HistoryEntry(_Model):

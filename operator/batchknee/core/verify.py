@@ -1,7 +1,8 @@
 """Did a retune do what the model predicted? (pure)
 
 After every change, once the settle window has passed, the window after is compared with the window
-before, at a similar context (within the dead band — otherwise traffic changed, not the setting).
+before, for similar traffic: the clients' mean prompt (else the running context) within the dead
+band — otherwise traffic changed, not the setting.
 The change is reverted, and its value quarantined for that context, when
 
 - generation throughput per pod fell by more than 10 % without a TPOT p99 gain,
@@ -34,6 +35,7 @@ class Figures:
     tpot_p99_s: float
     preemptions_per_s: float
     tpot_mean_s: float | None = None  # exact (sum/count); the p99 moves in histogram buckets
+    prompt_tokens: float | None = None  # mean prompt of the requests finished in the window
 
     @classmethod
     def of(cls, observation: Observation | None) -> Figures | None:
@@ -47,7 +49,14 @@ class Figures:
         if ctx is None or tokens is None or tpot is None or preemptions is None:
             return None
         pods = observation.pods_served.value or observation.pods
-        return cls(ctx, tokens / pods, tpot, preemptions, observation.tpot_mean_s.value)
+        return cls(
+            ctx,
+            tokens / pods,
+            tpot,
+            preemptions,
+            observation.tpot_mean_s.value,
+            observation.prompt_tokens_mean.value,
+        )
 
 
 @dataclass(frozen=True)
@@ -60,13 +69,9 @@ def verify(
     before: Figures, after: Figures, dead_band_percent: int, tpot_target_s: float | None = None
 ) -> Check:
     """The verdict on one change from the windows before and after it."""
-    drift = abs(after.context_tokens - before.context_tokens) / max(before.context_tokens, 1.0)
-    if drift * 100 > dead_band_percent:
-        return Check(
-            "Inconclusive",
-            f"traffic moved (avg ctx {before.context_tokens:.0f} → {after.context_tokens:.0f} tok): "
-            "nothing to compare",
-        )
+    moved = _traffic_moved(before, after, dead_band_percent)
+    if moved is not None:
+        return Check("Inconclusive", f"traffic moved ({moved}): nothing to compare")
     change = (
         after.tokens_per_s_per_pod / before.tokens_per_s_per_pod - 1 if before.tokens_per_s_per_pod else 0.0
     )
@@ -91,3 +96,19 @@ def verify(
             "Reverted", f"TPOT p99 now breaks its {tpot_target_s * 1e3:.0f} ms target, met before: {figures}"
         )
     return Check("Kept", figures)
+
+
+def _traffic_moved(before: Figures, after: Figures, dead_band_percent: int) -> str | None:
+    """What moved beyond the dead band between the windows, else None.
+
+    The clients' mean prompt is the traffic itself; the running context also shows the engine: a
+    restart starts every sequence at its prompt, and a slower step keeps that cohort young for
+    longer, so right after a change it falls by itself. The running context is the measure only where
+    a window has no prompt mean (no request finished in it)."""
+    if before.prompt_tokens is not None and after.prompt_tokens is not None:
+        what, old, new = "mean prompt", before.prompt_tokens, after.prompt_tokens
+    else:
+        what, old, new = "avg ctx", before.context_tokens, after.context_tokens
+    if abs(new - old) / max(old, 1.0) * 100 <= dead_band_percent:
+        return None
+    return f"{what} {old:.0f} → {new:.0f} tok"
