@@ -44,7 +44,7 @@ from batchknee.api.resolve import SpecError, observation_target, parse_llmservin
 from batchknee.core.observation import ObservationTarget
 from batchknee.operator_metrics import OperatorMetrics
 from batchknee.ports import TransientApiError
-from batchknee.reconcile import Outcome, Ports, reconcile
+from batchknee.reconcile import Outcome, Ports, reconcile, report_api_errors
 from batchknee.render import LABEL, RenderDefaults
 from batchknee.scheduling import Key, Scheduler
 from batchknee.settings import OperatorSettings
@@ -113,6 +113,9 @@ class Runtime:
     outranked: bool = False  # another replica acts (kopf peering): the scheduler pauses
     background: list[asyncio.Task[None]] = field(default_factory=list)
     cache: WatchCache = field(default_factory=WatchCache)  # what the watches delivered, for reconcile
+    # since when every reconcile of an object has ended on an apiserver error its retries did not clear
+    api_failing_since: dict[tuple[str, str], datetime] = field(default_factory=dict)
+    clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
     # Reconciles wait mostly on the apiserver: more of them in flight than asyncio's default
     # executor allows (CPUs + 4) keeps a thousand objects' startup short.
     executor: ThreadPoolExecutor = field(
@@ -146,15 +149,18 @@ class Runtime:
 
     def reconcile(self, namespace: str, name: str) -> Outcome:
         started = time.perf_counter()
+        now = self.clock()
         try:
-            outcome = reconcile(namespace, name, self.ports, datetime.now(UTC))
-        except TransientApiError as error:  # the next tick tries again; nothing is Degraded for it
+            outcome = reconcile(namespace, name, self.ports, now)
+        except TransientApiError as error:  # the next tick tries again; Degraded only if it lasts
             self.metrics.errors.inc()
             log.warning("%s/%s: %s; trying again at the next evaluation", namespace, name, error)
-            return Outcome(namespace, name, error=str(error))
+            since = self.api_failing_since.setdefault((namespace, name), now)
+            return report_api_errors(namespace, name, self.ports, now, str(error), since)
         except Exception:
             self.metrics.errors.inc()
             raise
+        self.api_failing_since.pop((namespace, name), None)
         self.metrics.record(outcome, time.perf_counter() - started)
         if outcome.error:
             log.warning("%s/%s: %s", namespace, name, outcome.error)
@@ -170,6 +176,7 @@ class Runtime:
         self.targets.pop(key, None)
         self.evaluated.pop(key, None)
         self.spec_versions.pop(key, None)
+        self.api_failing_since.pop(key, None)
         lock = self.locks.get(key)
         if lock is not None and not lock.locked():
             del self.locks[key]

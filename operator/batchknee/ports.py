@@ -27,7 +27,7 @@ class ApplyConflict(ApplyError):
 
 class TransientApiError(Exception):
     """The apiserver stayed busy or in conflict (409, 429, 5xx) through the adapter's retries: the
-    next reconcile tries again; nothing is reported as Degraded for it."""
+    next reconcile tries again; Degraded says so only once it has lasted (reconcile.API_ERRORS_DEGRADED_AFTER)."""
 
 
 class KubernetesPort(Protocol):

@@ -78,6 +78,7 @@ from batchknee.ports import (
     LiveCap,
     LiveCapError,
     Observer,
+    TransientApiError,
 )
 from batchknee.render import (
     DeploymentState,
@@ -144,6 +145,32 @@ def reconcile(namespace: str, name: str, ports: Ports, now: datetime) -> Outcome
         if not outcome.conflict:
             break
     return outcome
+
+
+# Busy or failing apiserver answers (409, 429, 5xx) are retried, and the next evaluation tries again;
+# when every reconcile has ended on one for this long it is no passing load spike (an admission
+# webhook that always fails, an apiserver that stays overloaded) and Degraded says so.
+API_ERRORS_DEGRADED_AFTER = timedelta(minutes=5)
+
+
+def report_api_errors(
+    namespace: str, name: str, ports: Ports, now: datetime, error: str, since: datetime
+) -> Outcome:
+    """Every reconcile of this object since `since` ended on `error`, an apiserver error that the
+    adapter's retries did not clear. Once that has lasted API_ERRORS_DEGRADED_AFTER the status says
+    so (Degraded, reason ApiErrors, and an Event); nothing else is changed, and the first reconcile
+    that goes through sets Degraded back."""
+    failed = Outcome(namespace, name, error=error)
+    if now - since < API_ERRORS_DEGRADED_AFTER:
+        return failed
+    try:
+        raw = ports.kube.get_llmserving(namespace, name)
+        if raw is None or (raw.get("metadata") or {}).get("deletionTimestamp"):
+            return failed
+        return _Reconcile(raw, ports, now).api_errors(error, since)
+    except TransientApiError as still:  # the status write meets the same apiserver
+        log.warning("%s/%s: could not report the apiserver errors: %s", namespace, name, still)
+        return failed
 
 
 # --- status pieces ---------------------------------------------------------------------------------
@@ -952,6 +979,22 @@ class _Reconcile:
             self.event("Warning", "NameConflict", message)
         written = self.write(status)
         return Outcome(self.namespace, self.name, status=status, status_written=written, error=message)
+
+    def api_errors(self, error: str, since: datetime) -> Outcome:
+        """Writes have failed on apiserver errors since `since`: say so, change nothing else."""
+        message = (
+            f"every reconcile since {since.isoformat(timespec='seconds')} ended on an apiserver error "
+            f"its retries did not clear, last: {error}; nothing was changed, and each evaluation tries "
+            "again — check the apiserver's load and the admission webhooks on Deployments, Services "
+            "and PodDisruptionBudgets"
+        )
+        self.conditions.set("Degraded", "True", "ApiErrors", message)
+        self.conditions.keep_old()
+        status = self.old.model_copy(update={"conditions": self.conditions.result()})
+        if self.conditions.turned("Degraded", "True"):
+            self.event("Warning", "ApiErrors", message)
+        written = self.write(status)
+        return Outcome(self.namespace, self.name, status=status, status_written=written, error=error)
 
     def settled_since(self, state: DeploymentState | None, rollouts: Sequence[Rollout]) -> datetime | None:
         """When the current pods were first seen all updated and available: after any rollout (a

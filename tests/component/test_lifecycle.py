@@ -61,7 +61,7 @@ def test_a_deleting_object_is_never_rolled(world: World) -> None:
     assert applied(world) == 16
 
 
-def test_a_busy_apiserver_is_retried_later_and_never_degrades(world: World) -> None:
+def test_a_busy_apiserver_is_retried_later_and_does_not_degrade_at_once(world: World) -> None:
     world.kube.create(llmserving())
     world.observer.set("default", "chat", observation(world.clock.now, ctx=2048))
     world.reconcile()
@@ -78,6 +78,46 @@ def test_a_busy_apiserver_is_retried_later_and_never_degrades(world: World) -> N
     world.reconcile()  # the apiserver answers again: the retune goes through
     assert applied(world) == 16
     assert world.kube.condition("default", "chat", "Degraded")["status"] == "False"
+
+
+def test_an_apiserver_that_keeps_failing_is_degraded_after_five_minutes_until_a_write_goes_through(
+    world: World,
+) -> None:
+    """A retune's apply meets a busy apiserver at every evaluation (an admission webhook that always
+    fails looks the same): for five minutes each is retried at the next evaluation and nothing is
+    reported; from then on Degraded says so, once as an Event, and nothing else changes; the first
+    reconcile that goes through clears it and rolls."""
+    world.kube.create(llmserving())
+    world.observer.set("default", "chat", observation(world.clock.now, ctx=2048))
+    world.reconcile()
+    settle(world)
+    shift_context(world, 8192)
+    router = RoutedObserver(world.observer, "http://127.0.0.1:9090")
+    runtime = Runtime(world.ports, router, OperatorMetrics(), clock=lambda: world.clock.now)
+    events = len(world.kube.events)
+    world.kube.busy_applies = 1000
+    for _ in range(10):  # 0 … 270 s of errors
+        world.observer.set("default", "chat", observation(world.clock.now, ctx=8192))
+        assert runtime.reconcile("default", "chat").error is not None
+        assert world.kube.condition("default", "chat", "Degraded")["status"] == "False"
+        world.clock.advance(30)
+    assert world.kube.events[events:] == []
+    for _ in range(2):  # 300 s and 330 s
+        world.observer.set("default", "chat", observation(world.clock.now, ctx=8192))
+        outcome = runtime.reconcile("default", "chat")
+        world.clock.advance(30)
+    degraded = world.kube.condition("default", "chat", "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "ApiErrors")
+    assert "since 2026-" in degraded["message"] and "429 Too Many Requests" in degraded["message"]
+    assert outcome.error is not None and applied(world) == 64
+    assert [e["reason"] for e in world.kube.events[events:]] == ["ApiErrors"]  # once, not per evaluation
+    world.kube.busy_applies = 0
+    world.observer.set("default", "chat", observation(world.clock.now, ctx=8192))
+    assert runtime.reconcile("default", "chat").error is None
+    assert applied(world) == 16
+    cleared = world.kube.condition("default", "chat", "Degraded")
+    assert (cleared["status"], cleared["reason"]) == ("False", "AsExpected")
+    assert runtime.api_failing_since == {}
 
 
 def test_thin_metrics_right_after_a_rollout_are_settling_not_an_alarm(world: World) -> None:
