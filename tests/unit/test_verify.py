@@ -83,3 +83,19 @@ def test_a_pod_drained_mid_window_counts_by_the_part_it_served() -> None:
     assert (
         verify(before, figures(tokens=tokens / seen.pods, mean_ms=45), 10).verdict == "Reverted"
     )  # counted whole
+
+
+def test_tensorrt_llm_has_no_prompt_histogram_its_counters_give_the_mean_prompt() -> None:
+    """trtllm-serve exports no per-request length histograms: the window's prompt tokens per
+    finished request (its counters, as for its reservation) are the traffic the check compares."""
+    scope = scope_for(ObservationTarget("prod", "llama", "TensorRTLLM", 60))
+    found = ScopeData(scope, NOW, min_samples=3)
+    found.pod_rows = {
+        "running": {KEY: [(labels("llama-1"), 16.0)]},
+        "samples": {KEY: [(labels("llama-1"), 12.0)]},
+    }
+    found.values = {"reserved_prompt": {KEY: 4864.0}, "generation": {KEY: 500.0}}
+    assert found.observation(KEY).prompt_tokens_mean.value == 4864.0
+    found.values = {"reserved_prompt": {}, "generation": {KEY: 500.0}}
+    quiet = found.observation(KEY).prompt_tokens_mean
+    assert quiet.value is None and "mean prompt" in (quiet.reason or "")

@@ -314,6 +314,14 @@ class ScopeData:
     values: dict[str, dict[Key, float]] = field(default_factory=dict)
     error: str | None = None
 
+    def _prompt_mean(self, value: Callable[..., Reading]) -> Reading:
+        """The mean prompt of the requests finished in the window: from the engine's histogram, or
+        (TensorRT-LLM, which has none) prompt tokens per finished request from its counters."""
+        histogram = value("prompt_length_mean", "mean prompt length", empty="no requests finished")
+        if histogram.available or "reserved_prompt" not in self.values:
+            return histogram
+        return value("reserved_prompt", "mean prompt", empty="no requests finished")
+
     def observation(self, key: Key) -> Observation:
         now = self.sampled_at
         if self.error is not None:
@@ -388,9 +396,7 @@ class ScopeData:
             preemptions_per_s=value("preemptions", "preemption rate"),
             generation_tokens_per_s=value("generation", "generation token rate"),
             recent_avg_context_tokens=recent_context,
-            prompt_tokens_mean=value(
-                "prompt_length_mean", "mean prompt length", empty="no requests finished"
-            ),
+            prompt_tokens_mean=self._prompt_mean(value),
             output_tokens_mean=value(
                 "output_length_mean", "mean output length", empty="no requests finished"
             ),
