@@ -156,7 +156,7 @@ class Runtime:
             self.metrics.errors.inc()
             log.warning("%s/%s: %s; trying again at the next evaluation", namespace, name, error)
             since = self.api_failing_since.setdefault((namespace, name), now)
-            return report_api_errors(namespace, name, self.ports, now, str(error), since)
+            return report_api_errors(namespace, name, self.ports, now, error, since)
         except Exception:
             self.metrics.errors.inc()
             raise

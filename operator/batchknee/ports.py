@@ -27,7 +27,14 @@ class ApplyConflict(ApplyError):
 
 class TransientApiError(Exception):
     """The apiserver stayed busy or in conflict (409, 429, 5xx) through the adapter's retries: the
-    next reconcile tries again; Degraded says so only once it has lasted (reconcile.API_ERRORS_DEGRADED_AFTER)."""
+    next reconcile tries again; Degraded says so only once it has lasted
+    (reconcile.API_ERRORS_DEGRADED_AFTER)."""
+
+    def __init__(self, summary: str, detail: str = "") -> None:
+        # summary: the call and its status code with the standard phrase, nothing the server (or a
+        # proxy in front of it) wrote: for status and Events; detail: what the answer said, for logs
+        self.summary = summary
+        super().__init__(f"{summary}: {detail}" if detail else summary)
 
 
 class KubernetesPort(Protocol):

@@ -154,20 +154,21 @@ API_ERRORS_DEGRADED_AFTER = timedelta(minutes=5)
 
 
 def report_api_errors(
-    namespace: str, name: str, ports: Ports, now: datetime, error: str, since: datetime
+    namespace: str, name: str, ports: Ports, now: datetime, error: TransientApiError, since: datetime
 ) -> Outcome:
-    """Every reconcile of this object since `since` ended on `error`, an apiserver error that the
-    adapter's retries did not clear. Once that has lasted API_ERRORS_DEGRADED_AFTER the status says
-    so (Degraded, reason ApiErrors, and an Event); nothing else is changed, and the first reconcile
-    that goes through sets Degraded back."""
-    failed = Outcome(namespace, name, error=error)
+    """Every reconcile of this object since `since` ended on an apiserver error that the adapter's
+    retries did not clear, the last `error`. Once that has lasted API_ERRORS_DEGRADED_AFTER the
+    status says so (Degraded, reason ApiErrors, and an Event: the call and its status code, not the
+    text of the answer); nothing else is changed, and the first reconcile that goes through sets
+    Degraded back."""
+    failed = Outcome(namespace, name, error=str(error))
     if now - since < API_ERRORS_DEGRADED_AFTER:
         return failed
     try:
         raw = ports.kube.get_llmserving(namespace, name)
         if raw is None or (raw.get("metadata") or {}).get("deletionTimestamp"):
             return failed
-        return _Reconcile(raw, ports, now).api_errors(error, since)
+        return _Reconcile(raw, ports, now).api_errors(error.summary, since)
     except TransientApiError as still:  # the status write meets the same apiserver
         log.warning("%s/%s: could not report the apiserver errors: %s", namespace, name, still)
         return failed

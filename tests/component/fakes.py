@@ -81,7 +81,8 @@ class MemoryKube:
             raise ApplyError(f"{kind} {meta['name']}: admission webhook denied the request")
         if self.busy_applies > 0:
             self.busy_applies -= 1
-            raise TransientApiError(f"apply {kind} {meta['name']}: 429 Too Many Requests (after 4 tries)")
+            summary = f"apply {kind} {meta['name']}: 429 Too Many Requests (after 4 tries)"
+            raise TransientApiError(summary, "storage is (re)initializing")
         key = (kind, meta["namespace"], meta["name"])
         new = copy.deepcopy(obj)
         old = self.objects.get(key)

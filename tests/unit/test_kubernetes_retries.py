@@ -90,6 +90,24 @@ def test_an_apply_that_stays_busy_is_transient_not_an_apply_error(
     assert len(script.requests) == 4  # the first try and three retries, then the next tick
 
 
+def test_what_a_failing_answer_wrote_is_never_the_summary_and_is_bounded_in_the_detail(
+    apiserver: tuple[Script, KubernetesAdapter],
+) -> None:
+    """A proxy in front of the apiserver answers 502 with a message of its own (an escape sequence,
+    a page of text): the summary that status and Events carry names the call and the status code
+    with its standard phrase only; the detail for the log is printable and bounded."""
+    script, adapter = apiserver
+    message = "\x1b[31mupstream says: " + "x" * 5000
+    script.answers = [(502, {"kind": "Status", "code": 502, "message": message})] * 4
+    with pytest.raises(TransientApiError) as raised:
+        adapter.apply({**DEPLOYMENT, "spec": {}})
+    error = raised.value
+    assert error.summary == "apply Deployment ml/chat: 502 Bad Gateway (after 4 tries)"
+    detail = str(error)
+    assert detail.startswith(error.summary) and "upstream says" in detail
+    assert "\x1b" not in detail and len(detail) < len(error.summary) + 600
+
+
 def test_an_apply_conflict_is_not_retried_but_decided_again(
     apiserver: tuple[Script, KubernetesAdapter],
 ) -> None:

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from datetime import datetime
+from http import HTTPStatus
 from typing import Any, TypeVar, cast
 
 from kubernetes import client, config
@@ -28,6 +29,7 @@ from batchknee.render import FIELD_MANAGER
 log = logging.getLogger(__name__)
 APPLY = "application/apply-patch+yaml"
 T = TypeVar("T")
+MESSAGE_LIMIT = 512  # characters of an error answer's message kept for a log line or a condition
 RETRY_DELAYS_S = (0.2, 0.5, 1.0)  # then give up until the next reconcile (bounded: < 2 s in all)
 
 
@@ -69,7 +71,8 @@ def with_retries(
             if not transient(error) or (error.status == 409 and not retry_conflicts):
                 raise
             if attempt == len(delays):
-                raise TransientApiError(f"{what}: {_explain(error)} (after {attempt + 1} tries)") from None
+                summary = f"{what}: {_status(error)} (after {attempt + 1} tries)"
+                raise TransientApiError(summary, _message(error)) from None
             bound = delays[attempt]
             hinted = _retry_after(error)
             pause = min(hinted, 2 * bound) if hinted is not None else bound * random.uniform(0.5, 1.0)
@@ -86,13 +89,28 @@ def load_config() -> None:
         config.load_kube_config()  # type: ignore[no-untyped-call]
 
 
-def _explain(error: ApiException) -> str:
+def _message(error: ApiException) -> str:
+    """The answer's message (a Status body's `message`, else the reason phrase), printable and
+    bounded: whatever answered (the apiserver, a webhook through it, a proxy) wrote it."""
     try:
         body = json.loads(error.body or "{}")
         message = body.get("message") or error.reason
     except (ValueError, AttributeError):
         message = error.reason
-    return f"{error.status} {error.reason}: {message}"
+    text = "".join(ch if ch.isprintable() else " " for ch in str(message or ""))
+    return text[:MESSAGE_LIMIT] + ("…" if len(text) > MESSAGE_LIMIT else "")
+
+
+def _status(error: ApiException) -> str:
+    """The status code with its standard phrase (not the one the answer sent)."""
+    try:
+        return f"{error.status} {HTTPStatus(error.status or 0).phrase}"
+    except ValueError:
+        return f"{error.status} error"
+
+
+def _explain(error: ApiException) -> str:
+    return f"{_status(error)}: {_message(error)}"
 
 
 def pooled_client(connections: int) -> client.ApiClient:
