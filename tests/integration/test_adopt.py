@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from test_chart import helm
-from test_operator import Harness, crds, state_for, wait_for, world
+from test_operator import Harness, crds, retuned_for_8192, state_for, wait_for, world
 
 from batchknee.api.models import TARGET_ENV_VAR
 from batchknee.devcluster import DevCluster
@@ -98,12 +98,10 @@ def test_a_helm_installed_engine_is_retuned_and_keeps_its_value(
     assert observed["pods"] == 2 and observed["avgContextLength"] == 2048
 
     world.set_state(state_for(8192))
-    wait_for(
-        lambda: env_of(world, "deployment", "chat").get(TARGET_ENV_VAR) == "16",
-        150,
-        "the retune to 16",
-        world.log,
+    final = wait_for(
+        lambda: retuned_for_8192(world.status("chat-tuner")), 150, "the retune for 8,192", world.log
     )
+    assert env_of(world, "deployment", "chat").get(TARGET_ENV_VAR) == str(final)
     deployment = world.get("deployment", "chat")
     assert deployment is not None
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -117,7 +115,7 @@ def test_a_helm_installed_engine_is_retuned_and_keeps_its_value(
     # changed (the log level); the env entry the chart never rendered is kept
     install("--set", "logLevel=debug", command="upgrade")
     env = env_of(world, "deployment", "chat")
-    assert env == {"VLLM_LOGGING_LEVEL": "DEBUG", TARGET_ENV_VAR: "16"}, env
+    assert env == {"VLLM_LOGGING_LEVEL": "DEBUG", TARGET_ENV_VAR: str(final)}, env
 
     # another field manager (GitOps) applies server-side: no conflict, the value stays
     gitops = {
@@ -135,12 +133,12 @@ def test_a_helm_installed_engine_is_retuned_and_keeps_its_value(
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    assert env_of(world, "deployment", "chat")[TARGET_ENV_VAR] == "16"
+    assert env_of(world, "deployment", "chat")[TARGET_ENV_VAR] == str(final)
 
     # deleting the LLMServing leaves the workload running with its last value
     world.start_operator()
     world.kubectl("delete", "llms", "chat-tuner", "--wait=true")
-    assert env_of(world, "deployment", "chat")[TARGET_ENV_VAR] == "16"
+    assert env_of(world, "deployment", "chat")[TARGET_ENV_VAR] == str(final)
     assert world.get("deployment", "chat")["spec"]["replicas"] == 2  # type: ignore[index]
 
 
@@ -263,5 +261,6 @@ def test_replicas_left_to_another_manager_are_never_reverted(world: Harness) -> 
     wait_for(lambda: world.get("deployment", "free"), 60, "the Deployment", world.log)
     world.kubectl("scale", "deployment/free", "--replicas=3")
     world.set_state(state_for(8192))  # a retune re-applies the Deployment
-    wait_for(lambda: world.max_num_seqs("free") == 16, 150, "the retune", world.log)
+    final = wait_for(lambda: retuned_for_8192(world.status("free")), 150, "the retune", world.log)
+    assert world.max_num_seqs("free") == final
     assert world.get("deployment", "free")["spec"]["replicas"] == 3  # type: ignore[index]

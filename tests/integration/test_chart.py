@@ -29,7 +29,7 @@ from operator_rbac import CLUSTER_SCOPED, Permission, granted, operator_calls, r
 
 pytest.importorskip("batchknee.devcluster", reason="the local control plane has not landed on this branch")
 
-from test_operator import KOPF_FINALIZER, Harness, state_for, wait_for
+from test_operator import KOPF_FINALIZER, Harness, retuned_for_8192, state_for, wait_for
 
 from batchknee.devcluster import DevCluster, LocalPrometheus
 from batchknee.devcluster.cluster import free_port
@@ -384,7 +384,10 @@ def test_the_chart_installs_and_its_service_account_runs_the_operator_through_a_
         trt = harness.apply("trt", engine="TensorRTLLM", tuning={"mode": "Recommend"})
         assert trt.returncode == 0, trt.stderr
         harness.set_state(state_for(8192))
-        wait_for(lambda: harness.max_num_seqs("chat") == 16, 180, "the retune to 16", harness.log)
+        final = wait_for(
+            lambda: retuned_for_8192(harness.status("chat")), 180, "the retune for 8,192", harness.log
+        )
+        assert harness.max_num_seqs("chat") == final
         wait_for(lambda: len(trt_options(harness)) == 1, 60, "the TensorRT-LLM options", harness.log)
         for fraction in (0.5, 0.6, 0.7):  # each spec change a new immutable file; past three, the oldest go
             changed = harness.apply(

@@ -8,7 +8,7 @@ import json
 import urllib.request
 from typing import Any
 
-from test_operator import Harness, crds, state_for, wait_for, world
+from test_operator import Harness, crds, retuned_for_8192, state_for, wait_for, world
 
 __all__ = ["crds", "world"]
 
@@ -54,7 +54,8 @@ def test_live_caps_follow_the_traffic_without_a_restart(world: Harness) -> None:
     assert world.condition("live", "Actuation")["status"] == "True"
 
     world.set_state({**state_for(8192), "runtimeConfig": True})
-    wait_for(lambda: set(live_caps(world, "live").values()) == {16}, 180, "the live caps at 16", world.log)
+    final = wait_for(lambda: retuned_for_8192(world.status("live")), 180, "the retune for 8,192", world.log)
+    wait_for(lambda: set(live_caps(world, "live").values()) == {final}, 30, "the live caps", world.log)
     assert {p["metadata"]["name"] for p in pods(world, "live")} == started  # zero restarts
     later = world.get("deployment", "live")
     assert later is not None
@@ -64,7 +65,7 @@ def test_live_caps_follow_the_traffic_without_a_restart(world: Harness) -> None:
     assert later["metadata"]["annotations"]["deployment.kubernetes.io/revision"] == revision
     assert world.max_num_seqs("live") == ceiling
     status = world.status("live")
-    assert status["maxNumSeqs"] == 16 and status["ceilingMaxNumSeqs"] == ceiling
+    assert status["maxNumSeqs"] == final and status["ceilingMaxNumSeqs"] == ceiling
     assert sorted(caps) == sorted(started)
 
 

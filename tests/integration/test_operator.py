@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -42,6 +43,23 @@ def state_for(ctx: int, tpot_s: float = 0.02) -> dict[str, Any]:
         "tpotSeconds": tpot_s,
         "requestsPerSecond": 20.0,
     }
+
+
+def retuned_for_8192(status: dict[str, Any]) -> int | None:
+    """The value a retune for 8,192 tokens settled on, once the status shows it, else None.
+
+    The knee there is 15.0 → 16. A roll decided while the 30 s window still blends in the 2,048-token
+    traffic (its average about 7,450–7,700 tokens: knee 16.0–16.5, rounded up to 24) stays at 24:
+    the 10 % dead band is measured on the unrounded knee (16.3 against 15.0), by design. Either way
+    the recommendation for the settled window is 16, and a 24 came from a roll that saw less than
+    8,192 tokens."""
+    value, history = status.get("maxNumSeqs"), status.get("history") or []
+    if status.get("recommendedMaxNumSeqs") != 16 or not history or history[-1].get("to") != value:
+        return None
+    if value == 16:
+        return 16
+    seen = re.search(r"avg ctx (\d+)", history[-1].get("reason", ""))
+    return 24 if value == 24 and seen is not None and int(seen.group(1)) < 8192 else None
 
 
 def wait_for(
@@ -242,17 +260,16 @@ def test_retune_follows_the_context_and_explains_itself(world: Harness) -> None:
     wait_for(lambda: world.status("chat").get("observed", {}).get("avgContextLength"), 90, "an observation")
 
     world.set_state(state_for(8192))
-    wait_for(lambda: world.max_num_seqs("chat") == 16, 150, "the retune to 16", world.log)
-    wait_for(lambda: world.status("chat").get("maxNumSeqs") == 16, 30, "status at 16")
+    final = wait_for(lambda: retuned_for_8192(world.status("chat")), 150, "the retune for 8,192", world.log)
+    assert world.max_num_seqs("chat") == final
     status = world.status("chat")
-    assert status["recommendedMaxNumSeqs"] == 16
     # the windowed average climbs from 2048 to 8192, so the way down may take a step on the way
     steps = [h["to"] for h in status["history"]]
-    assert steps[0] == 64 and steps[-1] == 16 and steps == sorted(steps, reverse=True)
+    assert steps[0] == 64 and steps[-1] == final and steps == sorted(steps, reverse=True)
     last = status["history"][-1]["reason"]
-    assert last.startswith(f"max-num-seqs {steps[-2]}→16: avg ctx") and "B_knee" in last
+    assert last.startswith(f"max-num-seqs {steps[-2]}→{final}: avg ctx") and "B_knee" in last
     retuned = world.events("Retuned")
-    assert retuned and retuned[-1]["message"].startswith(f"max-num-seqs {steps[-2]}→16: avg ctx")
+    assert retuned and retuned[-1]["message"].startswith(f"max-num-seqs {steps[-2]}→{final}: avg ctx")
     assert "B_knee" in retuned[-1]["message"] and "TPOT p99" in retuned[-1]["message"]
 
     table = world.kubectl("get", "llms", "-o", "wide").stdout
