@@ -361,28 +361,45 @@ class _Reconcile:
         self.ports.kube.patch_status(self.namespace, self.name, new)
         return True
 
-    # -- invalid spec: say so, change nothing else ----------------------------------------------------
+    # -- something stops the reconcile (invalid spec, name conflict, apiserver errors): say so ---------
+
+    def degraded(
+        self,
+        reason: str,
+        message: str,
+        update: dict[str, Any],
+        *,
+        error: str | None = None,
+        or_message: bool = True,
+    ) -> Outcome:
+        """Something stops this reconcile: say so in Degraded (one Warning Event when it turns), keep
+        the other conditions and the rest of the old status with `update`, and change nothing else."""
+        self.conditions.set("Degraded", "True", reason, message)
+        self.conditions.keep_old()
+        status = self.old.model_copy(update={**update, "conditions": self.conditions.result()})
+        if self.conditions.turned("Degraded", "True", or_message=or_message):
+            self.event("Warning", reason, message)
+        written = self.write(status)
+        return Outcome(
+            self.namespace, self.name, status=status, status_written=written, error=error or message
+        )
 
     def invalid(self, error: SpecError, reason: str = "InvalidSpec") -> Outcome:
         applied = self.old.max_num_seqs
         if isinstance(error, Forbidden):
             reason = "Forbidden"
-        self.conditions.set("Degraded", "True", reason, f"{error}")
-        self.conditions.keep_old()
         holding = f"; holding {applied}" if applied is not None else ""
-        status = self.old.model_copy(
-            update={
+        forbidden = reason == "Forbidden"
+        return self.degraded(
+            reason,
+            str(error),
+            {
                 "observed_generation": self.generation,
-                "conditions": self.conditions.result(),
-                "reason": f"{'forbidden' if reason == 'Forbidden' else 'invalid'} spec — {error}{holding}",
+                "reason": f"{'forbidden' if forbidden else 'invalid'} spec — {error}{holding}",
                 "action": "hold",
-                "hold_reason": "forbidden" if reason == "Forbidden" else "invalid-spec",
-            }
+                "hold_reason": "forbidden" if forbidden else "invalid-spec",
+            },
         )
-        if self.conditions.turned("Degraded", "True", or_message=True):
-            self.event("Warning", reason, str(error))
-        written = self.write(status)
-        return Outcome(self.namespace, self.name, status=status, status_written=written, error=str(error))
 
     # -- the normal path ------------------------------------------------------------------------------
 
@@ -965,21 +982,13 @@ class _Reconcile:
             f"{', '.join(foreign)} already exists and is not controlled by this LLMServing; nothing was "
             "applied — rename the LLMServing, or delete or rename that object"
         )
-        self.conditions.set("Degraded", "True", "NameConflict", message)
-        self.conditions.keep_old()
-        status = self.old.model_copy(
-            update={
-                "observed_generation": self.generation,
-                "conditions": self.conditions.result(),
-                "reason": f"name conflict — {message}",
-                "action": "hold",
-                "hold_reason": "name-conflict",
-            }
-        )
-        if self.conditions.turned("Degraded", "True", or_message=True):
-            self.event("Warning", "NameConflict", message)
-        written = self.write(status)
-        return Outcome(self.namespace, self.name, status=status, status_written=written, error=message)
+        update = {
+            "observed_generation": self.generation,
+            "reason": f"name conflict — {message}",
+            "action": "hold",
+            "hold_reason": "name-conflict",
+        }
+        return self.degraded("NameConflict", message, update)
 
     def api_errors(self, error: str, since: datetime) -> Outcome:
         """Writes have failed on apiserver errors since `since`: say so, change nothing else."""
@@ -989,13 +998,8 @@ class _Reconcile:
             "again — check the apiserver's load and the admission webhooks on Deployments, Services "
             "and PodDisruptionBudgets"
         )
-        self.conditions.set("Degraded", "True", "ApiErrors", message)
-        self.conditions.keep_old()
-        status = self.old.model_copy(update={"conditions": self.conditions.result()})
-        if self.conditions.turned("Degraded", "True"):
-            self.event("Warning", "ApiErrors", message)
-        written = self.write(status)
-        return Outcome(self.namespace, self.name, status=status, status_written=written, error=error)
+        # one Event when it turns, not one per changed "last" call
+        return self.degraded("ApiErrors", message, {}, error=error, or_message=False)
 
     def settled_since(self, state: DeploymentState | None, rollouts: Sequence[Rollout]) -> datetime | None:
         """When the current pods were first seen all updated and available: after any rollout (a
