@@ -49,10 +49,11 @@ def retuned_for_8192(status: dict[str, Any]) -> int | None:
     """The value a retune for 8,192 tokens settled on, once the status shows it, else None.
 
     The knee there is 15.0 → 16. A roll decided while the 30 s window still blends in the 2,048-token
-    traffic (its average about 7,450–7,700 tokens: knee 16.0–16.5, rounded up to 24) stays at 24:
-    the 10 % dead band is measured on the unrounded knee (16.3 against 15.0), by design. Either way
-    the recommendation for the settled window is 16, and a 24 came from a roll that saw less than
-    8,192 tokens."""
+    traffic goes to the knee of the window's last third; when that third itself still blends (its
+    average about 7,450–7,700 tokens: knee 16.0–16.5, rounded up to 24) it stays at 24: the 10 % dead
+    band is measured on the unrounded knee (16.3 against 15.0), by design. Either way the
+    recommendation for the settled window is 16, and a 24 came from a roll that saw less than 8,192
+    tokens."""
     value, history = status.get("maxNumSeqs"), status.get("history") or []
     if status.get("recommendedMaxNumSeqs") != 16 or not history or history[-1].get("to") != value:
         return None

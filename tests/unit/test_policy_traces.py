@@ -183,6 +183,43 @@ def test_the_initial_guess_counts_its_dead_band_from_the_unrounded_initial_knee(
     assert "dead-band" in holds
 
 
+@pytest.mark.parametrize("rules", [DEMO, PRODUCTION], ids=["demo", "production"])
+@pytest.mark.parametrize("turnover_windows", [1 / 3, 2 / 3, 4 / 3])
+def test_a_shift_rolled_while_the_window_still_blends_goes_where_the_last_third_is(
+    rules: TuningRules, turnover_windows: float
+) -> None:
+    # 2,048 → 8,192 tokens, the running context turning over in a third of a window or more. The
+    # guess (64) is replaced a third of a window after the change, while the window still blends in
+    # the old traffic (avg ctx ~7,500: knee 16.3, which rounds up to 24; at 8,192 the knee is 15.0,
+    # inside the 10 % band of 16.3, so a 24 would stay). The roll goes to the last third's knee.
+    turnover = turnover_windows * rules.window_s
+
+    def shift(t: float) -> float:
+        return 2048 + (8192 - 2048) * min(max(t, 0.0) / turnover, 1.0)
+
+    applied = _created_at_initial_guess(rules)
+    applied = replace(applied, settled_since=T0 - timedelta(hours=1))
+    remembered: tuple[RecentTarget, ...] = ()
+    for t in range(0, 6 * rules.window_s, rules.evaluation_interval_s):
+        observation = _observation(shift, t, rules.window_s)
+        d = decide(rules, ROOFLINE, POOL, observation, applied, (), T0 + timedelta(seconds=t),
+                   recent_targets=remembered)  # fmt: skip
+        remembered = d.recent_targets
+        if d.rolls:
+            break
+    else:
+        pytest.fail(f"never rolled: {d.reason}")
+    assert (applied.max_num_seqs, d.value) == (64, 16), d.reason
+    assert d.target == pytest.approx(
+        ROOFLINE.b_knee(observation.recent_avg_context_tokens.value or 0), rel=1e-6
+    )
+    # the band counts from where it went: steady 8,192 traffic afterwards is at target
+    after = Applied(16, settled_since=T0, rollouts=record(applied, d, T0))
+    steady = decide(rules, ROOFLINE, POOL, _observation(lambda _: 8192.0, 3600, rules.window_s), after, (),
+                    T0 + timedelta(seconds=3600))  # fmt: skip
+    assert not steady.rolls and steady.hold == "at-target", steady.reason
+
+
 def test_goal_knee_steps_down_once_the_cooldown_ends_when_the_limit_breaks_the_tpot_target() -> None:
     # 240 retuned seven minutes ago; the context has since grown to 2,048 (knee 64) and one window's
     # mean TPOT (60 ms at 240 running) says the limit breaks the 30 ms target far beyond the dead band:

@@ -817,6 +817,11 @@ def _guard_breaks(rules: TuningRules, guard: TpotGuard | None, current: int) -> 
     return guard.source == "step-down" or _moves_past(rules, float(guard.cap), float(current))
 
 
+def _further(origin: float, batch: float, lately: float) -> bool:
+    """Whether `lately` lies past `batch` on the way from `origin` (the same direction, further)."""
+    return (batch - origin) * (lately - batch) > 0
+
+
 def _moves_past(rules: TuningRules, value: float, reference: float) -> bool:
     """Whether `value` lies outside the dead band around `reference` (unrounded targets)."""
     return abs(value - reference) / reference * 100 > rules.dead_band_percent
@@ -1023,14 +1028,15 @@ def decide(
             f"({change_percent:.0f}%)",
         )
     recent_ctx = observation.recent_avg_context_tokens.value if observation is not None else None
-    if not goes_now and recent_ctx is not None and recent_ctx > 0:
-        lately = _knee(rules, roofline, kv_pool_bytes, recent_ctx)
-        if _moves_past(rules, lately.unrounded, target.recommendation.unrounded):
-            return hold(
-                "unsteady",
-                f"traffic is shifting: the window's last third says avg ctx {recent_ctx:.0f} tok → "
-                f"{lately.max_num_seqs}",
-            )
+    if goes_now or recent_ctx is None or recent_ctx <= 0:
+        recent_ctx = None  # a decrease that goes at once is not held for the trend
+    lately = _knee(rules, roofline, kv_pool_bytes, recent_ctx) if recent_ctx is not None else None
+    if lately is not None and _moves_past(rules, lately.unrounded, target.recommendation.unrounded):
+        return hold(
+            "unsteady",
+            f"traffic is shifting: the window's last third says avg ctx {recent_ctx:.0f} tok → "
+            f"{lately.max_num_seqs}",
+        )
     sampled_at = observation.sampled_at if observation is not None else now
     if not safety:
         earlier = _earlier_target(rules, recent_targets, sampled_at)
@@ -1059,6 +1065,16 @@ def decide(
                 f"{wanted} must hold outside the dead band of {origin:.1f} for {hold_s}s "
                 f"(outside since {_z(since)}; until {_z(until)})",
             )
+    if rules.goal == "Knee" and lately is not None and _further(origin, batch, lately.unrounded):
+        # Within the band of the window's blend, the last third is where traffic is going: a roll
+        # goes there (a step to 8,192 tokens read at 7,534 would land on 24, not 16, and the band
+        # would then hold it). Goal SLO takes its bound there already.
+        assert recent_ctx is not None
+        target = _target(rules, roofline, kv_pool_bytes, recent_ctx, observation, current, calibration)
+        context, explain = recent_ctx, f"{target.text} (the window's last third)"
+        wanted, batch = target.value, target.unrounded
+        if wanted == current:
+            return decision("hold", current, f"{explain} — at target", "at-target")
     if rules.live_ceiling is not None and wanted <= rules.live_ceiling:
         # a cap set in place: no restart for the cooldown or the budget to bound
         return decision("roll", wanted, f"max-num-seqs {current}→{wanted}: {explain} (live)")
