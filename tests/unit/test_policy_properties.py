@@ -303,5 +303,10 @@ def test_a_window_mid_shift_holds(r: TuningRules, ctx: int, recent_ctx: int, app
     if abs(lately.unrounded - whole) / whole * 100 > r.dead_band_percent:
         assert d.hold == "unsteady" and d.value == applied
         assert f"last third says avg ctx {recent_ctx} tok → {lately.max_num_seqs}" in d.reason
-    else:
-        assert d == plain
+    elif d != plain:
+        # changed rule: inside the band, a roll goes to the last third's knee when that lies further
+        # along the move (from the applied value past the window's target) and rounds elsewhere
+        assert plain.target is not None
+        assert (plain.target - applied) * (lately.unrounded - plain.target) > 0
+        assert d.rolls and d.value == lately.max_num_seqs != plain.value
+        assert d.context_tokens == recent_ctx and "(the window's last third)" in d.reason

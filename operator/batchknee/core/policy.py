@@ -1067,14 +1067,15 @@ def decide(
             )
     if rules.goal == "Knee" and lately is not None and _further(origin, batch, lately.unrounded):
         # Within the band of the window's blend, the last third is where traffic is going: a roll
-        # goes there (a step to 8,192 tokens read at 7,534 would land on 24, not 16, and the band
-        # would then hold it). Goal SLO takes its bound there already.
+        # goes there when that rounds to another value (a step to 8,192 tokens read at 7,534 would
+        # land on 24, not 16, and the band would then hold it). Goal SLO takes its bound there already.
         assert recent_ctx is not None
-        target = _target(rules, roofline, kv_pool_bytes, recent_ctx, observation, current, calibration)
-        context, explain = recent_ctx, f"{target.text} (the window's last third)"
-        wanted, batch = target.value, target.unrounded
-        if wanted == current:
-            return decision("hold", current, f"{explain} — at target", "at-target")
+        going = _target(rules, roofline, kv_pool_bytes, recent_ctx, observation, current, calibration)
+        if going.value != wanted:
+            target, context, explain = going, recent_ctx, f"{going.text} (the window's last third)"
+            wanted, batch = going.value, going.unrounded
+            if wanted == current:
+                return decision("hold", current, f"{explain} — at target", "at-target")
     if rules.live_ceiling is not None and wanted <= rules.live_ceiling:
         # a cap set in place: no restart for the cooldown or the budget to bound
         return decision("roll", wanted, f"max-num-seqs {current}→{wanted}: {explain} (live)")
