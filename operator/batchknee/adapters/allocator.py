@@ -10,6 +10,7 @@ Nothing here is needed for correctness: without glibc (musl, macOS) both calls d
 
 from __future__ import annotations
 
+import asyncio.sslproto
 import ctypes
 import os
 from typing import Any
@@ -40,3 +41,16 @@ def trim() -> None:
     """Return the free pages of every arena to the system."""
     if _LIBC is not None:
         _LIBC.malloc_trim(0)
+
+
+def limit_tls_read_buffer(size: int) -> bool:
+    """Read each TLS connection of the event loop through a buffer of at most `size` bytes. asyncio
+    gives every one a buffer of its own (`SSLProtocol.max_size`, 256 KiB on CPython 3.11), and a
+    long-lived stream fills all of it in time: kopf's watches (one per watched namespace and kind,
+    forty at ten namespaces) held 10 MiB that way. Smaller reads do the same work in more steps.
+    True when the limit was set here (False where asyncio keeps no such buffer)."""
+    protocol = getattr(asyncio.sslproto, "SSLProtocol", None)
+    if protocol is None or not isinstance(getattr(protocol, "max_size", None), int):
+        return False
+    protocol.max_size = min(protocol.max_size, size)
+    return True
