@@ -20,6 +20,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -481,6 +482,7 @@ def test_the_chart_installs_and_its_service_account_runs_the_operator_through_a_
     assert outside == [], outside
     unused = table - used(events, table)
     assert unused == set(), f"granted but never used: {sorted(unused)}"
+    assert reads_after_the_last_write(events, namespace, "chat") == {"services": 0, "poddisruptionbudgets": 0}
 
     # every dashboard query is valid PromQL on a real Prometheus
     for expr in dashboard_queries():
@@ -488,6 +490,40 @@ def test_the_chart_installs_and_its_service_account_runs_the_operator_through_a_
         query = re.sub(r"^label_values\((.*), \w+\)$", r"\1", query)
         status, body = get(f"{prometheus.url}/api/v1/query?{urllib.parse.urlencode({'query': query})}")
         assert status == 200 and json.loads(body)["status"] == "success", (query, body)
+
+
+def _time(stamp: str) -> datetime:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+
+
+def reads_after_the_last_write(events: list[dict[str, Any]], namespace: str, name: str) -> dict[str, int]:
+    """GETs of the engine Service and budget that reached the apiserver once the watch had had time to
+    bring the operator's last write of each back (the cache's write wait, 10 s, and 5 s more): a steady
+    reconcile reads them from the watch. Checked only where reconciles went on after that."""
+    found = {}
+    for resource in ("services", "poddisruptionbudgets"):
+        mine = [
+            e
+            for e in events
+            if e["objectRef"].get("resource") == resource
+            and e["objectRef"].get("namespace") == namespace
+            and e["objectRef"].get("name") == name
+        ]
+        writes = [_time(e["requestReceivedTimestamp"]) for e in mine if e["verb"] == "patch"]
+        assert writes, f"the operator never applied its {resource}"
+        quiet = max(writes) + timedelta(seconds=15)
+        later_status_writes = [
+            e
+            for e in events
+            if e["objectRef"].get("subresource") == "status"
+            and e["objectRef"].get("name") == name
+            and _time(e["requestReceivedTimestamp"]) > quiet
+        ]
+        assert len(later_status_writes) >= 3, "too few reconciles after the last write to tell"
+        found[resource] = sum(
+            1 for e in mine if e["verb"] == "get" and _time(e["requestReceivedTimestamp"]) > quiet
+        )
+    return found
 
 
 @pytest.mark.timeout(300)

@@ -13,8 +13,8 @@ Where each call comes from:
   request, but when the object does not exist yet the apiserver creates it and checks `create` too —
   seen as a 403 "cannot create resource" with `patch` alone); list and delete old TensorRT-LLM options
   ConfigMaps; create Event; create the peering object.
-- kopf (handlers.py registers: on.event and an index on LLMServings, on.event on Deployments; both
-  feed the watch cache reconcile reads): list+watch of both; patch of LLMServings (only to remove the
+- kopf (handlers.py registers: on.event and an index on LLMServings, on.event on Deployments,
+  Services and PodDisruptionBudgets; all feed the watch cache reconcile reads): list+watch of each; patch of LLMServings (only to remove the
   finalizer an older build's per-object daemons added); with peering: list+watch of the peering
   objects (the scheduler lists them too, to pause with kopf) and a patch of its own keep-alive into
   the one named by the peering name; cluster-wide only: list+watch
@@ -64,9 +64,13 @@ def _calls(cluster_wide: bool, peering: bool, peering_name: str) -> list[Call]:
         Call(p("apps", "statefulsets", "get"), "KubernetesAdapter.get_object (an adopted StatefulSet)"),
         Call(p("apps", "statefulsets", "patch"), "KubernetesAdapter.apply (its one env entry)"),
         Call(p("", "services", "get"), "KubernetesAdapter.get_object (is it this LLMServing's?)"),
+        Call(p("", "services", "list"), "kopf: on.event of Services (the watch cache)"),
+        Call(p("", "services", "watch"), "kopf: on.event of Services (the watch cache)"),
         Call(p("", "configmaps", "get"), "KubernetesAdapter.get_object (is it this LLMServing's?)"),
         Call(p("", "pods", "list"), "KubernetesAdapter.list_pods (engine crash loops)"),
         Call(p("policy", "poddisruptionbudgets", "get"), "KubernetesAdapter.get_object (is it ours?)"),
+        Call(p("policy", "poddisruptionbudgets", "list"), "kopf: on.event of budgets (the watch cache)"),
+        Call(p("policy", "poddisruptionbudgets", "watch"), "kopf: on.event of budgets (the watch cache)"),
         Call(p("policy", "poddisruptionbudgets", "create"), "KubernetesAdapter.apply (creating it)"),
         Call(p("policy", "poddisruptionbudgets", "patch"), "KubernetesAdapter.apply (server-side apply)"),
         Call(p("", "services", "patch"), "KubernetesAdapter.apply (server-side apply)"),

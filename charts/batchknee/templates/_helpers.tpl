@@ -113,20 +113,22 @@ Each rule is a call the operator makes; the README lists which code makes it.
 - apiGroups: ["apps"]
   resources: ["statefulsets"]
   verbs: ["get", "patch"]
-# The engine Service: read first (an object of that name that this LLMServing does not control is
-# never applied over), then server-side apply (create, patch).
+# The engine Service: watched (list, watch: what reconcile reads), read (get) where the watch has not
+# brought it (an object of that name that this LLMServing does not control is never applied over),
+# then server-side apply (create, patch).
 - apiGroups: [""]
   resources: ["services"]
-  verbs: ["get", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 # TensorRT-LLM's options ConfigMaps (immutable, one per content): read first, applied, and its own
 # old ones listed and deleted past the newest three.
 - apiGroups: [""]
   resources: ["configmaps"]
   verbs: ["get", "create", "patch", "list", "delete"]
-# The engine pods' PodDisruptionBudget (at most one evicted at a time): read, then server-side apply.
+# The engine pods' PodDisruptionBudget (at most one evicted at a time): watched and read as the
+# Service is, then server-side apply.
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
-  verbs: ["get", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 # The engine pods: listed to report an engine that crash-loops after a change.
 - apiGroups: [""]
   resources: ["pods"]
