@@ -1028,13 +1028,16 @@ def decide(
             f"({change_percent:.0f}%)",
         )
     recent_ctx = observation.recent_avg_context_tokens.value if observation is not None else None
-    if goes_now or recent_ctx is None or recent_ctx <= 0:
-        recent_ctx = None  # a decrease that goes at once is not held for the trend
-    lately = _knee(rules, roofline, kv_pool_bytes, recent_ctx) if recent_ctx is not None else None
+    # the knee of the window's last third: the trend (a decrease that goes at once is not held for it)
+    lately = (
+        _knee(rules, roofline, kv_pool_bytes, recent_ctx)
+        if not goes_now and recent_ctx is not None and recent_ctx > 0
+        else None
+    )
     if lately is not None and _moves_past(rules, lately.unrounded, target.recommendation.unrounded):
         return hold(
             "unsteady",
-            f"traffic is shifting: the window's last third says avg ctx {recent_ctx:.0f} tok → "
+            f"traffic is shifting: the window's last third says avg ctx {lately.context_tokens:.0f} tok → "
             f"{lately.max_num_seqs}",
         )
     sampled_at = observation.sampled_at if observation is not None else now
@@ -1069,10 +1072,12 @@ def decide(
         # Within the band of the window's blend, the last third is where traffic is going: a roll
         # goes there when that rounds to another value (a step to 8,192 tokens read at 7,534 would
         # land on 24, not 16, and the band would then hold it). Goal SLO takes its bound there already.
-        assert recent_ctx is not None
-        going = _target(rules, roofline, kv_pool_bytes, recent_ctx, observation, current, calibration)
+        going = _target(
+            rules, roofline, kv_pool_bytes, lately.context_tokens, observation, current, calibration
+        )
         if going.value != wanted:
-            target, context, explain = going, recent_ctx, f"{going.text} (the window's last third)"
+            target, context = going, lately.context_tokens
+            explain = f"{going.text} (the window's last third)"
             wanted, batch = going.value, going.unrounded
             if wanted == current:
                 return decision("hold", current, f"{explain} — at target", "at-target")
