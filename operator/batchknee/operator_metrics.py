@@ -64,6 +64,11 @@ class OperatorMetrics:
             "batchknee_holds", "Decisions that held, by reason", ["reason"], registry=self.registry
         )
         self.errors = Counter("batchknee_reconcile_errors", "Reconciles that failed", registry=self.registry)
+        self.status_writes = Counter(
+            "batchknee_status_writes",
+            "LLMServing status writes (a steady hold refreshes its figures once a window)",
+            registry=self.registry,
+        )
         self.duration = Histogram(
             "batchknee_reconcile_duration_seconds",
             "Time of one reconcile (observe, decide, act, status)",
@@ -73,6 +78,8 @@ class OperatorMetrics:
 
     def record(self, outcome: Outcome, seconds: float) -> None:
         self.duration.observe(seconds)
+        if outcome.status_written:
+            self.status_writes.inc()
         key = (outcome.namespace, outcome.name)
         if not outcome.found:
             self.forget(*key)

@@ -133,6 +133,42 @@ def test_second_reconcile_changes_nothing(world: World) -> None:
     assert len(world.kube.events) == events
 
 
+def test_a_steady_hold_refreshes_its_figures_once_a_window_and_anything_else_at_once(world: World) -> None:
+    world.kube.create(llmserving())
+    world.reconcile()
+    world.observer.set("default", "chat", observation(world.clock.now, ctx=2048))
+    settle(world)
+    world.reconcile()
+    stored = world.kube.status("default", "chat")
+    assert stored["holdReason"] == "at-target"
+    writes = world.kube.status_writes
+
+    def evaluate(seconds: float, ctx: float, running: float = 48, pods: int = 1) -> bool:
+        world.clock.advance(seconds)
+        world.observer.set(
+            "default", "chat", observation(world.clock.now, ctx=ctx, running=running, pods=pods)
+        )
+        return world.reconcile().status_written
+
+    # new figures inside the dead band, nothing else: not written until the window (120 s) is up
+    assert [evaluate(30, ctx) for ctx in (2060, 2100, 2080)] == [False, False, False]
+    assert world.kube.status_writes == writes
+    assert world.kube.status("default", "chat") == stored
+    assert evaluate(30, 2090, running=52)
+    refreshed = world.kube.status("default", "chat")
+    assert refreshed["observed"]["avgContextLength"] == 2090 and refreshed["observed"]["running"] == 52
+    assert refreshed["holdReason"] == "at-target"
+    assert not evaluate(30, 2070)
+    # another pod reporting is more than a figure: written at once
+    assert evaluate(5, 2070, pods=2)
+    assert world.kube.status("default", "chat")["observed"]["pods"] == 2
+    # a target out of the dead band is written at once, with the recent targets it holds on
+    assert evaluate(5, 8192, pods=2)
+    moved = world.kube.status("default", "chat")
+    assert moved["holdReason"] == "unsteady" and moved["observed"]["avgContextLength"] == 8192
+    assert moved["recentTargets"][-1]["batch"] == 14.957  # B_knee at 8,192 tokens
+
+
 def test_metrics_unavailable_holds_the_last_good_setting(world: World) -> None:
     world.kube.create(llmserving())
     world.reconcile()

@@ -88,8 +88,9 @@ def test_operator_metrics() -> None:
     decision = Decision(action="roll", value=16, max_tokens=0, reason="r")
     metrics.record(Outcome("ml", "chat", decision=decision, status=status, tpot_target_ms=40), 0.02)
     held = status.model_copy(update={"hold_reason": "cooldown"})
-    metrics.record(Outcome("ml", "chat", decision=None, status=held), 0.01)
+    metrics.record(Outcome("ml", "chat", decision=None, status=held, status_written=True), 0.01)
     text = generate_latest(metrics.registry).decode()
+    assert "batchknee_status_writes_total 1.0" in text  # the first outcome wrote nothing
     assert 'batchknee_max_num_seqs{name="chat",namespace="ml"} 16.0' in text
     assert 'batchknee_retunes_total{name="chat",namespace="ml"} 1.0' in text
     assert 'batchknee_holds_total{reason="cooldown"} 1.0' in text

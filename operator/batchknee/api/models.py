@@ -1297,7 +1297,11 @@ class LLMServingStatus(_Model):
         description="Ready, MetricsAvailable, Progressing, Degraded.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
-    observed: ObservedMetrics | None = Field(None, description="The last good observation of the engines.")
+    observed: ObservedMetrics | None = Field(
+        None,
+        description="The last good observation of the engines. While the decision holds steady (at target, "
+        "or within the dead band) its figures are refreshed once a window, anything else at once.",
+    )
     b_knee: float | None = Field(None, ge=0, description="The knee batch at the observed context (B_knee).")
     max_num_seqs: int | None = Field(None, ge=0, description="The batch limit the engine Deployment runs.")
     recommended_max_num_seqs: int | None = Field(None, ge=0, description="What the knee math recommends now.")
