@@ -1,19 +1,23 @@
 """The scale benchmark (`make bench-scale`): one operator, N LLMServings, the real control plane and
 the real Prometheus. Prints figures; asserts nothing (the machine may be shared and noisy).
 
-    python tests/bench/scale.py [--sizes 200,1000] [--interval 30] [--window 60]
+    python tests/bench/scale.py [--sizes 200,1000] [--interval 30] [--window 60] [--mid-rollout]
 
 Per N: a fresh set of 10 namespaces with N LLMServings (every tenth with a 46-character name, the
 longest allowed, whose pod names reach 63 characters), created before the operator starts; one light exporter
 (tests/bench/fleet_exporter.py) serves one engine pod's series per LLMServing with its namespace,
-pod and llmserving labels — no pods run (the Deployment and ReplicaSet controllers are off, so
-Deployments stay as the operator applied them). The operator runs as its own process
-(`batchknee operator`), its Prometheus URL a counting proxy in front of the real Prometheus.
+pod and llmserving labels — no pods run (the Deployment and ReplicaSet controllers are off). The
+bench stands in for what those controllers report once a fleet's pods run: each Deployment the
+operator applies is marked rolled out (updated, ready and available), so the steady state is a
+fleet holding at its targets (`--mid-rollout` leaves them as applied, every one mid-rollout, as in
+the README's older tables). The operator runs as its own process (`batchknee operator`), its
+Prometheus URL a counting proxy in front of the real Prometheus.
 
 Printed per N: seconds from the operator's start until every LLMServing has a status and until
 every one has an observation (status.observed), Prometheus queries per evaluation interval and the
 largest query (bytes of the POST body or GET URL) in a steady stretch of two intervals, the
-operator's RSS and CPU share over that stretch, reconcile p50/p95 from its own /metrics histogram
+operator's RSS and CPU share (and the apiserver's and etcd's) and its status writes per interval
+over that stretch, reconcile p50/p95 from its own /metrics histogram
 (since the operator's start, and over the steady stretch alone; the time a reconcile runs in its
 worker thread, not its wait for one).
 The last line is one JSON object with the figures of the largest N.
@@ -33,13 +37,14 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from kubernetes import client
+from kubernetes import client, watch
+from kubernetes.client.exceptions import ApiException
 
 from batchknee.devcluster import DevCluster, LocalPrometheus
 from batchknee.devcluster.cluster import DEFAULT_CONTROLLERS, free_port
@@ -48,6 +53,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CRDS = [ROOT / "crds" / "batchknee.io_llmservings.yaml", ROOT / "crds" / "kopf.dev_peerings.yaml"]
 EXPORTER = Path(__file__).with_name("fleet_exporter.py")
 NAMESPACES = 10
+STEADY_HOLDS = ("at-target", "dead-band")  # a fleet at its targets
 SCRAPE_S = 5  # the fleet exporter's scrape interval (and timeout)
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -190,6 +196,70 @@ def reconcile_histogram(metrics_url: str) -> list[tuple[float, float]]:
     return sorted(buckets)
 
 
+def counter(metrics_url: str, name: str) -> float:
+    """One unlabelled counter of the operator's /metrics (0 before its first increment)."""
+    text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
+    for line in text.splitlines():
+        if line.startswith(f"{name} "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+@contextmanager
+def rolled_out(cluster: DevCluster, namespaces: set[str]) -> Iterator[None]:
+    """Stand in for the Deployment controller of a fleet whose pods run: every Deployment in
+    `namespaces` that is not marked rolled out at its generation is (status updated, ready and
+    available at spec.replicas). Watches, so a steady fleet costs it nothing."""
+    apps = client.AppsV1Api(cluster.api_client())
+    stop = threading.Event()
+
+    def mark(deployment: Any) -> None:
+        meta, status = deployment.metadata, deployment.status
+        replicas = deployment.spec.replicas if deployment.spec.replicas is not None else 1
+        if meta.namespace not in namespaces or (
+            status is not None
+            and status.observed_generation == meta.generation
+            and status.available_replicas == replicas
+            and status.updated_replicas == replicas
+        ):
+            return
+        rolled = {"observedGeneration": meta.generation, "replicas": replicas}
+        rolled |= {"updatedReplicas": replicas, "readyReplicas": replicas, "availableReplicas": replicas}
+        apps.patch_namespaced_deployment_status(
+            meta.name,
+            meta.namespace,
+            {"status": rolled},
+            _content_type="application/merge-patch+json",
+            _request_timeout=30,
+        )
+
+    def run() -> None:
+        version: str | None = None
+        while not stop.is_set():
+            try:
+                for event in watch.Watch().stream(
+                    apps.list_deployment_for_all_namespaces, resource_version=version, timeout_seconds=5
+                ):
+                    version = event["object"].metadata.resource_version
+                    if event["type"] in ("ADDED", "MODIFIED"):
+                        mark(event["object"])
+                    if stop.is_set():
+                        break
+            except ApiException as error:
+                if error.status == 410:  # expired: list again
+                    version = None
+                elif not stop.is_set():
+                    time.sleep(1)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(10)
+
+
 def quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
     """Prometheus's histogram_quantile: linear inside the bucket the rank falls in."""
     if not buckets or buckets[-1][1] == 0:
@@ -216,6 +286,7 @@ def run_size(
     workdir: Path,
     interval_s: int,
     window_s: int,
+    mid_rollout: bool = False,
 ) -> dict[str, Any]:
     tag = str(n)
     objects = manifests(n, tag, interval_s, window_s)
@@ -240,7 +311,8 @@ def run_size(
         create_all(cluster, objects, namespaces)
         print(f"[{n}] created {n} LLMServings in {time.monotonic() - started:.0f} s", flush=True)
         time.sleep(4 * SCRAPE_S)  # a few scrapes of every engine series before the operator starts
-        with counting_proxy(prom_port, log) as proxy_url:
+        controllers = nullcontext() if mid_rollout else rolled_out(cluster, set(namespaces))
+        with counting_proxy(prom_port, log) as proxy_url, controllers:
             metrics_port = free_port()
             env = cluster.env()
             env["BATCHKNEE_PROMETHEUS_URL"] = proxy_url
@@ -265,47 +337,66 @@ def run_size(
                 cwd=ROOT,
             )
             t0 = time.monotonic()
-            all_status = all_observed = None
+            all_status = all_observed = all_steady = None
             limit_s = max(10 * interval_s, 600)
             wanted = set(namespaces)
             while time.monotonic() - t0 < limit_s and operator.poll() is None:
                 found = statuses(cluster, wanted)
                 with_status = sum(1 for s in found if s.get("observedGeneration") is not None)
                 observed = sum(1 for s in found if (s.get("observed") or {}).get("sampledAt"))
+                steady = sum(1 for s in found if s.get("holdReason") in STEADY_HOLDS)
                 elapsed = time.monotonic() - t0
                 if all_status is None and with_status >= n:
                     all_status = elapsed
                 if all_observed is None and observed >= n:
                     all_observed = elapsed
+                if all_steady is None and steady >= n:
+                    all_steady = elapsed
                 print(
                     f"[{n}] t={elapsed:5.0f}s status {with_status}/{n}, observed {observed}/{n}, "
-                    f"operator RSS {rss_mib(operator.pid):.0f} MiB",
+                    f"holding steady {steady}/{n}, operator RSS {rss_mib(operator.pid):.0f} MiB",
                     flush=True,
                 )
-                if all_status is not None and all_observed is not None:
+                # a rolled-out fleet settles (a window after its rollouts) before the steady stretch
+                if all_status is not None and all_observed is not None and (mid_rollout or all_steady):
                     break
                 time.sleep(5)
             # A steady stretch of two evaluation intervals.
             steady_start = time.monotonic()
             cpu_start = cpu_seconds(operator.pid)
+            # the control plane's share too: on one machine, what it leaves the operator
+            plane = {name: pid for name, pid in cluster.pids().items() if name in ("kube-apiserver", "etcd")}
+            plane_start = {name: cpu_seconds(pid) for name, pid in plane.items()}
             buckets_before = reconcile_histogram(f"http://127.0.0.1:{metrics_port}/metrics")
+            writes_before = counter(
+                f"http://127.0.0.1:{metrics_port}/metrics", "batchknee_status_writes_total"
+            )
             time.sleep(2 * interval_s)
             steady = time.monotonic() - steady_start
             cpu_share = (cpu_seconds(operator.pid) - cpu_start) / steady
+            plane_share = {
+                name: (cpu_seconds(pid) - plane_start[name]) / steady for name, pid in plane.items()
+            }
             sizes = log.since(steady_start)
             all_sizes = log.since(0)
             buckets = reconcile_histogram(f"http://127.0.0.1:{metrics_port}/metrics")
+            writes = counter(f"http://127.0.0.1:{metrics_port}/metrics", "batchknee_status_writes_total")
             before = dict(buckets_before)
             steady_buckets = [(bound, count - before.get(bound, 0.0)) for bound, count in buckets]
             figures: dict[str, Any] = {
                 "llmservings": n,
                 "allStatusSeconds": None if all_status is None else round(all_status, 1),
                 "allObservedSeconds": None if all_observed is None else round(all_observed, 1),
+                "allSteadySeconds": None if all_steady is None else round(all_steady, 1),
                 "evaluationIntervalSeconds": interval_s,
                 "queriesPerInterval": round(len(sizes) / (steady / interval_s), 1),
                 "maxQueryBytes": max(all_sizes, default=0),
                 "rssMiB": round(rss_mib(operator.pid), 1),
                 "cpuShare": round(cpu_share, 3),
+                "apiserverCpuShare": round(plane_share.get("kube-apiserver", float("nan")), 3),
+                "etcdCpuShare": round(plane_share.get("etcd", float("nan")), 3),
+                "statusWritesPerInterval": round((writes - writes_before) / (steady / interval_s), 1),
+                "deployments": "mid-rollout" if mid_rollout else "rolled-out",
                 "reconcileP50Ms": round((quantile(buckets, 0.5) or float("nan")) * 1e3, 1),
                 "reconcileP95Ms": round((quantile(buckets, 0.95) or float("nan")) * 1e3, 1),
                 "reconciles": int(buckets[-1][1]) if buckets else 0,
@@ -318,7 +409,9 @@ def run_size(
                 f"[{n}] every status {figures['allStatusSeconds']} s, every observation "
                 f"{figures['allObservedSeconds']} s (interval {interval_s} s); "
                 f"{figures['queriesPerInterval']} queries per interval, largest {figures['maxQueryBytes']} B; "
-                f"RSS {figures['rssMiB']} MiB, CPU {cpu_share * 100:.0f} %; reconcile p50 "
+                f"RSS {figures['rssMiB']} MiB, CPU {cpu_share * 100:.0f} % (apiserver "
+                f"{figures['apiserverCpuShare'] * 100:.0f} %, etcd {figures['etcdCpuShare'] * 100:.0f} %); "
+                f"{figures['statusWritesPerInterval']} status writes per interval; reconcile p50 "
                 f"{figures['reconcileP50Ms']} ms, p95 {figures['reconcileP95Ms']} ms "
                 f"({figures['reconciles']} reconciles; in the steady stretch p50 "
                 f"{figures['steadyReconcileP50Ms']} ms, p95 {figures['steadyReconcileP95Ms']} ms of "
@@ -345,6 +438,11 @@ def main() -> int:
     parser.add_argument("--sizes", default="200,1000", help="comma-separated numbers of LLMServings")
     parser.add_argument("--interval", type=int, default=30, help="evaluationIntervalSeconds")
     parser.add_argument("--window", type=int, default=60, help="windowSeconds")
+    parser.add_argument(
+        "--mid-rollout",
+        action="store_true",
+        help="leave every Deployment as applied (mid-rollout), not marked rolled out",
+    )
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     workdir = Path(tempfile.mkdtemp(prefix="batchknee-bench-scale-"))
@@ -371,7 +469,16 @@ def main() -> int:
         ) as prom:
             for n in sizes:
                 results.append(
-                    run_size(n, cluster, prom.port, exporter_port, workdir, args.interval, args.window)
+                    run_size(
+                        n,
+                        cluster,
+                        prom.port,
+                        exporter_port,
+                        workdir,
+                        args.interval,
+                        args.window,
+                        args.mid_rollout,
+                    )
                 )
     print(f"workdir (operator logs): {workdir}")
     print(json.dumps(results[-1]))
