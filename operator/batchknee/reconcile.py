@@ -324,15 +324,22 @@ def retune_message(decision: Decision, before: int | None, observation: Observat
 STATUS_FIGURES = frozenset({"observed", "bKnee", "reason", "recentTargets"})
 
 
+# Observed fields whose change is news, not drift: who reports, and the bandwidth verdict.
+OBSERVED_NEWS = ("pods", "bandwidthSource", "diagnosis")
+
+
 def figures_only(old: dict[str, Any], new: dict[str, Any], now: datetime, refresh_s: float) -> bool:
-    """Whether `new` differs from the stored status `old` by its figures alone (same pods), and the
-    stored observation is younger than `refresh_s`: a write that only refreshes numbers. Each
-    status write costs the apiserver about 15 ms of CPU and every watcher an event; a fleet holding
-    steady at a 30 s interval would write every object every interval."""
+    """Whether `new` differs from the stored status `old` by its figures' values alone (the same
+    figures, pods and bandwidth verdict), and the stored observation is younger than `refresh_s`:
+    a write that only refreshes numbers. Each status write costs the apiserver about 15 ms of CPU
+    and every watcher an event; a fleet holding steady at a 30 s interval would write every object
+    every interval."""
     if any(old.get(key) != new.get(key) for key in old.keys() | new.keys() if key not in STATUS_FIGURES):
         return False
     before, after = old.get("observed") or {}, new.get("observed") or {}
-    if not before.get("sampledAt") or not after.get("sampledAt") or before.get("pods") != after.get("pods"):
+    if not before.get("sampledAt") or not after.get("sampledAt") or before.keys() != after.keys():
+        return False  # a figure appeared or went away
+    if any(before.get(key) != after.get(key) for key in OBSERVED_NEWS):
         return False
     try:
         sampled = datetime.fromisoformat(str(before["sampledAt"]))
