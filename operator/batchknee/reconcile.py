@@ -324,6 +324,10 @@ def retune_message(decision: Decision, before: int | None, observation: Observat
 STATUS_FIGURES = frozenset({"observed", "bKnee", "reason", "recentTargets"})
 
 
+# The holds of a fleet at its targets: nothing is pending, so its figures may wait for the window.
+STEADY_HOLDS = ("at-target", "dead-band")
+
+
 # Observed fields whose change is news, not drift: who reports, and the bandwidth verdict.
 OBSERVED_NEWS = ("pods", "bandwidthSource", "diagnosis")
 
@@ -616,7 +620,7 @@ class _Reconcile:
                     "action": "hold",
                 }
             )
-        steady = decision.hold in ("at-target", "dead-band") and not rolled and apply_error is None
+        steady = decision.hold in STEADY_HOLDS and not rolled and apply_error is None
         written = self.write(status, refresh_s=rules.window_s if steady else None)
         return Outcome(
             self.namespace,

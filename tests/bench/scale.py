@@ -48,12 +48,12 @@ from kubernetes.client.exceptions import ApiException
 
 from batchknee.devcluster import DevCluster, LocalPrometheus
 from batchknee.devcluster.cluster import DEFAULT_CONTROLLERS, free_port
+from batchknee.reconcile import STEADY_HOLDS
 
 ROOT = Path(__file__).resolve().parents[2]
 CRDS = [ROOT / "crds" / "batchknee.io_llmservings.yaml", ROOT / "crds" / "kopf.dev_peerings.yaml"]
 EXPORTER = Path(__file__).with_name("fleet_exporter.py")
 NAMESPACES = 10
-STEADY_HOLDS = ("at-target", "dead-band")  # a fleet at its targets
 SCRAPE_S = 5  # the fleet exporter's scrape interval (and timeout)
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -185,9 +185,12 @@ def rss_mib(pid: int) -> float:
     return float("nan")
 
 
-def reconcile_histogram(metrics_url: str) -> list[tuple[float, float]]:
-    """(upper bound, cumulative count) of batchknee_reconcile_duration_seconds."""
-    text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
+def operator_metrics(metrics_url: str) -> str:
+    return urllib.request.urlopen(metrics_url, timeout=10).read().decode()
+
+
+def reconcile_histogram(text: str) -> list[tuple[float, float]]:
+    """(upper bound, cumulative count) of batchknee_reconcile_duration_seconds in /metrics `text`."""
     buckets = []
     for line in text.splitlines():
         if line.startswith("batchknee_reconcile_duration_seconds_bucket{"):
@@ -196,9 +199,8 @@ def reconcile_histogram(metrics_url: str) -> list[tuple[float, float]]:
     return sorted(buckets)
 
 
-def counter(metrics_url: str, name: str) -> float:
-    """One unlabelled counter of the operator's /metrics (0 before its first increment)."""
-    text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
+def counter(text: str, name: str) -> float:
+    """One unlabelled counter in /metrics `text` (0 before its first increment)."""
     for line in text.splitlines():
         if line.startswith(f"{name} "):
             return float(line.rsplit(" ", 1)[1])
@@ -367,10 +369,10 @@ def run_size(
             # the control plane's share too: on one machine, what it leaves the operator
             plane = {name: pid for name, pid in cluster.pids().items() if name in ("kube-apiserver", "etcd")}
             plane_start = {name: cpu_seconds(pid) for name, pid in plane.items()}
-            buckets_before = reconcile_histogram(f"http://127.0.0.1:{metrics_port}/metrics")
-            writes_before = counter(
-                f"http://127.0.0.1:{metrics_port}/metrics", "batchknee_status_writes_total"
-            )
+            metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+            text = operator_metrics(metrics_url)
+            buckets_before = reconcile_histogram(text)
+            writes_before = counter(text, "batchknee_status_writes_total")
             time.sleep(2 * interval_s)
             steady = time.monotonic() - steady_start
             cpu_share = (cpu_seconds(operator.pid) - cpu_start) / steady
@@ -379,8 +381,9 @@ def run_size(
             }
             sizes = log.since(steady_start)
             all_sizes = log.since(0)
-            buckets = reconcile_histogram(f"http://127.0.0.1:{metrics_port}/metrics")
-            writes = counter(f"http://127.0.0.1:{metrics_port}/metrics", "batchknee_status_writes_total")
+            text = operator_metrics(metrics_url)
+            buckets = reconcile_histogram(text)
+            writes = counter(text, "batchknee_status_writes_total")
             before = dict(buckets_before)
             steady_buckets = [(bound, count - before.get(bound, 0.0)) for bound, count in buckets]
             figures: dict[str, Any] = {
