@@ -119,23 +119,6 @@ def adopt_crds(cluster: DevCluster, namespace: str) -> None:
             )
 
 
-def service_account_kubeconfig(cluster: DevCluster, namespace: str, account: str, path: Path) -> Path:
-    token = cluster.kubectl("create", "token", account, "-n", namespace, "--duration=2h").stdout.strip()
-    admin = yaml.safe_load(cluster.kubeconfig.read_text())
-    [entry] = admin["clusters"]
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [entry],
-        "users": [{"name": account, "user": {"token": token}}],
-        "contexts": [{"name": account, "context": {"cluster": entry["name"], "user": account}}],
-        "current-context": account,
-    }
-    path.write_text(yaml.safe_dump(config))
-    path.chmod(0o600)
-    return path
-
-
 def can_i(
     cluster: DevCluster, user: str, verb: str, resource: str, namespace: str | None, sub: str | None = None
 ) -> bool:
@@ -220,7 +203,7 @@ class Installed:
         metrics_port, health_port = free_port(), free_port()
         env.update(
             KUBECONFIG=str(
-                service_account_kubeconfig(self.cluster, self.namespace, FULLNAME, self.tmp / "sa.kubeconfig")
+                self.cluster.service_account_kubeconfig(self.namespace, FULLNAME, self.tmp / "sa.kubeconfig")
             ),
             BATCHKNEE_PROMETHEUS_URL=prometheus.url,
             BATCHKNEE_METRICS_ADDRESS="127.0.0.1",

@@ -126,6 +126,7 @@ class DevCluster:
         self._started = False
         self._atexit: Any = None
         self._ports: dict[str, int] = {}
+        self._ca_cert = Path()
 
     # -- public API ---------------------------------------------------------------------------------
 
@@ -187,6 +188,14 @@ class DevCluster:
         env["PATH"] = os.pathsep.join([str(self.tools_bin), env.get("PATH", "")]).rstrip(os.pathsep)
         return env
 
+    def service_account_kubeconfig(
+        self, namespace: str, account: str, path: Path, duration: str = "2h"
+    ) -> Path:
+        """A kubeconfig that authenticates with a token of ServiceAccount `namespace/account`, as an
+        operator in a pod does (the admin's client certificate would otherwise win)."""
+        token = self.kubectl("create", "token", account, "-n", namespace, f"--duration={duration}").stdout
+        return write_kubeconfig(path, self.server, self._ca_cert, token.strip(), f"{namespace}-{account}")
+
     def kubectl(
         self, *args: str, check: bool = True, input: str | None = None, timeout: float = 120
     ) -> subprocess.CompletedProcess[str]:
@@ -246,6 +255,7 @@ class DevCluster:
         self._spawner = procs.Spawner("devcluster-spawner")
 
         pki = ClusterPKI(self.workdir / "pki")
+        self._ca_cert = pki.ca.cert
         ports = {n: free_port() for n in ("etcd", "etcd-peer", "apiserver", "kcm", "scheduler")}
         self._ports = ports
         self.server = f"https://127.0.0.1:{ports['apiserver']}"

@@ -137,24 +137,25 @@ class ClusterPKI:
         return self._issue(stem, user, groups, [ExtendedKeyUsageOID.CLIENT_AUTH])
 
 
-def write_kubeconfig(path: Path, server: str, ca: Path, client: KeyPair, user: str) -> Path:
-    """A self-contained kubeconfig (certificates embedded) for one identity."""
+def write_kubeconfig(path: Path, server: str, ca: Path, client: KeyPair | str, user: str) -> Path:
+    """A self-contained kubeconfig (certificates embedded) for one identity: a client certificate,
+    or a bearer token (a ServiceAccount's)."""
 
     def b64(p: Path) -> str:
         return base64.b64encode(p.read_bytes()).decode()
 
+    credentials = (
+        {"token": client}
+        if isinstance(client, str)
+        else {"client-certificate-data": b64(client.cert), "client-key-data": b64(client.key)}
+    )
     config = {
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [
             {"name": "batchknee-dev", "cluster": {"server": server, "certificate-authority-data": b64(ca)}}
         ],
-        "users": [
-            {
-                "name": user,
-                "user": {"client-certificate-data": b64(client.cert), "client-key-data": b64(client.key)},
-            }
-        ],
+        "users": [{"name": user, "user": credentials}],
         "contexts": [{"name": "batchknee-dev", "context": {"cluster": "batchknee-dev", "user": user}}],
         "current-context": "batchknee-dev",
         "preferences": {},
