@@ -35,7 +35,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -43,6 +43,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import yaml
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
@@ -162,14 +163,6 @@ def create_all(cluster: DevCluster, objects: list[dict[str, Any]], namespaces: l
         list(pool.map(create, objects))
 
 
-def statuses(cluster: DevCluster, namespaces: set[str]) -> list[dict[str, Any]]:
-    api = client.CustomObjectsApi(cluster.api_client())
-    found: Any = api.list_cluster_custom_object(
-        "batchknee.io", "v1alpha1", "llmservings", _request_timeout=60
-    )
-    return [o.get("status") or {} for o in found["items"] if o["metadata"]["namespace"] in namespaces]
-
-
 # --- the operator's own figures ------------------------------------------------------------------------
 
 
@@ -208,48 +201,35 @@ def counter(text: str, name: str) -> float:
 
 
 @contextmanager
-def rolled_out(cluster: DevCluster, namespaces: set[str]) -> Iterator[None]:
-    """Stand in for the Deployment controller of a fleet whose pods run: every Deployment in
-    `namespaces` that is not marked rolled out at its generation is (status updated, ready and
-    available at spec.replicas). Watches, so a steady fleet costs it nothing."""
-    apps = client.AppsV1Api(cluster.api_client())
+def watch_objects(
+    cluster: DevCluster, group: str, version: str, plural: str, handle: Callable[[str, dict[str, Any]], None]
+) -> Iterator[None]:
+    """Feed every event of every object of `plural` to `handle(type, object)` in a thread, from a
+    synthetic ADDED of each existing one on, until the context ends. Plain dicts (the generic
+    custom-object calls serve any resource), not the client's models: decoding those would take the
+    bench a good share of a core at a thousand objects, a core the operator shares."""
+    api = client.CustomObjectsApi(cluster.api_client())
     stop = threading.Event()
 
-    def mark(deployment: Any) -> None:
-        meta, status = deployment.metadata, deployment.status
-        replicas = deployment.spec.replicas if deployment.spec.replicas is not None else 1
-        if meta.namespace not in namespaces or (
-            status is not None
-            and status.observed_generation == meta.generation
-            and status.available_replicas == replicas
-            and status.updated_replicas == replicas
-        ):
-            return
-        rolled = {"observedGeneration": meta.generation, "replicas": replicas}
-        rolled |= {"updatedReplicas": replicas, "readyReplicas": replicas, "availableReplicas": replicas}
-        apps.patch_namespaced_deployment_status(
-            meta.name,
-            meta.namespace,
-            {"status": rolled},
-            _content_type="application/merge-patch+json",
-            _request_timeout=30,
-        )
-
     def run() -> None:
-        version: str | None = None
+        version_seen: str | None = None
         while not stop.is_set():
             try:
                 for event in watch.Watch().stream(
-                    apps.list_deployment_for_all_namespaces, resource_version=version, timeout_seconds=5
+                    api.list_cluster_custom_object,
+                    group,
+                    version,
+                    plural,
+                    resource_version=version_seen,
+                    timeout_seconds=5,
                 ):
-                    version = event["object"].metadata.resource_version
-                    if event["type"] in ("ADDED", "MODIFIED"):
-                        mark(event["object"])
+                    version_seen = event["object"]["metadata"]["resourceVersion"]
+                    handle(event["type"], event["object"])
                     if stop.is_set():
                         break
             except ApiException as error:
-                if error.status == 410:  # expired: list again
-                    version = None
+                if error.status == 410:  # expired: start again from a fresh listing
+                    version_seen = None
                 elif not stop.is_set():
                     time.sleep(1)
 
@@ -260,6 +240,84 @@ def rolled_out(cluster: DevCluster, namespaces: set[str]) -> Iterator[None]:
     finally:
         stop.set()
         thread.join(10)
+
+
+@contextmanager
+def rolled_out(cluster: DevCluster, namespaces: set[str]) -> Iterator[None]:
+    """Stand in for the Deployment controller of a fleet whose pods run: every Deployment in
+    `namespaces` that is not marked rolled out at its generation is (status updated, ready and
+    available at spec.replicas). Watches, so a steady fleet costs it nothing."""
+    api = client.CustomObjectsApi(cluster.api_client())
+
+    def mark(kind: str, deployment: dict[str, Any]) -> None:
+        meta, status = deployment["metadata"], deployment.get("status") or {}
+        replicas = deployment["spec"].get("replicas", 1)
+        if (
+            kind not in ("ADDED", "MODIFIED")
+            or meta["namespace"] not in namespaces
+            or (
+                status.get("observedGeneration") == meta["generation"]
+                and status.get("availableReplicas") == replicas
+                and status.get("updatedReplicas") == replicas
+            )
+        ):
+            return
+        rolled = {"observedGeneration": meta["generation"], "replicas": replicas}
+        rolled |= {"updatedReplicas": replicas, "readyReplicas": replicas, "availableReplicas": replicas}
+        api.patch_namespaced_custom_object_status(
+            "apps",
+            "v1",
+            meta["namespace"],
+            "deployments",
+            meta["name"],
+            {"status": rolled},
+            _request_timeout=30,
+            _preload_content=False,
+        )
+
+    with watch_objects(cluster, "apps", "v1", "deployments", mark):
+        yield
+
+
+@dataclass
+class Progress:
+    """When every LLMServing in `namespaces` first had a status, an observation, and a steady
+    hold all at once, in seconds from `start`: kept from a watch of their events (exact, and a
+    thousand objects listed every few seconds would cost the apiserver and the bench a share of
+    the cores the operator runs on)."""
+
+    namespaces: set[str]
+    n: int
+    start: float = field(default_factory=time.monotonic)
+    status: set[tuple[str, str]] = field(default_factory=set)
+    observed: set[tuple[str, str]] = field(default_factory=set)
+    steady: set[tuple[str, str]] = field(default_factory=set)
+    all_status: float | None = None
+    all_observed: float | None = None
+    all_steady: float | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def seen(self, kind: str, obj: dict[str, Any]) -> None:
+        meta = obj["metadata"]
+        if meta["namespace"] not in self.namespaces:
+            return
+        key, status = (meta["namespace"], meta["name"]), obj.get("status") or {}
+        elapsed = time.monotonic() - self.start
+        with self.lock:
+            if status.get("observedGeneration") is not None:
+                self.status.add(key)
+            if (status.get("observed") or {}).get("sampledAt"):
+                self.observed.add(key)
+            if kind != "DELETED" and status.get("holdReason") in STEADY_HOLDS:
+                self.steady.add(key)
+            else:
+                self.steady.discard(key)
+            if self.all_status is None and len(self.status) >= self.n:
+                self.all_status = elapsed
+            if self.all_observed is None and len(self.observed) >= self.n:
+                self.all_observed = elapsed
+            if self.all_steady is None and len(self.steady) >= self.n:
+                self.all_steady = elapsed
 
 
 def quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
@@ -275,6 +333,52 @@ def quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
             return lower_bound + (bound - lower_bound) * (rank - lower_count) / max(count - lower_count, 1e-9)
         lower_bound, lower_count = bound, count
     return None
+
+
+def chart_account_kubeconfig(cluster: DevCluster, namespaces: list[str], workdir: Path) -> Path:
+    """A kubeconfig with the token of the chart's own ServiceAccount, with the chart's RBAC for
+    `namespaces` (a Role per watched namespace), as the operator runs in a cluster: a token the
+    apiserver authenticates from its cache, rather than the admin's client certificate, whose
+    chain it verifies on every request (a tenth of its CPU at a thousand objects here)."""
+    release_namespace = "batchknee-bench"
+    cluster.kubectl("create", "namespace", release_namespace)
+    values = workdir / "chart-values.json"
+    values.write_text(json.dumps({"operator": {"watchNamespaces": namespaces}}))
+    rendered = subprocess.run(
+        [
+            str(cluster.tools_bin / "helm"),
+            "template",
+            "batchknee",
+            str(ROOT / "charts" / "batchknee"),
+            "--namespace",
+            release_namespace,
+            "--values",
+            str(values),
+            "--kube-version",
+            json.loads(cluster.kubectl("version", "-o", "json").stdout)["serverVersion"]["gitVersion"],
+            "--show-only",
+            "templates/serviceaccount.yaml",
+            "--show-only",
+            "templates/rbac.yaml",
+        ],
+        env={
+            **cluster.env(),
+            "HELM_CACHE_HOME": str(workdir / "helm"),
+            "HELM_CONFIG_HOME": str(workdir / "helm"),
+        },
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    manifest = workdir / "chart-rbac.yaml"
+    manifest.write_text(rendered)
+    cluster.kubectl("apply", "-f", str(manifest))
+    account = next(
+        doc["metadata"]["name"]
+        for doc in yaml.safe_load_all(rendered)
+        if doc and doc["kind"] == "ServiceAccount"
+    )
+    return cluster.service_account_kubeconfig(release_namespace, account, workdir / f"{account}.kubeconfig")
 
 
 # --- one size ------------------------------------------------------------------------------------------
@@ -317,6 +421,7 @@ def run_size(
         with counting_proxy(prom_port, log) as proxy_url, controllers:
             metrics_port = free_port()
             env = cluster.env()
+            env["KUBECONFIG"] = str(chart_account_kubeconfig(cluster, namespaces, workdir))
             env["BATCHKNEE_PROMETHEUS_URL"] = proxy_url
             operator_log = (workdir / f"operator-{n}.log").open("ab")
             operator = subprocess.Popen(
@@ -338,31 +443,29 @@ def run_size(
                 stderr=subprocess.STDOUT,
                 cwd=ROOT,
             )
-            t0 = time.monotonic()
-            all_status = all_observed = all_steady = None
+            progress = Progress(set(namespaces), n)
             limit_s = max(10 * interval_s, 600)
-            wanted = set(namespaces)
-            while time.monotonic() - t0 < limit_s and operator.poll() is None:
-                found = statuses(cluster, wanted)
-                with_status = sum(1 for s in found if s.get("observedGeneration") is not None)
-                observed = sum(1 for s in found if (s.get("observed") or {}).get("sampledAt"))
-                steady = sum(1 for s in found if s.get("holdReason") in STEADY_HOLDS)
-                elapsed = time.monotonic() - t0
-                if all_status is None and with_status >= n:
-                    all_status = elapsed
-                if all_observed is None and observed >= n:
-                    all_observed = elapsed
-                if all_steady is None and steady >= n:
-                    all_steady = elapsed
-                print(
-                    f"[{n}] t={elapsed:5.0f}s status {with_status}/{n}, observed {observed}/{n}, "
-                    f"holding steady {steady}/{n}, operator RSS {rss_mib(operator.pid):.0f} MiB",
-                    flush=True,
-                )
-                # a rolled-out fleet settles (a window after its rollouts) before the steady stretch
-                if all_status is not None and all_observed is not None and (mid_rollout or all_steady):
-                    break
-                time.sleep(5)
+            with watch_objects(cluster, "batchknee.io", "v1alpha1", "llmservings", progress.seen):
+                while time.monotonic() - progress.start < limit_s and operator.poll() is None:
+                    with progress.lock:
+                        counts = len(progress.status), len(progress.observed), len(progress.steady)
+                        done = progress.all_status is not None and progress.all_observed is not None
+                        # a rolled-out fleet settles (a window after its rollouts) before the steady stretch
+                        done = done and (mid_rollout or progress.all_steady is not None)
+                    print(
+                        f"[{n}] t={time.monotonic() - progress.start:5.0f}s status {counts[0]}/{n}, "
+                        f"observed {counts[1]}/{n}, holding steady {counts[2]}/{n}, "
+                        f"operator RSS {rss_mib(operator.pid):.0f} MiB",
+                        flush=True,
+                    )
+                    if done:
+                        break
+                    time.sleep(5)
+            all_status, all_observed, all_steady = (
+                progress.all_status,
+                progress.all_observed,
+                progress.all_steady,
+            )
             # A steady stretch of two evaluation intervals.
             steady_start = time.monotonic()
             cpu_start = cpu_seconds(operator.pid)
