@@ -471,13 +471,27 @@ async def on_disruption_budget(**kwargs: Any) -> None:
 # --- running ---------------------------------------------------------------------------------------
 
 
+class NoDiffBase(kopf.DiffBaseStorage):
+    """No diff base. kopf's change handlers compare an object with the "essence" last handled, and
+    kopf builds that essence for every event it processes, a deep copy of the whole body; with no
+    change handler here (watching and indexing only), nothing reads it, and building it was a
+    twentieth of the operator's CPU while a thousand LLMServings start."""
+
+    def build(self, *, body: Any, extra_fields: Any = None) -> Any:
+        return None
+
+    def fetch(self, *, body: Any) -> None:
+        return None
+
+    def store(self, *, body: Any, patch: Any, essence: Any) -> None:
+        return None
+
+
 def kopf_settings(settings: OperatorSettings) -> kopf.OperatorSettings:
     kopf_conf = kopf.OperatorSettings()
     # kopf keeps its own bookkeeping in annotations, never in our (schema-checked) status
     kopf_conf.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="batchknee.io")
-    kopf_conf.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix="batchknee.io", key="last-handled-configuration"
-    )
+    kopf_conf.persistence.diffbase_storage = NoDiffBase()
     kopf_conf.posting.enabled = False  # the Events are ours, each naming its inputs
     kopf_conf.peering.name = settings.peering_name
     kopf_conf.peering.mandatory = settings.peering == "mandatory"
@@ -493,11 +507,27 @@ def kopf_settings(settings: OperatorSettings) -> kopf.OperatorSettings:
     return kopf_conf
 
 
+class QuietHandlerSuccesses(logging.Filter):
+    """Drops kopf's "Handler 'on_llmserving' succeeded." (INFO, one line per watch event of every
+    object: 17 a second at a thousand LLMServings). These handlers only queue work; what a reconcile
+    decides is logged by it, and a handler that fails is still logged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = str(record.msg)
+        return not (
+            record.levelno == logging.INFO
+            and message.startswith("Handler '")
+            and message.endswith("succeeded.")
+        )
+
+
 def run(settings: OperatorSettings) -> int:
     logging.basicConfig(
         level=logging.DEBUG if settings.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if not settings.verbose:
+        logging.getLogger("kopf.objects").addFilter(QuietHandlerSuccesses())
     priority = (
         settings.peering_priority if settings.peering_priority is not None else random.randint(1, 2**31 - 1)
     )

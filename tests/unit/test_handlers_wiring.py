@@ -36,9 +36,31 @@ def test_handlers_register_with_kopf() -> None:
     # the engine Deployments: watched for rollouts and for the cache reconcile reads them from
     assert any("on_deployment" in i for i in watching)
     settings = handlers.kopf_settings(handlers.OperatorSettings())
+    # with no change handler nothing reads a diff base: none is built from the bodies kopf hands over
+    body = kopf.Body({"metadata": {"name": "chat", "labels": {"a": "b"}}, "spec": {"model": {"name": "m"}}})
+    assert settings.persistence.diffbase_storage.build(body=body) is None
+    assert settings.persistence.diffbase_storage.fetch(body=body) is None
     assert settings.posting.enabled is False
     assert settings.peering.name == "batchknee"
     assert settings.scanning.disabled is False  # cluster-wide: kopf follows CRDs as they come and go
+
+
+def test_kopfs_line_per_handled_event_is_dropped_and_its_failures_kept() -> None:
+    import logging
+
+    from batchknee.handlers import QuietHandlerSuccesses
+
+    def record(level: int, msg: str) -> logging.LogRecord:
+        return logging.LogRecord("kopf.objects", level, __file__, 1, msg, None, None)
+
+    quiet = QuietHandlerSuccesses()
+    assert not quiet.filter(record(logging.INFO, "Handler 'on_llmserving' succeeded."))
+    assert not quiet.filter(record(logging.INFO, "Handler 'on_deployment' succeeded."))
+    failed = "Handler 'on_llmserving' failed with an exception and will try again in 60 seconds: boom"
+    assert quiet.filter(record(logging.ERROR, failed))
+    assert quiet.filter(
+        record(logging.INFO, "Removing the finalizer, as there are no handlers requiring it.")
+    )
 
 
 def test_watching_namespaces_needs_no_cluster_scoped_reads() -> None:
