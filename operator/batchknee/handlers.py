@@ -107,6 +107,7 @@ class Runtime:
     locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
     namespaces: list[str] = field(default_factory=list)  # watched ([]: every namespace)
     targets: dict[tuple[str, str], ObservationTarget] = field(default_factory=dict)
+    adopting: set[tuple[str, str]] = field(default_factory=set)  # spec.targetRef: observed by pod names
     evaluated: dict[tuple[str, str], float] = field(default_factory=dict)  # loop time of the last
     spec_versions: dict[tuple[str, str], tuple[Any, Any]] = field(default_factory=dict)  # (uid, generation)
     scheduler: Scheduler | None = None
@@ -133,7 +134,10 @@ class Runtime:
             if body is not None:
                 self.note(namespace, name, body)
             target = self.targets.get(key)
-            if target is not None:
+            # An engine Deployment not yet created has no series to read: a thousand objects'
+            # first evaluations would otherwise refresh every engine's series each cache period
+            # for nobody. (One the watch has not brought yet is read in the reconcile's thread.)
+            if target is not None and (key in self.adopting or self.cache.has("Deployment", *key)):
                 await self.router.prepare(target, datetime.now(UTC))
             loop = asyncio.get_running_loop()
             outcome = await loop.run_in_executor(self.executor, self.reconcile, namespace, name)
@@ -148,6 +152,10 @@ class Runtime:
         target = _target(body)
         if target is not None:
             self.targets[(namespace, name)] = target
+        if spec.get("targetRef"):
+            self.adopting.add((namespace, name))
+        else:
+            self.adopting.discard((namespace, name))
 
     def reconcile(self, namespace: str, name: str) -> Outcome:
         started = time.perf_counter()
@@ -176,6 +184,7 @@ class Runtime:
         self.router.forget(namespace, name)
         self.metrics.forget(namespace, name)
         self.targets.pop(key, None)
+        self.adopting.discard(key)
         self.evaluated.pop(key, None)
         self.spec_versions.pop(key, None)
         self.api_failing_since.pop(key, None)

@@ -212,3 +212,46 @@ def test_the_runtime_frees_an_objects_state_when_it_is_gone(world: World) -> Non
     assert recorder.forgotten == [("default", "chat")]
     assert recorder.dropped == ["http://127.0.0.2:9090"]  # nobody else used that Prometheus
     assert 'name="chat"' not in generate_latest(metrics.registry).decode()
+
+
+class RefreshRecorder(UrlRecorder):
+    """With the cache's half too: the refresh the handlers make before a reconcile goes to a thread."""
+
+    def __init__(self, inner: MemoryObserver) -> None:
+        super().__init__(inner)
+        self.refreshed: list[tuple[str, str]] = []
+
+    def is_fresh(self, url: str, target: ObservationTarget) -> bool:
+        return False
+
+    def refresh(self, url: str, target: ObservationTarget, now: datetime) -> None:
+        self.refreshed.append(target.key)
+
+
+def test_an_engine_deployment_not_yet_there_costs_no_prometheus_refresh(world: World) -> None:
+    """Before its engine Deployment exists an LLMServing has no series to read: its evaluations
+    refresh nothing (a thousand created at once would refresh every engine's series each cache
+    period). Once the watch has brought the Deployment they do; before that the reconcile reads
+    in its own thread. An adopted workload (spec.targetRef) is never the operator's Deployment."""
+    recorder = RefreshRecorder(world.observer)
+    router = RoutedObserver(recorder, "http://127.0.0.1:9090")
+    runtime = Runtime(Ports(world.kube, router), router, OperatorMetrics())
+    body = world.kube.create(llmserving())
+    world.observer.set("default", "chat", observation(world.clock.now, ctx=2048))
+    adopted = llmserving("adopted", targetRef={"apiVersion": "apps/v1", "kind": "Deployment", "name": "vllm"})
+    del adopted["spec"]["rollout"]  # the workload's own
+
+    async def evaluations() -> None:
+        await runtime.run("default", "chat", body)  # creates the Deployment
+        assert recorder.refreshed == [] and recorder.urls == []
+        await runtime.run("default", "chat")  # the Deployment is there, the watch has not said so
+        assert recorder.refreshed == [] and recorder.urls == ["http://127.0.0.1:9090"]
+        runtime.cache.seen("Deployment", world.kube.objects[("Deployment", "default", "chat")])
+        await runtime.run("default", "chat")
+        assert recorder.refreshed == [("default", "chat")]
+        await runtime.run("default", "adopted", world.kube.create(adopted))
+        assert recorder.refreshed == [("default", "chat"), ("default", "adopted")]
+
+    asyncio.run(evaluations())
+    runtime.forget("default", "adopted")
+    assert runtime.adopting == set()

@@ -192,6 +192,11 @@ class WatchCache:
         body: dict[str, Any] = json.loads(found[1])
         return body
 
+    def has(self, kind: str, namespace: str, name: str) -> bool:
+        """Whether a watch has delivered this object (and no delete since), however old."""
+        with self._lock:
+            return (kind, namespace, name) in self._bodies
+
     def __len__(self) -> int:
         return len(self._bodies)
 
