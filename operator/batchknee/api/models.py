@@ -1108,7 +1108,7 @@ def bounded(limit: int) -> Callable[[Any], Any]:
     def bound(value: Any) -> Any:
         if not isinstance(value, str):
             return value
-        text = "".join(ch if ch.isprintable() else " " for ch in value)
+        text = value if value.isprintable() else "".join(ch if ch.isprintable() else " " for ch in value)
         return text if len(text) <= limit else text[: limit - 1] + "…"
 
     return bound
