@@ -10,8 +10,9 @@ pod and llmserving labels — no pods run (the Deployment and ReplicaSet control
 bench stands in for what those controllers report once a fleet's pods run: each Deployment the
 operator applies is marked rolled out (updated, ready and available), so the steady state is a
 fleet holding at its targets (`--mid-rollout` leaves them as applied, every one mid-rollout, as in
-the README's older tables). The operator runs as its own process (`batchknee operator`), its
-Prometheus URL a counting proxy in front of the real Prometheus.
+the README's older tables). The operator runs as its own process (`batchknee operator`) with the
+token of the chart's ServiceAccount and the chart's RBAC (as in a cluster), its Prometheus URL a
+counting proxy in front of the real Prometheus. Progress is followed with a watch.
 
 Printed per N: seconds from the operator's start until every LLMServing has a status and until
 every one has an observation (status.observed), Prometheus queries per evaluation interval and the
