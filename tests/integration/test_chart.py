@@ -88,14 +88,7 @@ def mounted_options(harness: Harness, name: str) -> str:
 
 
 def helm(cluster: DevCluster, tmp: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    env = cluster.env()
-    env.update(
-        HELM_CACHE_HOME=str(tmp / "helm" / "cache"),
-        HELM_CONFIG_HOME=str(tmp / "helm" / "config"),
-        HELM_DATA_HOME=str(tmp / "helm" / "data"),
-    )
-    argv = [str(cluster.tools_bin / "helm"), *args]
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=240, check=False)
+    done = cluster.helm(*args, home=tmp / "helm", check=False)
     if check and done.returncode != 0:
         raise AssertionError(f"{' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
     return done

@@ -196,6 +196,23 @@ class DevCluster:
         token = self.kubectl("create", "token", account, "-n", namespace, f"--duration={duration}").stdout
         return write_kubeconfig(path, self.server, self._ca_cert, token.strip(), f"{namespace}-{account}")
 
+    def helm(
+        self, *args: str, home: Path, check: bool = True, timeout: float = 240
+    ) -> subprocess.CompletedProcess[str]:
+        """Run the bundled helm against this cluster, its cache, config and data under `home` (not
+        the user's); output captured as text."""
+        env = self.env()
+        env.update(
+            HELM_CACHE_HOME=str(home / "cache"),
+            HELM_CONFIG_HOME=str(home / "config"),
+            HELM_DATA_HOME=str(home / "data"),
+        )
+        argv = [str(self.tools_bin / "helm"), *args]
+        result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+        if check and result.returncode != 0:
+            raise subprocess.CalledProcessError(result.returncode, argv, result.stdout, result.stderr)
+        return result
+
     def kubectl(
         self, *args: str, check: bool = True, input: str | None = None, timeout: float = 120
     ) -> subprocess.CompletedProcess[str]:
