@@ -124,9 +124,8 @@ def pooled_client(connections: int) -> client.ApiClient:
 
 class WatchCache:
     """The latest body of each object kopf's watch-streams deliver (LLMServings, and the engine
-    Deployments, which kopf watches anyway for their rollouts), so that a steady-state reconcile
-    reads neither from the apiserver. (The Service and PodDisruptionBudget are still read by a GET:
-    watching them as well cost the operator more memory than their GETs cost the apiserver.)
+    Deployments, Services and PodDisruptionBudgets), so that a steady-state reconcile reads none of
+    them from the apiserver.
 
     - An object the cache does not know is read from the apiserver (None from `get`): not yet
       listed, deleted, or not ours.
