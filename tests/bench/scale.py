@@ -20,7 +20,9 @@ largest query (bytes of the POST body or GET URL) in a steady stretch of two int
 operator's RSS and CPU share (and the apiserver's and etcd's) and its status writes per interval
 over that stretch, reconcile p50/p95 from its own /metrics histogram
 (since the operator's start, and over the steady stretch alone; the time a reconcile runs in its
-worker thread, not its wait for one).
+worker thread, not its wait for one), and what each process of the machine (the control plane,
+Prometheus, the exporter, the operator, the bench itself) spent of the cores until every
+LLMServing had a status.
 The last line is one JSON object with the figures of the largest N.
 """
 
@@ -172,6 +174,36 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
 
 
+class CpuSplit:
+    """What each process spent of the machine's cores from `start()` to `stop()`."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids
+        self.started: dict[str, float] = {}
+        self.shares: dict[str, float] = {}
+        self.start_time = 0.0
+
+    def _now(self) -> dict[str, float]:
+        seconds = {}
+        for name, pid in self.pids.items():
+            try:
+                seconds[name] = cpu_seconds(pid)
+            except (OSError, IndexError, ValueError):  # gone
+                continue
+        return seconds
+
+    def start(self) -> None:
+        self.start_time, self.started = time.monotonic(), self._now()
+
+    def stop(self) -> None:
+        elapsed, ended = time.monotonic() - self.start_time, self._now()
+        self.shares = {
+            name: round((ended[name] - self.started[name]) / elapsed, 2)
+            for name in ended
+            if name in self.started
+        }
+
+
 def rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -296,6 +328,7 @@ class Progress:
     all_status: float | None = None
     all_observed: float | None = None
     all_steady: float | None = None
+    at_all_status: Callable[[], None] = lambda: None  # called once, when every status is there
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def seen(self, kind: str, obj: dict[str, Any]) -> None:
@@ -315,6 +348,7 @@ class Progress:
                 self.steady.discard(key)
             if self.all_status is None and len(self.status) >= self.n:
                 self.all_status = elapsed
+                self.at_all_status()
             if self.all_observed is None and len(self.observed) >= self.n:
                 self.all_observed = elapsed
             if self.all_steady is None and len(self.steady) >= self.n:
@@ -379,7 +413,7 @@ def chart_account_kubeconfig(cluster: DevCluster, namespaces: list[str], workdir
 def run_size(
     n: int,
     cluster: DevCluster,
-    prom_port: int,
+    prom: LocalPrometheus,
     exporter_port: int,
     workdir: Path,
     interval_s: int,
@@ -410,7 +444,7 @@ def run_size(
         print(f"[{n}] created {n} LLMServings in {time.monotonic() - started:.0f} s", flush=True)
         time.sleep(4 * SCRAPE_S)  # a few scrapes of every engine series before the operator starts
         controllers = nullcontext() if mid_rollout else rolled_out(cluster, set(namespaces))
-        with counting_proxy(prom_port, log) as proxy_url, controllers:
+        with counting_proxy(prom.port, log) as proxy_url, controllers:
             metrics_port = free_port()
             env = cluster.env()
             env["KUBECONFIG"] = str(chart_account_kubeconfig(cluster, namespaces, workdir))
@@ -435,7 +469,21 @@ def run_size(
                 stderr=subprocess.STDOUT,
                 cwd=ROOT,
             )
-            progress = Progress(set(namespaces), n)
+            startup = CpuSplit(
+                {
+                    **{
+                        name: pid
+                        for name, pid in cluster.pids().items()
+                        if name.startswith(("kube-", "etcd"))
+                    },
+                    **({"prometheus": prom.pid} if prom.pid is not None else {}),
+                    "exporter": exporter.pid,
+                    "operator": operator.pid,
+                    "bench": os.getpid(),  # its stand-in controller, watch and query proxy
+                }
+            )
+            startup.start()
+            progress = Progress(set(namespaces), n, at_all_status=startup.stop)
             limit_s = max(10 * interval_s, 600)
             with watch_objects(cluster, "batchknee.io", "v1alpha1", "llmservings", progress.seen):
                 while time.monotonic() - progress.start < limit_s and operator.poll() is None:
@@ -502,6 +550,9 @@ def run_size(
                 "steadyReconcileP50Ms": round((quantile(steady_buckets, 0.5) or float("nan")) * 1e3, 1),
                 "steadyReconcileP95Ms": round((quantile(steady_buckets, 0.95) or float("nan")) * 1e3, 1),
                 "steadyReconciles": int(steady_buckets[-1][1]) if steady_buckets else 0,
+                # cores each process spent until every status (of os.cpu_count())
+                "startupCpuShares": startup.shares,
+                "cpus": os.cpu_count(),
             }
             print(
                 f"[{n}] every status {figures['allStatusSeconds']} s, every observation "
@@ -514,6 +565,15 @@ def run_size(
                 f"({figures['reconciles']} reconciles; in the steady stretch p50 "
                 f"{figures['steadyReconcileP50Ms']} ms, p95 {figures['steadyReconcileP95Ms']} ms of "
                 f"{figures['steadyReconciles']})",
+                flush=True,
+            )
+            split = ", ".join(
+                f"{name} {share * 100:.0f} %"
+                for name, share in sorted(startup.shares.items(), key=lambda item: -item[1])
+            )
+            print(
+                f"[{n}] until every status, of {os.cpu_count()} cores (100 % = one core): {split}; "
+                f"{sum(startup.shares.values()) * 100:.0f} % in all",
                 flush=True,
             )
             return figures
@@ -570,7 +630,7 @@ def main() -> int:
                     run_size(
                         n,
                         cluster,
-                        prom.port,
+                        prom,
                         exporter_port,
                         workdir,
                         args.interval,
