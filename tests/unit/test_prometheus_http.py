@@ -124,39 +124,3 @@ def test_a_slow_url_holds_no_thread_of_another_url() -> None:
         assert done.is_set()
         for url in cache.urls():
             cache.drop_url(url)
-
-
-def test_a_refresh_under_way_makes_no_object_wait_while_the_last_one_still_serves() -> None:
-    """Evaluations of one URL that come while its refresh runs go on with the last refresh when
-    that is at most three cache periods old (else they wait for the new one): those due during a
-    refresh would otherwise all start at once when it ends."""
-    import asyncio
-
-    from batchknee.adapters.observing import RoutedObserver
-    from batchknee.adapters.prometheus import SERVES_TTLS, CachedObserver
-
-    ttl_s = 0.5
-    with FakePrometheus("trickle") as slow:
-        cache = CachedObserver(lambda url: PrometheusObserver(url, timeout_s=2), ttl_s=ttl_s)
-        router = RoutedObserver(cache, slow.url)
-
-        async def run() -> None:
-            now = datetime.now(UTC)
-            await router.prepare(target("a"), now)  # the first refresh (it times out): the last one
-            await asyncio.sleep(ttl_s + 0.1)  # stale now, yet young enough to serve
-            assert not cache.is_fresh(slow.url, target("a")) and cache.serves(slow.url, target("a"))
-            sent = len(slow.requests)
-            refreshing = asyncio.create_task(router.prepare(target("a"), now))
-            while len(slow.requests) == sent:  # the second refresh is in flight
-                await asyncio.sleep(0.01)
-            await router.prepare(target("b"), now)  # goes on with the last refresh
-            assert not refreshing.done()
-            # Once the last refresh is too old to serve, an evaluation waits for the new one.
-            await asyncio.sleep((SERVES_TTLS - 1) * ttl_s)
-            assert not cache.serves(slow.url, target("c")) and not refreshing.done()
-            await router.prepare(target("c"), now)
-            assert refreshing.done()
-
-        asyncio.run(run())
-        for url in cache.urls():
-            cache.drop_url(url)

@@ -7,8 +7,7 @@ batch of queries per tick, with one refresh in flight per URL.
 
 `prepare` is the asynchronous half: the handlers await it (under the object's asyncio lock) before
 reconcile goes to a thread, so objects waiting for a slow Prometheus wait as coroutines and never
-hold the threads that objects of another Prometheus need; while a refresh is under way, an object
-whose last refresh still serves does not wait at all.
+hold the threads that objects of another Prometheus need.
 """
 
 from __future__ import annotations
@@ -109,10 +108,7 @@ class RoutedObserver:
 
     async def prepare(self, target: ObservationTarget, now: datetime) -> None:
         """Make the cache fresh for `target` without holding a thread while waiting: one refresh
-        per URL runs in a thread, and every other object of that URL awaits it as a coroutine —
-        unless the last refresh still serves (`serves`): then it does not wait. (The evaluations
-        due while a refresh ran would otherwise all start at once when it ends: at a thousand
-        objects, a burst of every worker that made the slowest reconciles.)"""
+        per URL runs in a thread, and every other object of that URL awaits it as a coroutine."""
         is_fresh = getattr(self.inner, "is_fresh", None)
         refresh = getattr(self.inner, "refresh", None)
         if is_fresh is None or refresh is None:
@@ -120,9 +116,6 @@ class RoutedObserver:
         url = self.url(target)
         with self.lock:
             gate = self._preparing.setdefault(url, asyncio.Lock())
-        serves = getattr(self.inner, "serves", None)
-        if gate.locked() and serves is not None and serves(url, target):
-            return
         async with gate:
             if not is_fresh(url, target):
                 await asyncio.to_thread(refresh, url, target, now)

@@ -706,11 +706,6 @@ class _UrlCache:
         return entry
 
 
-# How many cache periods old a refresh may be and still serve a reconcile that finds no fresher
-# one (it waited for a thread, or another refresh of its URL is under way).
-SERVES_TTLS = 3
-
-
 class CachedObserver:
     """Reconciles share refreshes: one refresh of a scope (engine, window, matcher) serves every
     LLMServing of that scope until it is `ttl_s` old. Each Prometheus URL has its own cache and its
@@ -733,11 +728,6 @@ class CachedObserver:
     def is_fresh(self, url: str, target: ObservationTarget) -> bool:
         return self._cache(url).fresh(scope_for(target), self.ttl_s) is not None
 
-    def serves(self, url: str, target: ObservationTarget) -> bool:
-        """Would `observation` answer for `target` from the cache as it is (a refresh at most
-        SERVES_TTLS periods old)?"""
-        return self._cache(url).fresh(scope_for(target), SERVES_TTLS * self.ttl_s) is not None
-
     def refresh(self, url: str, target: ObservationTarget, now: datetime) -> ScopeData:
         """The scope of `target`, refreshed unless another caller just did (then theirs)."""
         cache, scope = self._cache(url), scope_for(target)
@@ -754,7 +744,7 @@ class CachedObserver:
         cache, scope = self._cache(url), scope_for(target)
         # The handlers refresh before a reconcile goes to a thread (`RoutedObserver.prepare`);
         # one that waited for a thread a little longer still uses that refresh.
-        entry = cache.fresh(scope, SERVES_TTLS * self.ttl_s)
+        entry = cache.fresh(scope, 3 * self.ttl_s)
         if entry is None and cache.refreshing.locked():
             # Someone is refreshing this URL (maybe waiting out a slow Prometheus): the last
             # refresh serves rather than this thread waiting too.
