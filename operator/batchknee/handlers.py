@@ -363,11 +363,21 @@ async def start_scheduler(**kwargs: Any) -> None:
         forget=rt.forget,
         max_in_flight=rt.max_in_flight,
         paused=lambda: rt.outranked,
+        settled=freeze_found_fleet,
     )
     rt.background.append(asyncio.get_running_loop().create_task(rt.scheduler.run(), name="scheduler"))
     if rt.peering is not None:
         rt.outranked = True  # until the first look at the peers
         rt.background.append(asyncio.get_running_loop().create_task(watch_peers(rt), name="peers"))
+
+
+def freeze_found_fleet() -> None:
+    """Every LLMServing found at startup has been evaluated: what the operator keeps for them lives
+    on, and Python's full collections need not walk it again (`allocator.freeze_long_lived`)."""
+    frozen = allocator.freeze_long_lived()
+    log.info(
+        "every LLMServing found was evaluated; %d long-lived objects kept out of full collections", frozen
+    )
 
 
 @kopf.on.cleanup()
@@ -545,6 +555,7 @@ def run(settings: OperatorSettings) -> int:
         f"batchknee@{socket.gethostname()}/{datetime.now(UTC):%Y%m%d%H%M%S}/{random.randrange(36**3):03x}"
     )
     configure(settings, identity, priority)
+    allocator.freeze_long_lived()  # the imports and the runtime: a full collection need not walk them
     allocator.limit_arenas(2)  # before the worker threads start: each would take an arena of its own
     allocator.limit_tls_read_buffer(64 * 1024)  # before kopf opens its watch streams
     liveness = (

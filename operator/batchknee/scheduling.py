@@ -14,7 +14,10 @@ object must carry and every delete must wait on), one loop keeps a heap of due t
 - an object that leaves `known()` (deleted, deleting, no longer watched) has its state freed;
 - a failing evaluation is logged and the object is scheduled again; nothing stops the loop but
   `stop()`;
-- while `paused()` (another replica outranks this one) nothing is evaluated.
+- while `paused()` (another replica outranks this one) nothing is evaluated;
+- `settled()` is called once, the first time every object known at a resync has been evaluated
+  (the fleet found at startup is in memory: its long-lived state can be frozen out of the
+  collector).
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ class Scheduler:
     forget: Callable[[str, str], None]  # free the object's state
     max_in_flight: int = 16
     paused: Callable[[], bool] = lambda: False
+    settled: Callable[[], None] = lambda: None  # once, when every known object has been evaluated
     resync_s: float = 1.0  # how often known() is compared with the schedule
     due: dict[Key, tuple[float, float]] = field(default_factory=dict)  # key → (due, interval)
     urgent: set[Key] = field(default_factory=set)  # evaluate when a slot frees, whatever the grid says
@@ -63,6 +67,7 @@ class Scheduler:
     _heap: list[tuple[float, Key]] = field(default_factory=list)
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
     _stopped: bool = False
+    _settled: bool = False
 
     def _schedule(self, key: Key, interval: float, now: float) -> None:
         last = self.last_evaluated(key)
@@ -85,6 +90,14 @@ class Scheduler:
 
     def _resync(self, now: float) -> None:
         known = self.known()
+        if (
+            not self._settled
+            and known
+            and not self.urgent
+            and all(self.last_evaluated(key) is not None for key in known)
+        ):
+            self._settled = True
+            self.settled()
         for key in [key for key in self.due if key not in known]:
             del self.due[key]
             self.urgent.discard(key)
