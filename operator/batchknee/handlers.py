@@ -371,19 +371,13 @@ async def start_scheduler(**kwargs: Any) -> None:
         rt.background.append(asyncio.get_running_loop().create_task(watch_peers(rt), name="peers"))
 
 
-def freeze_found_fleet(known: Mapping[Key, float]) -> None:
+def freeze_found_fleet() -> None:
     """Every LLMServing found at startup has been evaluated: what the operator keeps for them lives
-    on, and Python's full collections need not walk it again (`allocator.freeze_long_lived`). Their
-    next evaluations add the rest (observations, gauges, cached Prometheus scopes): two of the
-    longest intervals later, that is frozen too."""
-
-    def freeze(when: str) -> None:
-        frozen = allocator.freeze_long_lived()
-        log.info("%s: %d long-lived objects kept out of full collections", when, frozen)
-
-    freeze("every LLMServing found was evaluated")
-    later = 2 * max(known.values(), default=30.0)
-    asyncio.get_running_loop().call_later(later, freeze, "two intervals on")
+    on, and Python's full collections need not walk it again (`allocator.freeze_long_lived`)."""
+    frozen = allocator.freeze_long_lived()
+    log.info(
+        "every LLMServing found was evaluated; %d long-lived objects kept out of full collections", frozen
+    )
 
 
 @kopf.on.cleanup()

@@ -15,9 +15,9 @@ object must carry and every delete must wait on), one loop keeps a heap of due t
 - a failing evaluation is logged and the object is scheduled again; nothing stops the loop but
   `stop()`;
 - while `paused()` (another replica outranks this one) nothing is evaluated;
-- `settled(known)` is called once, the first time every object known at a resync has been
-  evaluated (the fleet found at startup is in memory: its long-lived state can be frozen out of
-  the collector).
+- `settled()` is called once, the first time every object known at a resync has been evaluated
+  (the fleet found at startup is in memory: its long-lived state can be frozen out of the
+  collector).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class Scheduler:
     forget: Callable[[str, str], None]  # free the object's state
     max_in_flight: int = 16
     paused: Callable[[], bool] = lambda: False
-    settled: Callable[[Mapping[Key, float]], None] = lambda known: None  # once: every known one evaluated
+    settled: Callable[[], None] = lambda: None  # once, when every known object has been evaluated
     resync_s: float = 1.0  # how often known() is compared with the schedule
     due: dict[Key, tuple[float, float]] = field(default_factory=dict)  # key → (due, interval)
     urgent: set[Key] = field(default_factory=set)  # evaluate when a slot frees, whatever the grid says
@@ -97,7 +97,7 @@ class Scheduler:
             and all(self.last_evaluated(key) is not None for key in known)
         ):
             self._settled = True
-            self.settled(known)
+            self.settled()
         for key in [key for key in self.due if key not in known]:
             del self.due[key]
             self.urgent.discard(key)

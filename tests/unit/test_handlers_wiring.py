@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-import pytest
 from prometheus_client import generate_latest
 
 from batchknee.adapters.observing import RoutedObserver
@@ -154,26 +153,3 @@ def test_the_target_is_read_from_kopfs_body() -> None:
     }
     assert _target(kopf.Body(raw)) == ObservationTarget("ml", "chat", "VLLM", 120)
     assert _target(kopf.Body({**raw, "spec": {"engine": "Nope"}})) is None
-
-
-def test_the_found_fleet_is_frozen_at_once_and_again_two_of_its_longest_intervals_on(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """(The freeze itself, in a child process: tests/unit/test_collector_freeze.py.)"""
-    import asyncio
-
-    import batchknee.handlers as handlers
-    from batchknee.adapters import allocator
-
-    frozen_at: list[float] = []
-
-    async def scenario() -> None:
-        loop = asyncio.get_running_loop()
-        monkeypatch.setattr(allocator, "freeze_long_lived", lambda: frozen_at.append(loop.time()) or 1)
-        started = loop.time()
-        handlers.freeze_found_fleet({("ml", "a"): 0.05, ("ml", "b"): 0.1})
-        assert len(frozen_at) == 1
-        await asyncio.sleep(0.5)
-        assert len(frozen_at) == 2 and frozen_at[1] - started >= 0.2
-
-    asyncio.run(scenario())

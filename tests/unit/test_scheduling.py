@@ -164,22 +164,20 @@ def test_a_new_or_changed_object_is_evaluated_at_once_in_turn() -> None:
 def test_settled_is_called_once_when_every_object_found_has_been_evaluated() -> None:
     async def scenario() -> None:
         fleet = Fleet({("ml", f"s{i}"): 3600.0 for i in range(12)})
-        settled: list[tuple[int, int]] = []  # (objects known, objects evaluated) at the call
-        scheduler = fleet.scheduler(
-            max_in_flight=2, settled=lambda known: settled.append((len(known), len(fleet.last)))
-        )
+        settled: list[int] = []
+        scheduler = fleet.scheduler(max_in_flight=2, settled=lambda: settled.append(len(fleet.evaluated)))
         task = asyncio.create_task(scheduler.run())
         await asyncio.sleep(0.1)
         assert not settled  # nothing evaluated yet
         for key in fleet.intervals:
             scheduler.soon(key)
         await until(lambda: len(settled) == 1)
-        assert settled == [(12, 12)]  # not before the last of them
+        assert settled == [12]  # not before the last of them
         fleet.intervals[("ml", "new")] = 3600.0  # found later: no second call
         scheduler.soon(("ml", "new"))
         await until(lambda: fleet.evaluated[("ml", "new")] == 1)
         await asyncio.sleep(0.1)
-        assert settled == [(12, 12)]
+        assert settled == [12]
         await scheduler.stop()
         await task
 
