@@ -164,8 +164,8 @@ def test_a_new_or_changed_object_is_evaluated_at_once_in_turn() -> None:
 def test_settled_is_called_once_when_every_object_found_has_been_evaluated() -> None:
     async def scenario() -> None:
         fleet = Fleet({("ml", f"s{i}"): 3600.0 for i in range(12)})
-        settled: list[int] = []
-        scheduler = fleet.scheduler(max_in_flight=2, settled=lambda: settled.append(len(fleet.evaluated)))
+        settled: list[int] = []  # how many objects had been evaluated at the call
+        scheduler = fleet.scheduler(max_in_flight=2, settled=lambda: settled.append(len(fleet.last)))
         task = asyncio.create_task(scheduler.run())
         await asyncio.sleep(0.1)
         assert not settled  # nothing evaluated yet
