@@ -461,9 +461,6 @@ class PrometheusObserver:
         )
         self._pool = ThreadPoolExecutor(max_concurrent_queries, thread_name_prefix="prometheus-query")
         self._counter_lock = threading.Lock()
-        # One answer parsed and shaped at a time: under the interpreter lock, more at once finish no
-        # sooner, and every other thread that wants the lock (the reconciles) waits behind them all.
-        self._parsing = threading.Lock()
         self.queries_sent = 0
         self.largest_query_bytes = 0
 
@@ -512,8 +509,7 @@ class PrometheusObserver:
                 f"Prometheus at {self.shown_url} answered HTTP {response.status_code}: {excerpt(content)}"
             )
         try:
-            with self._parsing:
-                answer = json.loads(content)
+            answer = json.loads(content)
             result: list[dict[str, Any]] = answer["data"]["result"]
             if answer.get("status") != "success" or not isinstance(result, list):
                 raise ValueError
@@ -529,15 +525,14 @@ class PrometheusObserver:
         """One query's answer by target, shaped in the worker: the parsed answer is dropped before
         the next query's arrives, and the rows keep only the labels the observation reads."""
         result = self._query(promql, now, deadline)
-        with self._parsing:
-            if name not in POD_QUERIES:
-                return {_owner(scope, series["metric"]): float(series["value"][1]) for series in result}
-            by_key: dict[Key, list[Row]] = defaultdict(list)
-            for series in result:
-                labels = series["metric"]
-                kept = {k: sys.intern(labels[k]) for k in ROW_LABELS if k in labels}
-                by_key[_owner(scope, labels)].append((kept, float(series["value"][1])))
-            return dict(by_key)
+        if name not in POD_QUERIES:
+            return {_owner(scope, series["metric"]): float(series["value"][1]) for series in result}
+        by_key: dict[Key, list[Row]] = defaultdict(list)
+        for series in result:
+            labels = series["metric"]
+            kept = {k: sys.intern(labels[k]) for k in ROW_LABELS if k in labels}
+            by_key[_owner(scope, labels)].append((kept, float(series["value"][1])))
+        return dict(by_key)
 
     # --- one scope ----------------------------------------------------------------------------------
 
