@@ -211,6 +211,7 @@ def configure(settings: OperatorSettings, identity: str = "", priority: int = 0)
     kube = KubernetesAdapter(pooled_client(settings.reconcile_workers + 4), cache=cache)
     router = prometheus_observer(settings)
     metrics = OperatorMetrics()
+    metrics.time_full_collections()
     if settings.metrics_port:
         metrics.serve(settings.metrics_address, settings.metrics_port)
     if settings.peering != "standalone":

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import gc
+import time
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
@@ -75,6 +78,26 @@ class OperatorMetrics:
             buckets=(0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1, 2.5, 5, 10, 30),
             registry=self.registry,
         )
+        self.full_collections = Histogram(
+            "batchknee_python_full_collection_seconds",
+            "Python's full (generation 2) garbage collections: how long each held the interpreter, "
+            "every thread and the event loop waiting",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+            registry=self.registry,
+        )
+        self._collection_started = 0.0
+
+    def time_full_collections(self) -> None:
+        """Observe every full collection of this process from now on (once per process)."""
+        gc.callbacks.append(self._on_collection)
+
+    def _on_collection(self, phase: str, info: dict[str, Any]) -> None:
+        if info.get("generation") != 2:
+            return
+        if phase == "start":
+            self._collection_started = time.perf_counter()
+        else:
+            self.full_collections.observe(time.perf_counter() - self._collection_started)
 
     def record(self, outcome: Outcome, seconds: float) -> None:
         self.duration.observe(seconds)

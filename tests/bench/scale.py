@@ -20,7 +20,8 @@ largest query (bytes of the POST body or GET URL) in a steady stretch of two int
 operator's RSS and CPU share (and the apiserver's and etcd's) and its status writes per interval
 over that stretch, reconcile p50/p95 from its own /metrics histogram
 (since the operator's start, and over the steady stretch alone; the time a reconcile runs in its
-worker thread, not its wait for one), and what each process of the machine (the control plane,
+worker thread, not its wait for one), the operator's full Python collections over the steady
+stretch (how many, and how long each held it), and what each process of the machine (the control plane,
 Prometheus, the exporter, the operator, the bench itself) spent of the cores until every
 LLMServing had a status.
 The last line is one JSON object with the figures of the largest N.
@@ -59,6 +60,7 @@ CRDS = [ROOT / "crds" / "batchknee.io_llmservings.yaml", ROOT / "crds" / "kopf.d
 EXPORTER = Path(__file__).with_name("fleet_exporter.py")
 NAMESPACES = 10
 SCRAPE_S = 5  # the fleet exporter's scrape interval (and timeout)
+FULL_COLLECTIONS = "batchknee_python_full_collection_seconds"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -215,11 +217,13 @@ def operator_metrics(metrics_url: str) -> str:
     return urllib.request.urlopen(metrics_url, timeout=10).read().decode()
 
 
-def reconcile_histogram(text: str) -> list[tuple[float, float]]:
-    """(upper bound, cumulative count) of batchknee_reconcile_duration_seconds in /metrics `text`."""
+def reconcile_histogram(
+    text: str, name: str = "batchknee_reconcile_duration_seconds"
+) -> list[tuple[float, float]]:
+    """(upper bound, cumulative count) of histogram `name` in /metrics `text`."""
     buckets = []
     for line in text.splitlines():
-        if line.startswith("batchknee_reconcile_duration_seconds_bucket{"):
+        if line.startswith(f"{name}_bucket{{"):
             le = line.split('le="', 1)[1].split('"', 1)[0]
             buckets.append((float("inf") if le == "+Inf" else float(le), float(line.rsplit(" ", 1)[1])))
     return sorted(buckets)
@@ -353,6 +357,17 @@ class Progress:
                 self.all_observed = elapsed
             if self.all_steady is None and len(self.steady) >= self.n:
                 self.all_steady = elapsed
+
+
+def longest_ms(buckets: list[tuple[float, float]]) -> float | None:
+    """The upper bound of the highest bucket that holds an observation, in ms (None: none)."""
+    longest = None
+    previous = 0.0
+    for bound, count in buckets:
+        if count > previous:
+            longest = bound
+        previous = count
+    return None if longest is None else round(longest * 1e3, 1)
 
 
 def quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
@@ -515,6 +530,7 @@ def run_size(
             metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
             text = operator_metrics(metrics_url)
             buckets_before = reconcile_histogram(text)
+            collections_before = dict(reconcile_histogram(text, FULL_COLLECTIONS))
             writes_before = counter(text, "batchknee_status_writes_total")
             time.sleep(2 * interval_s)
             steady = time.monotonic() - steady_start
@@ -529,6 +545,10 @@ def run_size(
             writes = counter(text, "batchknee_status_writes_total")
             before = dict(buckets_before)
             steady_buckets = [(bound, count - before.get(bound, 0.0)) for bound, count in buckets]
+            collections = [
+                (bound, count - collections_before.get(bound, 0.0))
+                for bound, count in reconcile_histogram(text, FULL_COLLECTIONS)
+            ]
             figures: dict[str, Any] = {
                 "llmservings": n,
                 "allStatusSeconds": None if all_status is None else round(all_status, 1),
@@ -550,6 +570,10 @@ def run_size(
                 "steadyReconcileP50Ms": round((quantile(steady_buckets, 0.5) or float("nan")) * 1e3, 1),
                 "steadyReconcileP95Ms": round((quantile(steady_buckets, 0.95) or float("nan")) * 1e3, 1),
                 "steadyReconciles": int(steady_buckets[-1][1]) if steady_buckets else 0,
+                # Python's full collections in the operator over the steady stretch: each holds every thread
+                "steadyFullCollections": int(collections[-1][1]) if collections else 0,
+                "steadyFullCollectionP50Ms": round((quantile(collections, 0.5) or float("nan")) * 1e3, 1),
+                "steadyFullCollectionMaxMs": longest_ms(collections),
                 # cores each process spent until every status (of os.cpu_count())
                 "startupCpuShares": startup.shares,
                 "cpus": os.cpu_count(),
@@ -565,6 +589,12 @@ def run_size(
                 f"({figures['reconciles']} reconciles; in the steady stretch p50 "
                 f"{figures['steadyReconcileP50Ms']} ms, p95 {figures['steadyReconcileP95Ms']} ms of "
                 f"{figures['steadyReconciles']})",
+                flush=True,
+            )
+            print(
+                f"[{n}] in the steady stretch, {figures['steadyFullCollections']} full collections of "
+                f"the operator's heap, p50 {figures['steadyFullCollectionP50Ms']} ms, the longest under "
+                f"{figures['steadyFullCollectionMaxMs']} ms (its bucket's bound)",
                 flush=True,
             )
             split = ", ".join(

@@ -153,3 +153,22 @@ def test_the_target_is_read_from_kopfs_body() -> None:
     }
     assert _target(kopf.Body(raw)) == ObservationTarget("ml", "chat", "VLLM", 120)
     assert _target(kopf.Body({**raw, "spec": {"engine": "Nope"}})) is None
+
+
+def test_full_collections_are_timed_once_watched() -> None:
+    import gc
+
+    metrics = OperatorMetrics()
+    metrics.time_full_collections()
+    was_enabled = gc.isenabled()
+    gc.disable()  # only these collections
+    try:
+        gc.collect(1)  # a younger generation: not counted
+        gc.collect()
+        gc.collect()
+    finally:
+        gc.callbacks.remove(metrics._on_collection)
+        if was_enabled:
+            gc.enable()
+    text = generate_latest(metrics.registry).decode()
+    assert "batchknee_python_full_collection_seconds_count 2.0" in text
