@@ -92,6 +92,8 @@ class OperatorMetrics:
         gc.callbacks.append(self._on_collection)
 
     def _on_collection(self, phase: str, info: dict[str, Any]) -> None:
+        # Safe inside a collection: prometheus_client holds a value's lock only around float
+        # arithmetic, which allocates no tracked object, so no collection starts while it is held.
         if info.get("generation") != 2:
             return
         if phase == "start":

@@ -9,7 +9,7 @@ was live. Two arenas and a trim after each burst (a Prometheus refresh) keep RSS
 Python's full collection walks every container object the process holds, and holds the interpreter
 while it does: at 1,000 LLMServings one took 300–585 ms, every 5–10 s, and every reconcile in flight
 waited it out. The imports and the state of the fleet found at startup live on; frozen out of the
-collector (`freeze_long_lived`), a full collection walks only what came after (about 40 ms there).
+collector (`freeze_long_lived`), a full collection walks only what came after (15–90 ms there).
 
 Nothing here is needed for correctness: without glibc (musl, macOS) the allocator calls do nothing.
 """
