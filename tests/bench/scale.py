@@ -60,6 +60,7 @@ CRDS = [ROOT / "crds" / "batchknee.io_llmservings.yaml", ROOT / "crds" / "kopf.d
 EXPORTER = Path(__file__).with_name("fleet_exporter.py")
 NAMESPACES = 10
 SCRAPE_S = 5  # the fleet exporter's scrape interval (and timeout)
+RECONCILES = "batchknee_reconcile_duration_seconds"
 FULL_COLLECTIONS = "batchknee_python_full_collection_seconds"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -217,9 +218,7 @@ def operator_metrics(metrics_url: str) -> str:
     return urllib.request.urlopen(metrics_url, timeout=10).read().decode()
 
 
-def reconcile_histogram(
-    text: str, name: str = "batchknee_reconcile_duration_seconds"
-) -> list[tuple[float, float]]:
+def histogram_buckets(text: str, name: str) -> list[tuple[float, float]]:
     """(upper bound, cumulative count) of histogram `name` in /metrics `text`."""
     buckets = []
     for line in text.splitlines():
@@ -529,8 +528,8 @@ def run_size(
             plane_start = {name: cpu_seconds(pid) for name, pid in plane.items()}
             metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
             text = operator_metrics(metrics_url)
-            buckets_before = reconcile_histogram(text)
-            collections_before = dict(reconcile_histogram(text, FULL_COLLECTIONS))
+            buckets_before = histogram_buckets(text, RECONCILES)
+            collections_before = dict(histogram_buckets(text, FULL_COLLECTIONS))
             writes_before = counter(text, "batchknee_status_writes_total")
             time.sleep(2 * interval_s)
             steady = time.monotonic() - steady_start
@@ -541,13 +540,13 @@ def run_size(
             sizes = log.since(steady_start)
             all_sizes = log.since(0)
             text = operator_metrics(metrics_url)
-            buckets = reconcile_histogram(text)
+            buckets = histogram_buckets(text, RECONCILES)
             writes = counter(text, "batchknee_status_writes_total")
             before = dict(buckets_before)
             steady_buckets = [(bound, count - before.get(bound, 0.0)) for bound, count in buckets]
             collections = [
                 (bound, count - collections_before.get(bound, 0.0))
-                for bound, count in reconcile_histogram(text, FULL_COLLECTIONS)
+                for bound, count in histogram_buckets(text, FULL_COLLECTIONS)
             ]
             figures: dict[str, Any] = {
                 "llmservings": n,
