@@ -39,6 +39,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
@@ -50,6 +51,8 @@ from typing import Any
 import yaml
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
 
 from batchknee.devcluster import DevCluster, LocalPrometheus
 from batchknee.devcluster.cluster import DEFAULT_CONTROLLERS, free_port
@@ -219,13 +222,51 @@ def operator_metrics(metrics_url: str) -> str:
 
 
 def histogram_buckets(text: str, name: str) -> list[tuple[float, float]]:
-    """(upper bound, cumulative count) of histogram `name` in /metrics `text`."""
+    """(upper bound, cumulative count) of the unlabelled histogram `name` in /metrics `text`."""
     buckets = []
     for line in text.splitlines():
         if line.startswith(f"{name}_bucket{{"):
             le = line.split('le="', 1)[1].split('"', 1)[0]
             buckets.append((float("inf") if le == "+Inf" else float(le), float(line.rsplit(" ", 1)[1])))
     return sorted(buckets)
+
+
+def apiserver_metrics(cluster: DevCluster) -> list[Metric]:
+    return list(text_string_to_metric_families(cluster.kubectl("get", "--raw", "/metrics").stdout))
+
+
+def status_write_buckets(families: list[Metric]) -> list[tuple[float, float]]:
+    """The apiserver's own histogram of its answers to the operator's status writes (server-side
+    applies of llmservings/status): what the operator's writing reconciles wait for."""
+    buckets: dict[float, float] = {}
+    for family in families:
+        if family.name != "apiserver_request_duration_seconds":
+            continue
+        for sample in family.samples:
+            labels = sample.labels
+            if (
+                sample.name.endswith("_bucket")
+                and labels.get("verb") == "APPLY"
+                and labels.get("resource") == "llmservings"
+                and labels.get("subresource") == "status"
+            ):
+                bound = float(labels["le"])
+                buckets[bound] = buckets.get(bound, 0.0) + sample.value
+    return sorted(buckets.items())
+
+
+def request_counts(families: list[Metric]) -> Counter[str]:
+    """The apiserver's requests so far by verb and resource (e.g. `APPLY llmservings/status`)."""
+    counts: Counter[str] = Counter()
+    for family in families:
+        if family.name != "apiserver_request":  # the parser drops a counter's _total
+            continue
+        for sample in family.samples:
+            if sample.name == "apiserver_request_total":
+                labels = sample.labels
+                resource = "/".join(filter(None, (labels.get("resource"), labels.get("subresource"))))
+                counts[f"{labels.get('verb')} {resource or labels.get('path', '?')}"] += sample.value
+    return counts
 
 
 def counter(text: str, name: str) -> float:
@@ -356,6 +397,14 @@ class Progress:
                 self.all_observed = elapsed
             if self.all_steady is None and len(self.steady) >= self.n:
                 self.all_steady = elapsed
+
+
+def subtract(
+    buckets: list[tuple[float, float]], earlier: list[tuple[float, float]]
+) -> list[tuple[float, float]]:
+    """A cumulative histogram's buckets over a stretch: now less what they held at its start."""
+    before = dict(earlier)
+    return [(bound, count - before.get(bound, 0.0)) for bound, count in buckets]
 
 
 def longest_ms(buckets: list[tuple[float, float]]) -> float | None:
@@ -529,8 +578,9 @@ def run_size(
             metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
             text = operator_metrics(metrics_url)
             buckets_before = histogram_buckets(text, RECONCILES)
-            collections_before = dict(histogram_buckets(text, FULL_COLLECTIONS))
+            collections_before = histogram_buckets(text, FULL_COLLECTIONS)
             writes_before = counter(text, "batchknee_status_writes_total")
+            server_before = apiserver_metrics(cluster)
             time.sleep(2 * interval_s)
             steady = time.monotonic() - steady_start
             cpu_share = (cpu_seconds(operator.pid) - cpu_start) / steady
@@ -542,12 +592,12 @@ def run_size(
             text = operator_metrics(metrics_url)
             buckets = histogram_buckets(text, RECONCILES)
             writes = counter(text, "batchknee_status_writes_total")
-            before = dict(buckets_before)
-            steady_buckets = [(bound, count - before.get(bound, 0.0)) for bound, count in buckets]
-            collections = [
-                (bound, count - collections_before.get(bound, 0.0))
-                for bound, count in histogram_buckets(text, FULL_COLLECTIONS)
-            ]
+            server = apiserver_metrics(cluster)
+            server_writes = subtract(status_write_buckets(server), status_write_buckets(server_before))
+            requests = request_counts(server)
+            requests.subtract(request_counts(server_before))
+            steady_buckets = subtract(buckets, buckets_before)
+            collections = subtract(histogram_buckets(text, FULL_COLLECTIONS), collections_before)
             figures: dict[str, Any] = {
                 "llmservings": n,
                 "allStatusSeconds": None if all_status is None else round(all_status, 1),
@@ -573,6 +623,16 @@ def run_size(
                 "steadyFullCollections": int(collections[-1][1]) if collections else 0,
                 "steadyFullCollectionP50Ms": round((quantile(collections, 0.5) or float("nan")) * 1e3, 1),
                 "steadyFullCollectionMaxMs": longest_ms(collections),
+                # the apiserver's answer to each status write, timed by the apiserver
+                "steadyStatusWriteServerP50Ms": round(
+                    (quantile(server_writes, 0.5) or float("nan")) * 1e3, 1
+                ),
+                "steadyStatusWriteServerP95Ms": round(
+                    (quantile(server_writes, 0.95) or float("nan")) * 1e3, 1
+                ),
+                "steadyApiserverRequests": {
+                    what: int(count) for what, count in requests.most_common(8) if count > 0
+                },
                 # cores each process spent until every status (of os.cpu_count())
                 "startupCpuShares": startup.shares,
                 "cpus": os.cpu_count(),
@@ -594,6 +654,13 @@ def run_size(
                 f"[{n}] in the steady stretch, {figures['steadyFullCollections']} full collections of "
                 f"the operator's heap, p50 {figures['steadyFullCollectionP50Ms']} ms, the longest under "
                 f"{figures['steadyFullCollectionMaxMs']} ms (its bucket's bound)",
+                flush=True,
+            )
+            print(
+                f"[{n}] in the steady stretch, the apiserver answered the status writes in p50 "
+                f"{figures['steadyStatusWriteServerP50Ms']} ms, p95 {figures['steadyStatusWriteServerP95Ms']} ms "
+                f"(its own histogram); its requests: "
+                + ", ".join(f"{what} {count}" for what, count in figures["steadyApiserverRequests"].items()),
                 flush=True,
             )
             split = ", ".join(
