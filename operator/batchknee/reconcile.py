@@ -68,6 +68,7 @@ from batchknee.core.policy import (
     record,
 )
 from batchknee.core.roofline import DecodeRoofline
+from batchknee.core.spread import phase
 from batchknee.core.verify import Check, Figures, verify
 from batchknee.ports import (
     ApplyConflict,
@@ -332,12 +333,18 @@ STEADY_HOLDS = ("at-target", "dead-band")
 OBSERVED_NEWS = ("pods", "bandwidthSource", "diagnosis")
 
 
-def figures_only(old: dict[str, Any], new: dict[str, Any], now: datetime, refresh_s: float) -> bool:
+def figures_only(old: dict[str, Any], new: dict[str, Any], refresh_s: float, offset_s: float = 0.0) -> bool:
     """Whether `new` differs from the stored status `old` by its figures' values alone (the same
-    figures, pods and bandwidth verdict), and the stored observation is younger than `refresh_s`:
-    a write that only refreshes numbers. Each status write costs the apiserver about 15 ms of CPU
+    figures, pods and bandwidth verdict), sampled in the same refresh slot as the stored ones: a
+    write that only refreshes numbers. Each status write costs the apiserver about 15 ms of CPU
     and every watcher an event; a fleet holding steady at a 30 s interval would write every object
-    every interval."""
+    every interval.
+
+    The slots are `refresh_s` long and start at `offset_s` (mod `refresh_s`), so an object's figures
+    are written once a slot, on its first evaluation in a new one. An offset of its own per object
+    spreads a fleet's writes evenly over the slot: waiting for the stored figures to be `refresh_s`
+    old instead kept the fleet in step with the startup that first wrote them (half a minute of
+    every minute with no writes, then the apiserver answering a burst in 0.5 s)."""
     if any(old.get(key) != new.get(key) for key in old.keys() | new.keys() if key not in STATUS_FIGURES):
         return False
     before, after = old.get("observed") or {}, new.get("observed") or {}
@@ -346,10 +353,19 @@ def figures_only(old: dict[str, Any], new: dict[str, Any], now: datetime, refres
     if any(before.get(key) != after.get(key) for key in OBSERVED_NEWS):
         return False
     try:
-        sampled = datetime.fromisoformat(str(before["sampledAt"]))
-    except ValueError:
+        slots = [
+            (datetime.fromisoformat(str(figures["sampledAt"])).timestamp() - offset_s) // refresh_s
+            for figures in (before, after)
+        ]
+    except (ValueError, ZeroDivisionError):
         return False
-    return timedelta(0) <= now - sampled < timedelta(seconds=refresh_s)
+    return slots[0] == slots[1]
+
+
+def refresh_offset_s(namespace: str, name: str, refresh_s: float) -> float:
+    """Where an object's refresh slots start: its own point of the slot, unrelated to where its
+    evaluations fall in their interval (tied to those, a fleet's writes would bunch again)."""
+    return phase(namespace, name, "status") * refresh_s
 
 
 def _moved(before: int | None, after: int, dead_band_percent: int) -> bool:
@@ -389,13 +405,15 @@ class _Reconcile:
 
     def write(self, status: LLMServingStatus, refresh_s: float | None = None) -> bool:
         """Write the status when it changed. With `refresh_s` (a steady hold), a change of its
-        figures alone waits until the stored observation is that old."""
+        figures alone waits for this object's next refresh slot (`figures_only`)."""
         # validated again: model_copy(update=...) skips validation, and every text must be bounded
         new = LLMServingStatus.model_validate(status.dump()).dump()
         old = self.raw.get("status") or {}
         if new == old:
             return False
-        if refresh_s is not None and figures_only(old, new, self.now, refresh_s):
+        if refresh_s is not None and figures_only(
+            old, new, refresh_s, offset_s=refresh_offset_s(self.namespace, self.name, refresh_s)
+        ):
             return False
         self.ports.kube.patch_status(self.namespace, self.name, new)
         return True

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import heapq
 import logging
 import math
@@ -32,16 +31,11 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from batchknee.core.spread import phase
+
 log = logging.getLogger("batchknee")
 
 Key = tuple[str, str]
-
-
-def phase(key: Key) -> float:
-    """Where in its interval an object's evaluations fall, in [0, 1): stable across restarts and
-    replicas, and spread evenly over a fleet."""
-    digest = hashlib.blake2b(f"{key[0]}/{key[1]}".encode(), digest_size=8).digest()  # (crc32 bunches)
-    return int.from_bytes(digest) / 2**64
 
 
 def next_due(last: float, interval: float, at: float) -> float:
@@ -73,7 +67,7 @@ class Scheduler:
         last = self.last_evaluated(key)
         if last is None:
             return  # its first evaluation is kopf's create/resume handler's, which brings its spec
-        when = next_due(last, interval, phase(key))
+        when = next_due(last, interval, phase(*key))
         self.due[key] = (when, interval)
         heapq.heappush(self._heap, (when, key))
 
@@ -140,7 +134,7 @@ class Scheduler:
             last = self.last_evaluated(key)
             if key in self.urgent:
                 self.urgent.discard(key)
-            elif last is not None and next_due(last, interval, phase(key)) > now:
+            elif last is not None and next_due(last, interval, phase(*key)) > now:
                 self._schedule(key, interval, now)  # evaluated meanwhile (a rollout's event)
                 continue
             task = asyncio.get_running_loop().create_task(self._run_one(key), name=f"evaluate {key}")

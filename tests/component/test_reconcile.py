@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from conftest import World, llmserving
 from fakes import observation
 
+from batchknee.reconcile import refresh_offset_s
 from batchknee.render import deployment_state
 
 
@@ -150,15 +151,23 @@ def test_a_steady_hold_refreshes_its_figures_once_a_window_and_anything_else_at_
         )
         return world.reconcile().status_written
 
-    # new figures inside the dead band, nothing else: not written until the window (120 s) is up
-    assert [evaluate(30, ctx) for ctx in (2060, 2100, 2080)] == [False, False, False]
+    # new figures inside the dead band, nothing else: not written until this object's next refresh
+    # slot (slots of a window, 120 s, each object's starting at its own point)
+    window = 120
+    offset = refresh_offset_s("default", "chat", window)
+    sampled = datetime.fromisoformat(stored["observed"]["sampledAt"]).timestamp()
+    next_slot = offset + ((sampled - offset) // window + 1) * window
+    held: list[bool] = []
+    while world.clock.now.timestamp() + 30 < next_slot:
+        held.append(evaluate(30, 2060 + 10 * len(held)))
+    assert held and not any(held)
     assert world.kube.status_writes == writes
     assert world.kube.status("default", "chat") == stored
-    assert evaluate(30, 2090, running=52)
+    assert evaluate(30, 2090, running=52)  # the first evaluation in the next slot
     refreshed = world.kube.status("default", "chat")
     assert refreshed["observed"]["avgContextLength"] == 2090 and refreshed["observed"]["running"] == 52
     assert refreshed["holdReason"] == "at-target"
-    assert not evaluate(30, 2070)
+    assert not evaluate(30, 2070)  # the same slot again
     # another pod reporting is more than a figure: written at once
     assert evaluate(5, 2070, pods=2)
     assert world.kube.status("default", "chat")["observed"]["pods"] == 2

@@ -6,8 +6,9 @@ import asyncio
 import contextlib
 from collections import Counter
 
+from batchknee.core.spread import phase
 from batchknee.handlers import evaluation_interval, outranked
-from batchknee.scheduling import Key, Scheduler, next_due, phase
+from batchknee.scheduling import Key, Scheduler, next_due
 
 
 def test_evaluations_fall_on_the_objects_grid_half_to_one_and_a_half_intervals_apart() -> None:
@@ -20,7 +21,7 @@ def test_evaluations_fall_on_the_objects_grid_half_to_one_and_a_half_intervals_a
 
 def test_a_fleet_found_at_once_is_spread_over_the_interval() -> None:
     keys = [(f"ns-{i % 10}", f"chat-{i:05d}") for i in range(1000)]
-    first = [next_due(100.0 - 15.0, 30.0, phase(key)) - 100.0 for key in keys]  # never evaluated
+    first = [next_due(100.0 - 15.0, 30.0, phase(*key)) - 100.0 for key in keys]  # never evaluated
     assert all(0.0 <= d <= 30.0 for d in first)
     per_3s = Counter(int(d // 3) for d in first)  # ten slots of 3 s: about 100 each, none bunched
     assert max(per_3s.values()) < 150 and min(per_3s.values()) > 50
