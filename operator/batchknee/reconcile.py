@@ -353,13 +353,17 @@ def figures_only(old: dict[str, Any], new: dict[str, Any], refresh_s: float, off
     if any(before.get(key) != after.get(key) for key in OBSERVED_NEWS):
         return False
     try:
-        slots = [
-            (datetime.fromisoformat(str(figures["sampledAt"])).timestamp() - offset_s) // refresh_s
-            for figures in (before, after)
-        ]
-    except (ValueError, ZeroDivisionError):
+        earlier, later = (datetime.fromisoformat(str(figures["sampledAt"])) for figures in (before, after))
+    except ValueError:
         return False
-    return slots[0] == slots[1]
+    return same_slot(earlier, later, refresh_s, offset_s)
+
+
+def same_slot(earlier: datetime, later: datetime, refresh_s: float, offset_s: float) -> bool:
+    """Whether two times fall in the same refresh slot (`refresh_s` long, from `offset_s`)."""
+    if refresh_s <= 0:
+        return False
+    return (earlier.timestamp() - offset_s) // refresh_s == (later.timestamp() - offset_s) // refresh_s
 
 
 def refresh_offset_s(namespace: str, name: str, refresh_s: float) -> float:
@@ -586,16 +590,17 @@ class _Reconcile:
                 f"{decision.recommendation.explain() if decision.recommendation else decision.reason}",
             )
 
-        # calibration samples: settled observations only, at most one per window
+        # calibration samples: settled observations only, one per refresh slot (a window long), so
+        # a new sample lands in the status write that refreshes the figures
         settled = not applied.rolling and (
             settled_since is None or self.now >= settled_since + timedelta(seconds=rules.window_s)
         )
         spec_changed = self.old.observed_generation != self.generation
         if settled and observation is not None and not decision.rolls and not spec_changed:
             point = calibration_point(observation)
-            last_time = calibration[-1].time if calibration else None
+            offset_s = refresh_offset_s(self.namespace, self.name, rules.window_s)
             if point is not None and (
-                last_time is None or self.now - last_time >= timedelta(seconds=rules.window_s)
+                not calibration or not same_slot(calibration[-1].time, point.time, rules.window_s, offset_s)
             ):
                 calibration = add_calibration_point(calibration, point)
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 from datetime import datetime, timedelta
 from typing import Any
 
 from conftest import World, llmserving
 from fakes import observation
 
-from batchknee.reconcile import refresh_offset_s
+from batchknee.reconcile import refresh_offset_s, same_slot
 from batchknee.render import deployment_state
 
 
@@ -176,6 +177,34 @@ def test_a_steady_hold_refreshes_its_figures_once_a_window_and_anything_else_at_
     moved = world.kube.status("default", "chat")
     assert moved["holdReason"] == "unsteady" and moved["observed"]["avgContextLength"] == 8192
     assert moved["recentTargets"][-1]["batch"] == 14.957  # B_knee at 8,192 tokens
+
+
+def test_a_steady_hold_writes_once_a_slot_with_that_slots_calibration_sample(world: World) -> None:
+    """Holding steady, evaluated every 30 s (observations sampled up to 4 s before): one status
+    write per refresh slot (a 120 s window), each carrying the slot's calibration sample, never a
+    second write for a sample on its own."""
+    world.kube.create(llmserving())
+    world.reconcile()
+    world.observer.set("default", "chat", observation(world.clock.now, ctx=2048))
+    settle(world)
+    world.reconcile()
+    assert world.kube.status("default", "chat")["holdReason"] == "at-target"
+    writes = world.kube.status_writes
+    samples = len(world.kube.status("default", "chat")["calibration"]["samples"])
+    offset = refresh_offset_s("default", "chat", 120)
+    sampled: list[datetime] = [
+        datetime.fromisoformat(world.kube.status("default", "chat")["observed"]["sampledAt"])
+    ]
+    for i in range(24):  # six windows
+        world.clock.advance(30)
+        at = (world.clock.now - timedelta(seconds=i % 5)).replace(microsecond=0)
+        world.observer.set("default", "chat", observation(at, ctx=2048 + 10 * (i % 3), running=48 + i % 2))
+        world.reconcile()
+        sampled.append(at)
+    slots = sum(not same_slot(a, b, 120, offset) for a, b in itertools.pairwise(sampled))
+    assert slots in (5, 6, 7)
+    assert world.kube.status_writes - writes == slots
+    assert len(world.kube.status("default", "chat")["calibration"]["samples"]) - samples == slots
 
 
 def test_metrics_unavailable_holds_the_last_good_setting(world: World) -> None:
