@@ -12,7 +12,7 @@ import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import ValidationError
@@ -360,10 +360,12 @@ def figures_only(old: dict[str, Any], new: dict[str, Any], refresh_s: float, off
 
 
 def same_slot(earlier: datetime, later: datetime, refresh_s: float, offset_s: float) -> bool:
-    """Whether two times fall in the same refresh slot (`refresh_s` long, from `offset_s`)."""
+    """Whether two times fall in the same refresh slot (`refresh_s` long, from `offset_s`); a time
+    without a zone is UTC's, as Kubernetes writes them."""
     if refresh_s <= 0:
         return False
-    return (earlier.timestamp() - offset_s) // refresh_s == (later.timestamp() - offset_s) // refresh_s
+    earlier_s, later_s = (t.replace(tzinfo=t.tzinfo or UTC).timestamp() - offset_s for t in (earlier, later))
+    return earlier_s // refresh_s == later_s // refresh_s
 
 
 def refresh_offset_s(namespace: str, name: str, refresh_s: float) -> float:

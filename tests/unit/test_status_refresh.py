@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from collections import Counter
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
+
+import pytest
 
 from batchknee.core.spread import phase
 from batchknee.reconcile import figures_only, refresh_offset_s
@@ -47,6 +51,23 @@ def test_moved_figures_wait_for_the_next_slot() -> None:
     assert figures_only(stored(), moved("2026-12-01T12:00:30Z"), refresh_s=60, offset_s=45)
     assert not figures_only(stored(), moved("2026-12-01T12:00:30Z"), refresh_s=60, offset_s=15)
     assert not figures_only(stored(), moved("2026-12-01T12:00:30Z"), refresh_s=0)
+
+
+@pytest.fixture
+def seoul(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The machine's local time nine hours ahead of UTC, for one test."""
+    monkeypatch.setenv("TZ", "KST-9")  # POSIX form: needs no zone database
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def test_a_time_without_its_zone_is_utcs_on_any_machine(seoul: None) -> None:
+    """As Kubernetes writes times; the machine's own zone plays no part."""
+    later = moved("2026-12-01T12:00:30Z")
+    assert figures_only(stored(sampledAt="2026-12-01T12:00:00"), later, refresh_s=60)
+    assert not figures_only(stored(sampledAt="2026-12-01T11:59:59"), later, refresh_s=60)
 
 
 def test_a_fleet_writes_its_figures_evenly_over_the_window() -> None:
