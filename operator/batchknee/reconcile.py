@@ -12,7 +12,7 @@ import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from pydantic import ValidationError
@@ -63,12 +63,13 @@ from batchknee.core.policy import (
     Rollout,
     TuningRules,
     add_calibration_point,
+    calibration_due,
     calibration_point,
     decide,
     record,
 )
 from batchknee.core.roofline import DecodeRoofline
-from batchknee.core.spread import phase
+from batchknee.core.spread import phase, same_slot
 from batchknee.core.verify import Check, Figures, verify
 from batchknee.ports import (
     ApplyConflict,
@@ -359,15 +360,6 @@ def figures_only(old: dict[str, Any], new: dict[str, Any], refresh_s: float, off
     return same_slot(earlier, later, refresh_s, offset_s)
 
 
-def same_slot(earlier: datetime, later: datetime, refresh_s: float, offset_s: float) -> bool:
-    """Whether two times fall in the same refresh slot (`refresh_s` long, from `offset_s`); a time
-    without a zone is UTC's, as Kubernetes writes them."""
-    if refresh_s <= 0:
-        return False
-    earlier_s, later_s = (t.replace(tzinfo=t.tzinfo or UTC).timestamp() - offset_s for t in (earlier, later))
-    return earlier_s // refresh_s == later_s // refresh_s
-
-
 def refresh_offset_s(namespace: str, name: str, refresh_s: float) -> float:
     """Where an object's refresh slots start: its own point of the slot, unrelated to where its
     evaluations fall in their interval (tied to those, a fleet's writes would bunch again)."""
@@ -601,9 +593,7 @@ class _Reconcile:
         if settled and observation is not None and not decision.rolls and not spec_changed:
             point = calibration_point(observation)
             offset_s = refresh_offset_s(self.namespace, self.name, rules.window_s)
-            if point is not None and (
-                not calibration or not same_slot(calibration[-1].time, point.time, rules.window_s, offset_s)
-            ):
+            if point is not None and calibration_due(calibration, point, rules.window_s, offset_s):
                 calibration = add_calibration_point(calibration, point)
 
         # Right after a rollout the new pods have few samples in the window: expected, not an alarm.

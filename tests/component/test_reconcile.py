@@ -10,7 +10,8 @@ from typing import Any
 from conftest import World, llmserving
 from fakes import observation
 
-from batchknee.reconcile import refresh_offset_s, same_slot
+from batchknee.core.spread import same_slot
+from batchknee.reconcile import refresh_offset_s
 from batchknee.render import deployment_state
 
 

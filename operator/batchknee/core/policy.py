@@ -83,6 +83,7 @@ from batchknee.core.recommend import (
     round_up,
 )
 from batchknee.core.roofline import DecodeRoofline, PrefillMix
+from batchknee.core.spread import same_slot
 
 Mode = Literal["Auto", "Recommend", "Pinned"]
 Goal = Literal["Knee", "SLO"]
@@ -383,6 +384,14 @@ def current_mix(
         if (mix := point.mix(max_num_batched_tokens)) is not None:
             return mix
     return None
+
+
+def calibration_due(
+    points: Sequence[CalibrationPoint], point: CalibrationPoint, window_s: float, offset_s: float
+) -> bool:
+    """Whether `point` is a new sample: one per refresh slot (a window long, from `offset_s`), so it
+    comes with the status write that refreshes the figures (`reconcile.figures_only`)."""
+    return not points or not same_slot(points[-1].time, point.time, window_s, offset_s)
 
 
 def add_calibration_point(

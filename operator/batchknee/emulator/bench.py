@@ -38,6 +38,7 @@ from batchknee.core.policy import (
     Rollout,
     TuningRules,
     add_calibration_point,
+    calibration_due,
     calibration_point,
     decide,
     record,
@@ -488,8 +489,8 @@ def run_policy(
                 and at >= settled_since + timedelta(seconds=rules.window_s)
             ):
                 point = calibration_point(observation)
-                last = calibration[-1].time if calibration else None
-                if point is not None and (last is None or at - last >= timedelta(seconds=rules.window_s)):
+                # as the operator samples (one simulated object: where its slots start is moot)
+                if point is not None and calibration_due(calibration, point, rules.window_s, 0.0):
                     calibration = add_calibration_point(calibration, point)
             if decision.rolls and live and decision.value <= ceiling:
                 # a live cap: no restart, nothing dropped; the window settles from now
