@@ -157,10 +157,9 @@ def test_a_steady_hold_refreshes_its_figures_once_a_window_and_anything_else_at_
     # slot (slots of a window, 120 s, each object's starting at its own point)
     window = 120
     offset = refresh_offset_s("default", "chat", window)
-    sampled = datetime.fromisoformat(stored["observed"]["sampledAt"]).timestamp()
-    next_slot = offset + ((sampled - offset) // window + 1) * window
+    sampled = datetime.fromisoformat(stored["observed"]["sampledAt"])
     held: list[bool] = []
-    while world.clock.now.timestamp() + 30 < next_slot:
+    while same_slot(sampled, world.clock.now + timedelta(seconds=30), window, offset):
         held.append(evaluate(30, 2060 + 10 * len(held)))
     assert held and not any(held)
     assert world.kube.status_writes == writes
