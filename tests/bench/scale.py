@@ -548,7 +548,16 @@ def run_size(
                 }
             )
             startup.start()
-            progress = Progress(set(namespaces), n, at_all_status=startup.stop)
+            # the apiserver's requests and the operator's reconciles from its start until every status
+            at_start = apiserver_metrics(cluster)
+            at_all_status: dict[str, Any] = {}
+
+            def all_status_reached() -> None:
+                startup.stop()
+                at_all_status["server"] = apiserver_metrics(cluster)
+                at_all_status["operator"] = operator_metrics(f"http://127.0.0.1:{metrics_port}/metrics")
+
+            progress = Progress(set(namespaces), n, at_all_status=all_status_reached)
             limit_s = max(10 * interval_s, 600)
             with watch_objects(cluster, "batchknee.io", "v1alpha1", "llmservings", progress.seen):
                 while time.monotonic() - progress.start < limit_s and operator.poll() is None:
@@ -599,6 +608,9 @@ def run_size(
             requests = request_counts(server)
             requests.subtract(request_counts(server_before))
             steady_buckets = subtract(buckets, buckets_before)
+            startup_requests = request_counts(at_all_status.get("server", at_start))
+            startup_requests.subtract(request_counts(at_start))
+            startup_buckets = histogram_buckets(at_all_status.get("operator", ""), RECONCILES)
             collections = subtract(histogram_buckets(text, FULL_COLLECTIONS), collections_before)
             figures: dict[str, Any] = {
                 "llmservings": n,
@@ -635,6 +647,13 @@ def run_size(
                 "steadyApiserverRequests": {
                     what: int(count) for what, count in requests.most_common(8) if count > 0
                 },
+                # from the operator's start until every status: its reconciles, the apiserver's requests
+                "startupReconcileP50Ms": round((quantile(startup_buckets, 0.5) or float("nan")) * 1e3, 1),
+                "startupReconcileP95Ms": round((quantile(startup_buckets, 0.95) or float("nan")) * 1e3, 1),
+                "startupReconciles": int(startup_buckets[-1][1]) if startup_buckets else 0,
+                "startupApiserverRequests": {
+                    what: int(count) for what, count in startup_requests.most_common(10) if count > 0
+                },
                 # cores each process spent until every status (of os.cpu_count())
                 "startupCpuShares": startup.shares,
                 "cpus": os.cpu_count(),
@@ -663,6 +682,13 @@ def run_size(
                 f"{figures['steadyStatusWriteServerP50Ms']} ms, p95 {figures['steadyStatusWriteServerP95Ms']} ms "
                 f"(its own histogram); its requests: "
                 + ", ".join(f"{what} {count}" for what, count in figures["steadyApiserverRequests"].items()),
+                flush=True,
+            )
+            print(
+                f"[{n}] until every status, {figures['startupReconciles']} reconciles, p50 "
+                f"{figures['startupReconcileP50Ms']} ms, p95 {figures['startupReconcileP95Ms']} ms; the "
+                "apiserver's requests: "
+                + ", ".join(f"{what} {count}" for what, count in figures["startupApiserverRequests"].items()),
                 flush=True,
             )
             split = ", ".join(
