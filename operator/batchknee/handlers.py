@@ -207,7 +207,7 @@ def configure(settings: OperatorSettings, identity: str = "", priority: int = 0)
     and `priority`: this replica's in kopf peering)."""
     global RUNTIME
     load_config()
-    cache = WatchCache(watched=CACHED_KINDS)
+    cache = WatchCache()
     kube = KubernetesAdapter(pooled_client(settings.reconcile_workers + 4), cache=cache)
     router = prometheus_observer(settings)
     metrics = OperatorMetrics()
@@ -298,7 +298,6 @@ async def on_llmserving(**kwargs: Any) -> None:
     progress annotations, no finalizer), and removes the finalizer an older build left."""
     event, namespace, name, meta = kwargs["event"], kwargs["namespace"], kwargs["name"], kwargs["meta"]
     rt = runtime()
-    rt.cache.listed()  # kopf runs this only once every kind with an index handler is listed
     remember(rt.cache, "LLMServing", f"{GROUP}/{VERSION}", event)
     if event.get("type") == "DELETED" or meta.get("deletionTimestamp"):
         rt.forget(namespace, name)
@@ -439,44 +438,19 @@ async def watch_peers(rt: Runtime) -> None:
 def remember(
     cache: WatchCache, kind: str, api_version: str, event: Mapping[str, Any], *, label: str | None = None
 ) -> None:
-    """Keep the object a watch event brought in the cache (with `label`: only while it carries it;
-    one without it is only known to exist, so it is read from the apiserver, as someone else's or
-    one that stopped being the operator's). Listed objects come without their kind: it is put back,
-    as a GET would return it."""
+    """Keep the object a watch event brought in the cache (with `label`: only while it carries it,
+    so an object that stops being the operator's is read from the apiserver again). Listed objects
+    come without their kind: it is put back, as a GET would return it."""
     body = event.get("object") or {}
     meta = body.get("metadata") or {}
-    namespace, name = meta.get("namespace") or "", meta.get("name") or ""
-    if event.get("type") == "DELETED":
-        cache.gone(kind, namespace, name)
-    elif label is not None and label not in (meta.get("labels") or {}):
-        cache.present(kind, namespace, name)
+    if event.get("type") == "DELETED" or (label is not None and label not in (meta.get("labels") or {})):
+        cache.gone(kind, meta.get("namespace") or "", meta.get("name") or "")
     else:
         cache.seen(kind, {"apiVersion": api_version, "kind": kind, **body})
 
 
-# The kinds the watches below deliver in full (every object of the watched namespaces, ours or not).
-CACHED_KINDS = ("Deployment", "Service", "PodDisruptionBudget")
-
-
-# kopf lists every kind that has an index handler before it runs any other handler; these keep
-# nothing, but make the watch cache complete when on_llmserving first runs (`WatchCache.listed`).
-@kopf.index("apps", "v1", "deployments")
-def deployments_listed(**_: Any) -> None:
-    return None
-
-
-@kopf.index("", "v1", "services")
-def services_listed(**_: Any) -> None:
-    return None
-
-
-@kopf.index("policy", "v1", "poddisruptionbudgets")
-def disruption_budgets_listed(**_: Any) -> None:
-    return None
-
-
 # Watched unfiltered (kopf filters labels in the process, not in the watch): a Deployment whose label
-# is taken off must leave the cache, and someone else's of an LLMServing's name must be known.
+# is taken off must leave the cache.
 @kopf.on.event("apps", "v1", "deployments")
 async def on_deployment(**kwargs: Any) -> None:
     """Cached while it is an engine Deployment; one that moved (a rollout progressed or finished)

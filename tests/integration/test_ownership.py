@@ -11,7 +11,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from test_operator import Harness, crds, state_for, wait_for, world
 
 from batchknee.adapters.kubernetes import KubernetesAdapter
@@ -66,51 +65,6 @@ def test_a_service_named_like_the_llmserving_is_never_hijacked(world: Harness) -
 
     world.kubectl("delete", "llms", "payments", "--wait=true")
     assert strip_volatile(world.get("service", "payments")) == before
-
-
-def not_found_reads(cluster: DevCluster) -> float:
-    """The apiserver's GETs of Deployments, Services and PodDisruptionBudgets answered 404, so far."""
-    total = 0.0
-    for family in text_string_to_metric_families(cluster.kubectl("get", "--raw", "/metrics").stdout):
-        if family.name == "apiserver_request":
-            total += sum(
-                sample.value
-                for sample in family.samples
-                if sample.name == "apiserver_request_total"
-                and sample.labels.get("verb") == "GET"
-                and sample.labels.get("code") == "404"
-                and sample.labels.get("resource") in ("deployments", "services", "poddisruptionbudgets")
-            )
-    return total
-
-
-def test_once_listed_a_new_llmserving_reads_nothing_it_has_not_made_yet_but_someone_elses_still_counts(
-    world: Harness, cluster: DevCluster
-) -> None:
-    """After kopf's listing the watch cache knows every Deployment, Service and PodDisruptionBudget
-    of the namespace: a new LLMServing's objects are made without a GET of each first; a Service of
-    someone else's made while the operator runs is still found, and refused."""
-    world.start_operator()
-    assert world.apply("first").returncode == 0
-    wait_for(lambda: world.max_num_seqs("first") == 64, 60, "the first Deployment", world.log)
-
-    before = not_found_reads(cluster)
-    assert world.apply("second").returncode == 0
-    wait_for(lambda: world.status("second").get("observedGeneration"), 60, "a status", world.log)
-    assert not_found_reads(cluster) == before  # (three before: one per object, answered 404)
-    assert world.max_num_seqs("second") == 64
-
-    world.kubectl("apply", "-f", "-", input=json.dumps(foreign_service("ledger")))
-    theirs = strip_volatile(world.get("service", "ledger"))
-    assert world.apply("ledger").returncode == 0
-    wait_for(
-        lambda: world.condition("ledger", "Degraded").get("reason") == "NameConflict",
-        60,
-        "Degraded=NameConflict",
-        world.log,
-    )
-    assert strip_volatile(world.get("service", "ledger")) == theirs
-    assert world.get("deployment", "ledger") is None
 
 
 def test_a_foreign_deployment_is_not_rolled(world: Harness) -> None:

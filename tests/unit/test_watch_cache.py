@@ -5,12 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
 from test_kubernetes_retries import Script, apiserver
 
 from batchknee.adapters.kubernetes import KubernetesAdapter, WatchCache
 from batchknee.handlers import remember
-from batchknee.ports import ApplyConflict
 from batchknee.render import LABEL
 
 __all__ = ["apiserver"]
@@ -123,75 +121,3 @@ def test_the_adapter_reads_the_cache_and_the_apiserver_only_around_it(
     script.requests.clear()
     assert kube.get_deployment("ml", "chat")["metadata"]["resourceVersion"] == "8"  # type: ignore[index]
     assert script.requests == []
-
-
-def test_once_listed_a_miss_is_an_absence_but_never_for_someone_elses_object() -> None:
-    clock = Clock()
-    cache = WatchCache(write_wait_s=10, clock=clock, watched=("Deployment", "Service"))
-    assert not cache.absent("Deployment", "ml", "chat")  # kopf has not listed everything yet
-    cache.listed()
-    assert cache.absent("Deployment", "ml", "chat")
-    assert not cache.absent("ConfigMap", "ml", "chat")  # no watch delivers ConfigMaps
-
-    # someone else's Service of that name (no label): it exists, and is read, and refused, as before
-    theirs = {"type": None, "object": {"metadata": {"name": "chat", "namespace": "ml", "labels": {}}}}
-    remember(cache, "Service", "v1", theirs, label=LABEL)
-    assert not cache.absent("Service", "ml", "chat") and cache.get("Service", "ml", "chat") is None
-    ours = {"type": "MODIFIED", "object": deployment("7", **{LABEL: "chat"})}
-    remember(cache, "Service", "v1", ours, label=LABEL)  # it took our label: read from the cache
-    assert cache.get("Service", "ml", "chat") is not None
-    remember(cache, "Service", "v1", {"type": "MODIFIED", "object": deployment("8")}, label=LABEL)
-    assert not cache.absent("Service", "ml", "chat")  # our label taken off: it still exists
-    remember(cache, "Service", "v1", {"type": "DELETED", "object": deployment("9")}, label=LABEL)
-    assert cache.absent("Service", "ml", "chat")
-
-    # the operator's own write: its event may still be coming
-    cache.wrote("Deployment", "ml", "chat", "3")
-    assert not cache.absent("Deployment", "ml", "chat")
-    cache.seen("Deployment", deployment("3", **{LABEL: "chat"}))
-    assert not cache.absent("Deployment", "ml", "chat") and cache.get("Deployment", "ml", "chat") is not None
-
-
-def test_a_cleared_cache_is_never_complete_again() -> None:
-    cache = WatchCache(watched=("Deployment",))
-    cache.listed()
-    cache.clear()  # the watches paused: a new listing's end is never signalled
-    cache.listed()
-    assert not cache.absent("Deployment", "ml", "chat")
-
-
-def test_a_complete_cache_spares_the_apiserver_a_get_of_what_does_not_exist(
-    apiserver: tuple[Script, KubernetesAdapter],
-) -> None:
-    script, plain = apiserver
-    cache = WatchCache(watched=("Deployment", "Service", "PodDisruptionBudget"))
-    kube = KubernetesAdapter(plain.api_client, timeout_s=5, cache=cache)
-    script.answers.append((404, {"kind": "Status", "code": 404, "reason": "NotFound"}))
-    assert kube.get_deployment("ml", "chat") is None  # not listed yet: asked
-    assert script.requests == ["GET /apis/apps/v1/namespaces/ml/deployments/chat"]
-
-    cache.listed()
-    script.requests.clear()
-    assert kube.get_deployment("ml", "chat") is None
-    assert kube.get_object("Service", "ml", "chat") is None
-    assert kube.get_object("PodDisruptionBudget", "ml", "chat") is None
-    assert script.requests == []
-
-    cache.present("Service", "ml", "chat")  # someone else's
-    script.answers.append((200, {"metadata": {"name": "chat", "namespace": "ml", "resourceVersion": "4"}}))
-    assert kube.get_object("Service", "ml", "chat") is not None
-    assert script.requests == ["GET /api/v1/namespaces/ml/services/chat"]
-
-    # one made meanwhile, whose event has not come: the refused create says it exists
-    script.requests.clear()
-    script.answers.append((409, {"kind": "Status", "code": 409, "reason": "Conflict", "message": "conflict"}))
-    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "raced", "namespace": "ml"}}
-    with pytest.raises(ApplyConflict):
-        kube.apply(service)
-    assert not cache.absent("Service", "ml", "raced")
-    script.answers.append((200, {"metadata": {"name": "raced", "namespace": "ml", "resourceVersion": "5"}}))
-    assert kube.get_object("Service", "ml", "raced") is not None
-    assert script.requests == [
-        "PATCH /api/v1/namespaces/ml/services/raced",
-        "GET /api/v1/namespaces/ml/services/raced",
-    ]

@@ -14,7 +14,7 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from http import HTTPStatus
 from typing import Any, TypeVar, cast
@@ -128,14 +128,7 @@ class WatchCache:
     them from the apiserver.
 
     - An object the cache does not know is read from the apiserver (None from `get`): not yet
-      listed, deleted, or not ours — unless the cache is complete (`absent`).
-    - Complete: once kopf has listed every kind the watches feed (`listed`), an object of such a
-      kind that no watch delivered does not exist, so a new LLMServing's first reconcile asks the
-      apiserver nothing for its Deployment, Service and PodDisruptionBudget (three GETs, answered
-      404, for each of a thousand LLMServings found at startup: a third of the startup's time).
-      Someone else's object of a watched kind is remembered by name (`present`), so it is still
-      read, and refused, as before. A cleared cache (a pause of the watches) is never complete
-      again: nothing says when a new listing ends.
+      listed, deleted, or not ours.
     - After the operator writes an object, reads go to the apiserver until the watch brings that
       write back (its resourceVersion), or `write_wait_s` passes (a write squashed by a later event
       never shows): a reconcile right after a write never decides on what was there before it.
@@ -143,20 +136,11 @@ class WatchCache:
       read: a fresh dict for each caller, and a tenth of the memory of the parsed object.
     """
 
-    def __init__(
-        self,
-        write_wait_s: float = 10.0,
-        clock: Callable[[], float] = time.monotonic,
-        watched: Collection[str] = (),
-    ) -> None:
+    def __init__(self, write_wait_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.write_wait_s = write_wait_s
         self.clock = clock
-        self.watched = frozenset(watched)  # the kinds whose every object a watch delivers
         self._bodies: dict[tuple[str, str, str], tuple[str, bytes]] = {}  # key → (resourceVersion, JSON)
         self._written: dict[tuple[str, str, str], tuple[str, float]] = {}  # key → (resourceVersion, until)
-        self._present: set[tuple[str, str, str]] = set()  # delivered, not ours: read from the apiserver
-        self._complete = False  # every watched kind listed: a miss is an absence
-        self._cleared = False
         self._lock = threading.Lock()  # fed from the event loop, read from the reconcile threads
 
     def seen(self, kind: str, body: Mapping[str, Any]) -> None:
@@ -168,44 +152,15 @@ class WatchCache:
         data = json.dumps(slim, separators=(",", ":")).encode()
         with self._lock:
             self._bodies[key] = (version, data)
-            self._present.discard(key)
             written = self._written.get(key)
             if written is not None and written[0] == version:
                 del self._written[key]
 
     def gone(self, kind: str, namespace: str, name: str) -> None:
-        """Deleted."""
+        """Deleted, or no longer one of the operator's (a label taken off)."""
         with self._lock:
             self._bodies.pop((kind, namespace, name), None)
             self._written.pop((kind, namespace, name), None)
-            self._present.discard((kind, namespace, name))
-
-    def present(self, kind: str, namespace: str, name: str) -> None:
-        """Delivered, and not one of the operator's (or no longer: a label taken off): it exists, and
-        is read from the apiserver."""
-        with self._lock:
-            self._bodies.pop((kind, namespace, name), None)
-            self._written.pop((kind, namespace, name), None)
-            self._present.add((kind, namespace, name))
-
-    def listed(self) -> None:
-        """kopf has listed every watched kind (it runs no other handler before): complete from now,
-        unless the cache was ever cleared."""
-        with self._lock:
-            self._complete = not self._cleared
-
-    def absent(self, kind: str, namespace: str, name: str) -> bool:
-        """Whether the object surely does not exist: complete, of a watched kind, never delivered
-        (or deleted since), and not just written by the operator (its event may still be coming)."""
-        key = (kind, namespace, name)
-        with self._lock:
-            return (
-                self._complete
-                and kind in self.watched
-                and key not in self._bodies
-                and key not in self._present
-                and key not in self._written
-            )
 
     def wrote(self, kind: str, namespace: str, name: str, resource_version: str | None) -> None:
         """The operator wrote the object (it is now at `resource_version`)."""
@@ -220,8 +175,6 @@ class WatchCache:
         with self._lock:
             self._bodies.clear()
             self._written.clear()
-            self._present.clear()
-            self._complete, self._cleared = False, True
 
     def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         """The object as last delivered, or None: ask the apiserver."""
@@ -306,15 +259,10 @@ class KubernetesAdapter:
         )
         return list(cast(dict[str, Any], found).get("items") or [])
 
-    def absent(self, kind: str, namespace: str, name: str) -> bool:
-        return self.cache is not None and self.cache.absent(kind, namespace, name)
-
     def get_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
         cached = self.cached("Deployment", namespace, name)
         if cached is not None:
             return cached
-        if self.absent("Deployment", namespace, name):
-            return None
         try:
             response: Any = with_retries(
                 lambda: self.apps.read_namespaced_deployment(
@@ -333,8 +281,6 @@ class KubernetesAdapter:
         cached = self.cached(kind, namespace, name)
         if cached is not None:
             return cached
-        if self.absent(kind, namespace, name):
-            return None
         read = {
             "Deployment": self.apps.read_namespaced_deployment,
             "StatefulSet": self.apps.read_namespaced_stateful_set,
@@ -396,10 +342,7 @@ class KubernetesAdapter:
             self._written(kind, namespace, name, response)
         except ApiException as error:
             # 409: the resourceVersion precondition failed, or (unforced) another manager owns a field
-            # of an object that appeared since it was found missing: it exists, so the decision made
-            # again reads it from the apiserver, even before its watch event comes.
-            if error.status == 409 and not ours and self.cache is not None:
-                self.cache.present(kind, namespace, name)
+            # of an object that appeared since it was found missing.
             failure = ApplyConflict if error.status == 409 else ApplyError
             raise failure(f"{kind} {namespace}/{name}: {_explain(error)}") from None
 
