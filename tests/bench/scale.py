@@ -22,8 +22,9 @@ over that stretch, reconcile p50/p95 from its own /metrics histogram
 (since the operator's start, and over the steady stretch alone; the time a reconcile runs in its
 worker thread, not its wait for one), the operator's full Python collections over the steady
 stretch (how many, and how long each held it), the apiserver's own timing of the status writes
-over that stretch (its request histogram) and its requests there by verb and resource, and what
-each process of the machine (the control plane,
+over that stretch (its request histogram) and its requests there by verb and resource, the
+reconciles' p50/p95 and the apiserver's requests from the operator's start until every status, and
+what each process of the machine (the control plane,
 Prometheus, the exporter, the operator, the bench itself) spent of the cores until every
 LLMServing had a status.
 The last line is one JSON object with the figures of the largest N.
