@@ -436,6 +436,18 @@ def quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
     return None
 
 
+def quantile_ms(buckets: list[tuple[float, float]], q: float) -> float:
+    """`quantile` in ms, rounded to 0.1 (NaN where there is none)."""
+    return round((quantile(buckets, q) or float("nan")) * 1e3, 1)
+
+
+def requests_between(later: list[Metric], earlier: list[Metric]) -> Counter[str]:
+    """The apiserver's requests by verb and resource between two reads of its /metrics."""
+    counts = request_counts(later)
+    counts.subtract(request_counts(earlier))
+    return counts
+
+
 def chart_account_kubeconfig(cluster: DevCluster, namespaces: list[str], workdir: Path) -> Path:
     """A kubeconfig with the token of the chart's own ServiceAccount, with the chart's RBAC for
     `namespaces` (a Role per watched namespace), as the operator runs in a cluster: a token the
@@ -606,11 +618,9 @@ def run_size(
             writes = counter(text, "batchknee_status_writes_total")
             server = apiserver_metrics(cluster)
             server_writes = subtract(status_write_buckets(server), status_write_buckets(server_before))
-            requests = request_counts(server)
-            requests.subtract(request_counts(server_before))
+            requests = requests_between(server, server_before)
             steady_buckets = subtract(buckets, buckets_before)
-            startup_requests = request_counts(at_all_status.get("server", at_start))
-            startup_requests.subtract(request_counts(at_start))
+            startup_requests = requests_between(at_all_status.get("server", at_start), at_start)
             startup_buckets = histogram_buckets(at_all_status.get("operator", ""), RECONCILES)
             collections = subtract(histogram_buckets(text, FULL_COLLECTIONS), collections_before)
             figures: dict[str, Any] = {
@@ -627,30 +637,26 @@ def run_size(
                 "etcdCpuShare": round(plane_share.get("etcd", float("nan")), 3),
                 "statusWritesPerInterval": round((writes - writes_before) / (steady / interval_s), 1),
                 "deployments": "mid-rollout" if mid_rollout else "rolled-out",
-                "reconcileP50Ms": round((quantile(buckets, 0.5) or float("nan")) * 1e3, 1),
-                "reconcileP95Ms": round((quantile(buckets, 0.95) or float("nan")) * 1e3, 1),
+                "reconcileP50Ms": quantile_ms(buckets, 0.5),
+                "reconcileP95Ms": quantile_ms(buckets, 0.95),
                 "reconciles": int(buckets[-1][1]) if buckets else 0,
                 # the same over the steady stretch only (startup's first reconciles left out)
-                "steadyReconcileP50Ms": round((quantile(steady_buckets, 0.5) or float("nan")) * 1e3, 1),
-                "steadyReconcileP95Ms": round((quantile(steady_buckets, 0.95) or float("nan")) * 1e3, 1),
+                "steadyReconcileP50Ms": quantile_ms(steady_buckets, 0.5),
+                "steadyReconcileP95Ms": quantile_ms(steady_buckets, 0.95),
                 "steadyReconciles": int(steady_buckets[-1][1]) if steady_buckets else 0,
                 # Python's full collections in the operator over the steady stretch: each holds every thread
                 "steadyFullCollections": int(collections[-1][1]) if collections else 0,
-                "steadyFullCollectionP50Ms": round((quantile(collections, 0.5) or float("nan")) * 1e3, 1),
+                "steadyFullCollectionP50Ms": quantile_ms(collections, 0.5),
                 "steadyFullCollectionMaxMs": longest_ms(collections),
                 # the apiserver's answer to each status write, timed by the apiserver
-                "steadyStatusWriteServerP50Ms": round(
-                    (quantile(server_writes, 0.5) or float("nan")) * 1e3, 1
-                ),
-                "steadyStatusWriteServerP95Ms": round(
-                    (quantile(server_writes, 0.95) or float("nan")) * 1e3, 1
-                ),
+                "steadyStatusWriteServerP50Ms": quantile_ms(server_writes, 0.5),
+                "steadyStatusWriteServerP95Ms": quantile_ms(server_writes, 0.95),
                 "steadyApiserverRequests": {
                     what: int(count) for what, count in requests.most_common(8) if count > 0
                 },
                 # from the operator's start until every status: its reconciles, the apiserver's requests
-                "startupReconcileP50Ms": round((quantile(startup_buckets, 0.5) or float("nan")) * 1e3, 1),
-                "startupReconcileP95Ms": round((quantile(startup_buckets, 0.95) or float("nan")) * 1e3, 1),
+                "startupReconcileP50Ms": quantile_ms(startup_buckets, 0.5),
+                "startupReconcileP95Ms": quantile_ms(startup_buckets, 0.95),
                 "startupReconciles": int(startup_buckets[-1][1]) if startup_buckets else 0,
                 "startupApiserverRequests": {
                     what: int(count) for what, count in startup_requests.most_common(10) if count > 0
