@@ -10,7 +10,7 @@ pod and llmserving labels — no pods run (the Deployment and ReplicaSet control
 bench stands in for what those controllers report once a fleet's pods run: each Deployment the
 operator applies is marked rolled out (updated, ready and available), so the steady state is a
 fleet holding at its targets (`--mid-rollout` leaves them as applied, every one mid-rollout, as in
-the README's older tables). The operator runs as its own process (`batchknee operator`) with the
+docs/scale.md). The operator runs as its own process (`batchknee operator`) with the
 token of the chart's ServiceAccount and the chart's RBAC (as in a cluster), its Prometheus URL a
 counting proxy in front of the real Prometheus. Progress is followed with a watch.
 
