@@ -26,7 +26,10 @@ over that stretch (its request histogram) and its requests there by verb and res
 reconciles' p50/p95 and the apiserver's requests from the operator's start until every status, and
 what each process of the machine (the control plane,
 Prometheus, the exporter, the operator, the bench itself) spent of the cores until every
-LLMServing had a status.
+LLMServing had a status. Then (the fleet rolled out) the operator is stopped and started again, as
+in an upgrade: the seconds until the new process has evaluated every LLMServing, its reconciles'
+p50/p95 until then, the rollouts it made (none is right: nothing changed) and the apiserver's
+requests meanwhile.
 The last line is one JSON object with the figures of the largest N.
 """
 
@@ -222,6 +225,44 @@ def rss_mib(pid: int) -> float:
 
 def operator_metrics(metrics_url: str) -> str:
     return urllib.request.urlopen(metrics_url, timeout=10).read().decode()
+
+
+def stop_operator(operator: subprocess.Popen[bytes]) -> None:
+    if operator.poll() is None:
+        operator.terminate()
+        try:
+            operator.wait(30)
+        except subprocess.TimeoutExpired:
+            operator.kill()
+            operator.wait(10)
+
+
+def sum_samples(text: str, name: str) -> float:
+    """The sum of every sample of `name` in /metrics `text` (0 when there is none)."""
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name
+    )
+
+
+def wait_all_evaluated(
+    operator: subprocess.Popen[bytes], metrics_url: str, n: int, limit_s: float
+) -> tuple[float | None, str]:
+    """When this operator process had evaluated all `n` LLMServings (each has its applied-limit
+    series, set by its first evaluation), by its /metrics every second; and that last /metrics."""
+    deadline, text = time.monotonic() + limit_s, ""
+    while time.monotonic() < deadline and operator.poll() is None:
+        try:
+            text = operator_metrics(metrics_url)
+        except OSError:  # not serving yet
+            time.sleep(1)
+            continue
+        if sum(line.startswith("batchknee_max_num_seqs{") for line in text.splitlines()) >= n:
+            return time.monotonic(), text
+        time.sleep(1)
+    return None, text
 
 
 def histogram_buckets(text: str, name: str) -> list[tuple[float, float]]:
@@ -528,25 +569,29 @@ def run_size(
             env["KUBECONFIG"] = str(chart_account_kubeconfig(cluster, namespaces, workdir))
             env["BATCHKNEE_PROMETHEUS_URL"] = proxy_url
             operator_log = (workdir / f"operator-{n}.log").open("ab")
-            operator = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "batchknee",
-                    "operator",
-                    *[flag for namespace in namespaces for flag in ("--namespace", namespace)],
-                    "--peering",
-                    "standalone",
-                    "--metrics-port",
-                    str(metrics_port),
-                    "--health-port",
-                    "0",
-                ],
-                env=env,
-                stdout=operator_log,
-                stderr=subprocess.STDOUT,
-                cwd=ROOT,
-            )
+
+            def start_operator() -> subprocess.Popen[bytes]:
+                return subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "batchknee",
+                        "operator",
+                        *[flag for namespace in namespaces for flag in ("--namespace", namespace)],
+                        "--peering",
+                        "standalone",
+                        "--metrics-port",
+                        str(metrics_port),
+                        "--health-port",
+                        "0",
+                    ],
+                    env=env,
+                    stdout=operator_log,
+                    stderr=subprocess.STDOUT,
+                    cwd=ROOT,
+                )
+
+            operator = start_operator()
             startup = CpuSplit(
                 {
                     **{
@@ -707,15 +752,41 @@ def run_size(
                 f"{sum(startup.shares.values()) * 100:.0f} % in all",
                 flush=True,
             )
+            if not mid_rollout:
+                # An operator upgrade: the same fleet, a new process with nothing in memory.
+                stop_operator(operator)
+                before_restart = apiserver_metrics(cluster)
+                restart_start = time.monotonic()
+                operator = start_operator()
+                evaluated, text = wait_all_evaluated(operator, metrics_url, n, limit_s)
+                restart = requests_between(apiserver_metrics(cluster), before_restart)
+                restart_buckets = histogram_buckets(text, RECONCILES)
+                figures |= {
+                    "restartAllEvaluatedSeconds": None
+                    if evaluated is None
+                    else round(evaluated - restart_start, 1),
+                    "restartReconcileP50Ms": quantile_ms(restart_buckets, 0.5),
+                    "restartReconcileP95Ms": quantile_ms(restart_buckets, 0.95),
+                    "restartReconciles": int(restart_buckets[-1][1]) if restart_buckets else 0,
+                    "restartRetunes": int(sum_samples(text, "batchknee_retunes_total")),
+                    "restartApiserverRequests": {
+                        what: int(count) for what, count in restart.most_common(10) if count > 0
+                    },
+                }
+                print(
+                    f"[{n}] after a restart of the operator, every LLMServing evaluated in "
+                    f"{figures['restartAllEvaluatedSeconds']} s, {figures['restartReconciles']} reconciles, "
+                    f"p50 {figures['restartReconcileP50Ms']} ms, p95 {figures['restartReconcileP95Ms']} ms, "
+                    f"{figures['restartRetunes']} rollouts; the apiserver's requests: "
+                    + ", ".join(
+                        f"{what} {count}" for what, count in figures["restartApiserverRequests"].items()
+                    ),
+                    flush=True,
+                )
             return figures
     finally:
-        if operator is not None and operator.poll() is None:
-            operator.terminate()
-            try:
-                operator.wait(30)
-            except subprocess.TimeoutExpired:
-                operator.kill()
-                operator.wait(10)
+        if operator is not None:
+            stop_operator(operator)
         exporter.terminate()
         exporter.wait(10)
         # The namespaces stay (the cluster is thrown away at the end): the next size's operator
