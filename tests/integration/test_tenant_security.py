@@ -226,3 +226,148 @@ def test_engine_pods_are_admitted_in_a_restricted_namespace(world: Harness) -> N
     wait_for(pods, 90, "an engine pod admitted under the restricted profile", refusals)
     wait_for(lambda: world.condition("chat", "Ready").get("status") == "True", 90, "Ready", world.log)
     assert refusals() == ""
+
+
+SHARED_CONFIG = "platform-config"
+CONFIG_MAP_READS = {
+    "env": {
+        "env": [{"name": "TOKEN", "valueFrom": {"configMapKeyRef": {"name": SHARED_CONFIG, "key": "token"}}}]
+    },
+    "envfrom": {"envFrom": [{"configMapRef": {"name": SHARED_CONFIG}}]},
+    "volume": {
+        "volumes": [{"name": "config", "configMap": {"name": SHARED_CONFIG}}],
+        "volumeMounts": [{"name": "config", "mountPath": "/config"}],
+    },
+}
+
+
+def test_a_configmap_the_requester_may_not_read_is_refused(tenant: Harness) -> None:
+    """The engine pod reads a ConfigMap for whoever wrote its spec, and the value could come back to
+    them through the engine's args (`$(TOKEN)` in a served model name) or API: a tenant who may not get
+    a ConfigMap is refused a spec that reads it, naming it; granted get on that one ConfigMap, the
+    same specs are admitted and deployed, and one more reference, to another, is refused again."""
+    world = tenant
+    world.kubectl("create", "configmap", SHARED_CONFIG, "--from-literal=token=abc")
+    world.kubectl("create", "configmap", "other", "--from-literal=x=y")
+    world.start_operator()
+    for name, template in CONFIG_MAP_READS.items():
+        done = apply_as(world, TENANT, f"cm-{name}", template=template)
+        assert done.returncode != 0, name
+        assert f"read ConfigMap(s) {SHARED_CONFIG} (" in done.stderr and TENANT in done.stderr, done.stderr
+    assert not world.get("llmserving", "cm-env")
+
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": "platform-config-reader"},
+        "rules": [
+            {
+                "apiGroups": [""],
+                "resources": ["configmaps"],
+                "resourceNames": [SHARED_CONFIG],
+                "verbs": ["get"],
+            }
+        ],
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": "platform-config-reader"},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": "platform-config-reader",
+        },
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": TENANT}],
+    }
+    for obj in (role, binding):
+        world.kubectl("apply", "-f", "-", input=json.dumps(obj))
+    wait_for(
+        lambda: (
+            world.kubectl(
+                "auth", "can-i", "get", f"configmap/{SHARED_CONFIG}", f"--as={TENANT}", check=False
+            ).stdout.strip()
+            == "yes"
+        ),
+        30,
+        "the tenant's get on the ConfigMap",
+    )
+    for name, template in CONFIG_MAP_READS.items():
+        done = apply_as(world, TENANT, f"cm-{name}", template=template)
+        assert done.returncode == 0, done.stderr
+    other = {"name": "X", "valueFrom": {"configMapKeyRef": {"name": "other", "key": "x"}}}
+    both = {"env": [*CONFIG_MAP_READS["env"]["env"], other]}
+    done = apply_as(world, TENANT, "cm-both", template=both)
+    assert done.returncode != 0 and f"read ConfigMap(s) {SHARED_CONFIG}, other (" in done.stderr, done.stderr
+
+    dep = wait_for(lambda: world.get("deployment", "cm-env"), 60, "the Deployment", world.log)
+    engine = dep["spec"]["template"]["spec"]["containers"][0]
+    token = {"name": "TOKEN", "valueFrom": {"configMapKeyRef": {"name": SHARED_CONFIG, "key": "token"}}}
+    assert token in engine["env"], engine["env"]
+
+
+def test_adopting_a_workload_needs_a_requester_who_may_patch_it(tenant: Harness) -> None:
+    """A workload wired for batchknee consents to the operator setting its batch limit, not to every
+    LLMServing writer of the namespace doing so: a tenant who may not patch it is refused a
+    targetRef to it, naming it; the namespace's admin, or the tenant once granted patch on that one
+    Deployment, is admitted."""
+    world = tenant
+    target = {"kind": "Deployment", "name": "team-b-engine"}
+    done = apply_as(world, TENANT, "adopt", args=[], targetRef=target)
+    assert done.returncode != 0, done.stdout
+    assert "spec.targetRef hands the batch limit of Deployment team-b-engine" in done.stderr, done.stderr
+    assert TENANT in done.stderr and not world.get("llmserving", "adopt")
+    statefulset = apply_as(
+        world, TENANT, "adopt-sts", args=[], targetRef={"kind": "StatefulSet", "name": "team-b-engine"}
+    )
+    assert statefulset.returncode != 0 and "StatefulSet team-b-engine" in statefulset.stderr, (
+        statefulset.stderr
+    )
+
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": "team-b-engine-patcher"},
+        "rules": [
+            {
+                "apiGroups": ["apps"],
+                "resources": ["deployments"],
+                "resourceNames": ["team-b-engine"],
+                "verbs": ["patch"],
+            }
+        ],
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": "team-b-engine-patcher"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "team-b-engine-patcher"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": TENANT}],
+    }
+    for obj in (role, binding):
+        world.kubectl("apply", "-f", "-", input=json.dumps(obj))
+    wait_for(
+        lambda: (
+            world.kubectl(
+                "auth", "can-i", "patch", "deployment/team-b-engine", f"--as={TENANT}", check=False
+            ).stdout.strip()
+            == "yes"
+        ),
+        30,
+        "the tenant's patch on the Deployment",
+    )
+    done = apply_as(world, TENANT, "adopt", args=[], targetRef=target)
+    assert done.returncode == 0, done.stderr
+    # the grant is for the Deployment only, not a StatefulSet of the same name; the admin may
+    assert (
+        apply_as(
+            world, TENANT, "adopt-sts", args=[], targetRef={"kind": "StatefulSet", "name": "team-b-engine"}
+        ).returncode
+        != 0
+    )
+    assert (
+        apply_as(
+            world, None, "adopt-sts", args=[], targetRef={"kind": "StatefulSet", "name": "team-b-engine"}
+        ).returncode
+        == 0
+    )

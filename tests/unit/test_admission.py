@@ -310,7 +310,8 @@ def test_tensorrt_llm_max_tokens_stays_within_int32() -> None:
 
 def test_the_requester_policy_is_generated_and_checks_every_gated_field() -> None:
     """crds/ and the chart carry the generated ValidatingAdmissionPolicy (`make crds`); its CEL names
-    each kind of gated field that batchknee.api.admission refuses (the integration tier runs it)."""
+    each kind of gated field that batchknee.api.admission refuses, every way the pod reads a
+    ConfigMap, and an adopted workload (the integration tier runs it)."""
     root = Path(__file__).resolve().parents[2]
     assert (root / REQUESTER_POLICY_FILE).read_text() == requester_policy_yaml(), "run `make crds`"
     assert (root / CHART_REQUESTER_POLICY_FILE).read_text() == chart_requester_policy_template(), (
@@ -322,5 +323,12 @@ def test_the_requester_policy_is_generated_and_checks_every_gated_field() -> Non
     for _, field, _ in HOSTILE:
         last = field.split(".")[-1].split("[")[0]
         assert last in gated, field
-    [validation] = policy["spec"]["validations"]
-    assert "resource('pods')" in validation["expression"] and "check('create')" in validation["expression"]
+    pods, config_maps, target = policy["spec"]["validations"]
+    assert "resource('pods')" in pods["expression"] and "check('create')" in pods["expression"]
+    # a ConfigMap the pod reads (env, envFrom, volumes), each checked by name for get
+    read = policy["spec"]["variables"][1]["expression"]
+    assert all(f in read for f in ("configMapKeyRef.name", "configMapRef.name", "configMap.name"))
+    expression = config_maps["expression"]
+    assert "resource('configmaps')" in expression and ".name(n).check('get')" in expression
+    # an adopted workload: its writer may patch it
+    assert "object.spec.targetRef.name).check('patch')" in target["expression"]

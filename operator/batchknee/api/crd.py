@@ -418,11 +418,34 @@ GATED_FIELDS_CEL = " || ".join(
 )
 
 
+# The ConfigMaps a spec makes the engine pod read: its env, envFrom and volumes.
+CONFIG_MAPS_CEL = (
+    f"!has({_T}) ? [] : "
+    f"({_has('env')} ? {_T}.env.filter(e, has(e.valueFrom) && has(e.valueFrom.configMapKeyRef))"
+    ".map(e, e.valueFrom.configMapKeyRef.name) : []) + "
+    f"({_has('envFrom')} ? {_T}.envFrom.filter(e, has(e.configMapRef)).map(e, e.configMapRef.name) : []) + "
+    f"({_has('volumes')} ? {_T}.volumes.filter(v, has(v.configMap)).map(v, v.configMap.name) : [])"
+)
+_MAY_GET_CONFIG_MAP = (
+    "authorizer.group('').resource('configmaps').namespace(request.namespace).name(n).check('get').allowed()"
+)
+
+_TARGET = "object.spec.targetRef"
+_MAY_PATCH_TARGET = (
+    f"authorizer.group('apps').resource({_TARGET}.kind == 'StatefulSet' ? 'statefulsets' : 'deployments')"
+    f".namespace(request.namespace).name({_TARGET}.name).check('patch').allowed()"
+)
+
+
 def requester_policy() -> list[dict[str, Any]]:
     """A ValidatingAdmissionPolicy (and its binding) that makes whoever writes an LLMServing spec
     asking for admin-gated pod fields prove, at admission, that they could create such a pod
     themselves: the apiserver's authorizer checks `create pods` in the namespace for the requesting
-    user and groups (what the operator's settings enable is then never a way around RBAC)."""
+    user and groups (what the operator's settings enable is then never a way around RBAC). And a spec
+    whose pod reads ConfigMaps (env, envFrom, volumes) needs a requester who may get each of them: the
+    engine could otherwise hand a value its writer may not read back through its args or API. A
+    `targetRef` needs a requester who may patch that workload: its owner's wiring consents to
+    batchknee setting the limit, not to every LLMServing writer of the namespace doing so."""
     policy = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingAdmissionPolicy",
@@ -446,7 +469,10 @@ def requester_policy() -> list[dict[str, Any]]:
                     "expression": "request.operation == 'CREATE' || object.spec != oldObject.spec",
                 }
             ],
-            "variables": [{"name": "gated", "expression": f"has({_T}) && ({GATED_FIELDS_CEL})"}],
+            "variables": [
+                {"name": "gated", "expression": f"has({_T}) && ({GATED_FIELDS_CEL})"},
+                {"name": "configMaps", "expression": CONFIG_MAPS_CEL},
+            ],
             "validations": [
                 {
                     "expression": "!variables.gated || "
@@ -456,7 +482,24 @@ def requester_policy() -> list[dict[str, Any]]:
                     "allowed to create pods in namespace ' + request.namespace + ' themselves, and ' + "
                     "request.userInfo.username + ' is not; remove those fields or ask an admin of the namespace'",
                     "reason": "Forbidden",
-                }
+                },
+                {
+                    "expression": f"variables.configMaps.all(n, {_MAY_GET_CONFIG_MAP})",
+                    # (a messageExpression cannot ask the authorizer which of them is refused)
+                    "messageExpression": "'spec.template makes the engine pod read ConfigMap(s) ' + "
+                    "variables.configMaps.join(', ') + "
+                    "' (env valueFrom.configMapKeyRef, envFrom configMapRef or a configMap volume), and ' + "
+                    "request.userInfo.username + ' may not get every one of them in namespace ' + request.namespace + "
+                    "'; remove the references it may not read or ask an admin of the namespace for get on them'",
+                    "reason": "Forbidden",
+                },
+                {
+                    "expression": f"!has({_TARGET}) || {_MAY_PATCH_TARGET}",
+                    "messageExpression": f"'spec.targetRef hands the batch limit of ' + {_TARGET}.kind + ' ' + "
+                    f"{_TARGET}.name + ' to the operator, and ' + request.userInfo.username + ' may not patch it "
+                    "in namespace ' + request.namespace + '; only whoever may change a workload may adopt it'",
+                    "reason": "Forbidden",
+                },
             ],
         },
     }

@@ -1043,7 +1043,7 @@ class LLMServingSpec(_Model):
         None,
         description="Adopt a workload you already run instead of creating one: the operator only sets the "
         f"env var {TARGET_ENV_VAR} in its engine container, which your args reference, e.g. "
-        f"--max-num-seqs=$({TARGET_ENV_VAR}).",
+        f"--max-num-seqs=$({TARGET_ENV_VAR}). Whoever writes it must be allowed to patch the workload.",
     )
     image: str | None = Field(
         None,
