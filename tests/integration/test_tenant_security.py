@@ -46,39 +46,37 @@ def requester_policy(crds: None, cluster: DevCluster) -> None:
     )
 
 
-@pytest.fixture
-def tenant(world: Harness, requester_policy: None) -> Harness:
-    """The namespace's tenant: LLMServings only."""
-    role = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "Role",
-        "metadata": {"name": "llmserving-author"},
-        "rules": [
-            {
-                "apiGroups": ["batchknee.io"],
-                "resources": ["llmservings"],
-                "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"],
-            }
-        ],
-    }
+def grant(world: Harness, name: str, rule: dict[str, Any], can_i: tuple[str, str]) -> None:
+    """A Role with `rule` bound to the tenant; returns once the authorizer answers `can-i` yes."""
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": name}}
     binding = {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "RoleBinding",
-        "metadata": {"name": "llmserving-author"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "llmserving-author"},
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": TENANT}],
     }
-    for obj in (role, binding):
+    for obj in ({**role, "rules": [rule]}, binding):
         world.kubectl("apply", "-f", "-", input=json.dumps(obj))
-    for verb, resource in (("create", "pods"), ("create", "deployments.apps"), ("get", "secrets")):
+    wait_for(
+        lambda: world.kubectl("auth", "can-i", *can_i, f"--as={TENANT}", check=False).stdout.strip() == "yes",
+        30,
+        f"the tenant's {' '.join(can_i)}",
+    )
+
+
+@pytest.fixture
+def tenant(world: Harness, requester_policy: None) -> Harness:
+    """The namespace's tenant: LLMServings only."""
+    every = ["get", "list", "watch", "create", "update", "patch", "delete"]
+    rule = {"apiGroups": ["batchknee.io"], "resources": ["llmservings"], "verbs": every}
+    grant(world, "llmserving-author", rule, ("create", "llmservings.batchknee.io"))
+    denied = [("create", "pods"), ("create", "deployments.apps"), ("patch", "deployments.apps")]
+    for verb, resource in [*denied, ("get", "secrets"), ("get", "configmaps")]:
         assert (
             world.kubectl("auth", "can-i", verb, resource, f"--as={TENANT}", check=False).stdout.strip()
             == "no"
         )
-    assert (
-        world.kubectl("auth", "can-i", "create", "llmservings.batchknee.io", f"--as={TENANT}").stdout.strip()
-        == "yes"
-    )
     return world
 
 
@@ -256,42 +254,13 @@ def test_a_configmap_the_requester_may_not_read_is_refused(tenant: Harness) -> N
         assert f"read ConfigMap(s) {SHARED_CONFIG} (" in done.stderr and TENANT in done.stderr, done.stderr
     assert not world.get("llmserving", "cm-env")
 
-    role = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "Role",
-        "metadata": {"name": "platform-config-reader"},
-        "rules": [
-            {
-                "apiGroups": [""],
-                "resources": ["configmaps"],
-                "resourceNames": [SHARED_CONFIG],
-                "verbs": ["get"],
-            }
-        ],
+    rule = {
+        "apiGroups": [""],
+        "resources": ["configmaps"],
+        "resourceNames": [SHARED_CONFIG],
+        "verbs": ["get"],
     }
-    binding = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "RoleBinding",
-        "metadata": {"name": "platform-config-reader"},
-        "roleRef": {
-            "apiGroup": "rbac.authorization.k8s.io",
-            "kind": "Role",
-            "name": "platform-config-reader",
-        },
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": TENANT}],
-    }
-    for obj in (role, binding):
-        world.kubectl("apply", "-f", "-", input=json.dumps(obj))
-    wait_for(
-        lambda: (
-            world.kubectl(
-                "auth", "can-i", "get", f"configmap/{SHARED_CONFIG}", f"--as={TENANT}", check=False
-            ).stdout.strip()
-            == "yes"
-        ),
-        30,
-        "the tenant's get on the ConfigMap",
-    )
+    grant(world, "platform-config-reader", rule, ("get", f"configmap/{SHARED_CONFIG}"))
     for name, template in CONFIG_MAP_READS.items():
         done = apply_as(world, TENANT, f"cm-{name}", template=template)
         assert done.returncode == 0, done.stderr
@@ -324,38 +293,13 @@ def test_adopting_a_workload_needs_a_requester_who_may_patch_it(tenant: Harness)
         statefulset.stderr
     )
 
-    role = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "Role",
-        "metadata": {"name": "team-b-engine-patcher"},
-        "rules": [
-            {
-                "apiGroups": ["apps"],
-                "resources": ["deployments"],
-                "resourceNames": ["team-b-engine"],
-                "verbs": ["patch"],
-            }
-        ],
+    rule = {
+        "apiGroups": ["apps"],
+        "resources": ["deployments"],
+        "resourceNames": ["team-b-engine"],
+        "verbs": ["patch"],
     }
-    binding = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "RoleBinding",
-        "metadata": {"name": "team-b-engine-patcher"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "team-b-engine-patcher"},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": TENANT}],
-    }
-    for obj in (role, binding):
-        world.kubectl("apply", "-f", "-", input=json.dumps(obj))
-    wait_for(
-        lambda: (
-            world.kubectl(
-                "auth", "can-i", "patch", "deployment/team-b-engine", f"--as={TENANT}", check=False
-            ).stdout.strip()
-            == "yes"
-        ),
-        30,
-        "the tenant's patch on the Deployment",
-    )
+    grant(world, "team-b-engine-patcher", rule, ("patch", "deployment/team-b-engine"))
     done = apply_as(world, TENANT, "adopt", args=[], targetRef=target)
     assert done.returncode == 0, done.stderr
     # the grant is for the Deployment only, not a StatefulSet of the same name; the admin may
