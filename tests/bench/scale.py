@@ -238,7 +238,8 @@ def stop_operator(operator: subprocess.Popen[bytes]) -> None:
 
 
 def sum_samples(text: str, name: str) -> float:
-    """The sum of every sample of `name` in /metrics `text` (0 when there is none)."""
+    """The sum of every sample of `name` in /metrics `text`, over its labels if any (0 when there is
+    none, as before a counter's first increment)."""
     return sum(
         sample.value
         for family in text_string_to_metric_families(text)
@@ -311,14 +312,6 @@ def request_counts(families: list[Metric]) -> Counter[str]:
                 resource = "/".join(filter(None, (labels.get("resource"), labels.get("subresource"))))
                 counts[f"{labels.get('verb')} {resource or labels.get('path', '?')}"] += sample.value
     return counts
-
-
-def counter(text: str, name: str) -> float:
-    """One unlabelled counter in /metrics `text` (0 before its first increment)."""
-    for line in text.splitlines():
-        if line.startswith(f"{name} "):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
 
 
 @contextmanager
@@ -648,7 +641,7 @@ def run_size(
             text = operator_metrics(metrics_url)
             buckets_before = histogram_buckets(text, RECONCILES)
             collections_before = histogram_buckets(text, FULL_COLLECTIONS)
-            writes_before = counter(text, "batchknee_status_writes_total")
+            writes_before = sum_samples(text, "batchknee_status_writes_total")
             server_before = apiserver_metrics(cluster)
             time.sleep(2 * interval_s)
             steady = time.monotonic() - steady_start
@@ -660,7 +653,7 @@ def run_size(
             all_sizes = log.since(0)
             text = operator_metrics(metrics_url)
             buckets = histogram_buckets(text, RECONCILES)
-            writes = counter(text, "batchknee_status_writes_total")
+            writes = sum_samples(text, "batchknee_status_writes_total")
             server = apiserver_metrics(cluster)
             server_writes = subtract(status_write_buckets(server), status_write_buckets(server_before))
             requests = requests_between(server, server_before)

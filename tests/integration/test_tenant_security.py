@@ -48,7 +48,12 @@ def requester_policy(crds: None, cluster: DevCluster) -> None:
 
 def grant(world: Harness, name: str, rule: dict[str, Any], can_i: tuple[str, str]) -> None:
     """A Role with `rule` bound to the tenant; returns once the authorizer answers `can-i` yes."""
-    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": name}}
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": name},
+        "rules": [rule],
+    }
     binding = {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "RoleBinding",
@@ -56,7 +61,7 @@ def grant(world: Harness, name: str, rule: dict[str, Any], can_i: tuple[str, str
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": TENANT}],
     }
-    for obj in ({**role, "rules": [rule]}, binding):
+    for obj in (role, binding):
         world.kubectl("apply", "-f", "-", input=json.dumps(obj))
     wait_for(
         lambda: world.kubectl("auth", "can-i", *can_i, f"--as={TENANT}", check=False).stdout.strip() == "yes",
@@ -282,13 +287,12 @@ def test_adopting_a_workload_needs_a_requester_who_may_patch_it(tenant: Harness)
     Deployment, is admitted."""
     world = tenant
     target = {"kind": "Deployment", "name": "team-b-engine"}
+    same_name = {"kind": "StatefulSet", "name": "team-b-engine"}
     done = apply_as(world, TENANT, "adopt", args=[], targetRef=target)
     assert done.returncode != 0, done.stdout
     assert "spec.targetRef hands the batch limit of Deployment team-b-engine" in done.stderr, done.stderr
     assert TENANT in done.stderr and not world.get("llmserving", "adopt")
-    statefulset = apply_as(
-        world, TENANT, "adopt-sts", args=[], targetRef={"kind": "StatefulSet", "name": "team-b-engine"}
-    )
+    statefulset = apply_as(world, TENANT, "adopt-sts", args=[], targetRef=same_name)
     assert statefulset.returncode != 0 and "StatefulSet team-b-engine" in statefulset.stderr, (
         statefulset.stderr
     )
@@ -303,15 +307,5 @@ def test_adopting_a_workload_needs_a_requester_who_may_patch_it(tenant: Harness)
     done = apply_as(world, TENANT, "adopt", args=[], targetRef=target)
     assert done.returncode == 0, done.stderr
     # the grant is for the Deployment only, not a StatefulSet of the same name; the admin may
-    assert (
-        apply_as(
-            world, TENANT, "adopt-sts", args=[], targetRef={"kind": "StatefulSet", "name": "team-b-engine"}
-        ).returncode
-        != 0
-    )
-    assert (
-        apply_as(
-            world, None, "adopt-sts", args=[], targetRef={"kind": "StatefulSet", "name": "team-b-engine"}
-        ).returncode
-        == 0
-    )
+    assert apply_as(world, TENANT, "adopt-sts", args=[], targetRef=same_name).returncode != 0
+    assert apply_as(world, None, "adopt-sts", args=[], targetRef=same_name).returncode == 0

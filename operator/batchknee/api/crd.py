@@ -426,6 +426,7 @@ CONFIG_MAPS_CEL = (
     f"({_has('envFrom')} ? {_T}.envFrom.filter(e, has(e.configMapRef)).map(e, e.configMapRef.name) : []) + "
     f"({_has('volumes')} ? {_T}.volumes.filter(v, has(v.configMap)).map(v, v.configMap.name) : [])"
 )
+# (of the ConfigMap `n`, bound by the all() it is used in)
 _MAY_GET_CONFIG_MAP = (
     "authorizer.group('').resource('configmaps').namespace(request.namespace).name(n).check('get').allowed()"
 )
