@@ -96,6 +96,13 @@ class Peering:
     statuses: Callable[[], list[dict[str, Any]] | None]  # each peering object's status
 
 
+# Evaluations under way at once: more than the reconcile workers, since one that waits for its
+# Prometheus refresh waits as a coroutine, holding no worker (objects of another Prometheus go on).
+# The rest wait in the scheduler's heap, not as parked coroutines.
+EVALUATIONS_IN_FLIGHT = 16
+ENGINE_WORKERS = 8  # reconciles of Live LLMServings at once
+
+
 @dataclass
 class Runtime:
     """What the handlers share: the ports, the metrics and an asyncio lock per object (taken
@@ -108,10 +115,11 @@ class Runtime:
     namespaces: list[str] = field(default_factory=list)  # watched ([]: every namespace)
     targets: dict[tuple[str, str], ObservationTarget] = field(default_factory=dict)
     adopting: set[tuple[str, str]] = field(default_factory=set)  # spec.targetRef: observed by pod names
+    live: set[tuple[str, str]] = field(default_factory=set)  # actuation Live: its reconcile calls its engines
     evaluated: dict[tuple[str, str], float] = field(default_factory=dict)  # loop time of the last
     spec_versions: dict[tuple[str, str], tuple[Any, Any]] = field(default_factory=dict)  # (uid, generation)
     scheduler: Scheduler | None = None
-    max_in_flight: int = 16  # scheduled evaluations at once (the reconcile workers)
+    max_in_flight: int = EVALUATIONS_IN_FLIGHT  # scheduled evaluations at once
     peering: Peering | None = None  # None: standalone
     outranked: bool = False  # another replica acts (kopf peering): the scheduler pauses
     background: list[asyncio.Task[None]] = field(default_factory=list)
@@ -119,10 +127,14 @@ class Runtime:
     # since when every reconcile of an object has ended on an apiserver error its retries did not clear
     api_failing_since: dict[tuple[str, str], datetime] = field(default_factory=dict)
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
-    # Reconciles wait mostly on the apiserver: more of them in flight than asyncio's default
-    # executor allows (CPUs + 4) keeps a thousand objects' startup short.
+    # the reconcile workers (settings.reconcile_workers)
     executor: ThreadPoolExecutor = field(
-        default_factory=lambda: ThreadPoolExecutor(16, thread_name_prefix="reconcile")
+        default_factory=lambda: ThreadPoolExecutor(2, thread_name_prefix="reconcile")
+    )
+    # Live actuation's reconciles wait on the engines' runtime endpoints (a tenant's pods, which may
+    # not answer before their timeout): workers of their own, so they never hold those of the rest
+    engine_executor: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(ENGINE_WORKERS, thread_name_prefix="reconcile-live")
     )
 
     async def run(self, namespace: str, name: str, body: Any = None) -> Outcome:
@@ -140,7 +152,8 @@ class Runtime:
             if target is not None and (key in self.adopting or self.cache.has("Deployment", *key)):
                 await self.router.prepare(target, datetime.now(UTC))
             loop = asyncio.get_running_loop()
-            outcome = await loop.run_in_executor(self.executor, self.reconcile, namespace, name)
+            executor = self.engine_executor if key in self.live else self.executor
+            outcome = await loop.run_in_executor(executor, self.reconcile, namespace, name)
         if not outcome.found or outcome.deleting:
             self.forget(namespace, name)
         return outcome
@@ -156,6 +169,10 @@ class Runtime:
             self.adopting.add((namespace, name))
         else:
             self.adopting.discard((namespace, name))
+        if (spec.get("tuning") or {}).get("actuation") == "Live":
+            self.live.add((namespace, name))
+        else:
+            self.live.discard((namespace, name))
 
     def reconcile(self, namespace: str, name: str) -> Outcome:
         started = time.perf_counter()
@@ -185,6 +202,7 @@ class Runtime:
         self.metrics.forget(namespace, name)
         self.targets.pop(key, None)
         self.adopting.discard(key)
+        self.live.discard(key)
         self.evaluated.pop(key, None)
         self.spec_versions.pop(key, None)
         self.api_failing_since.pop(key, None)
@@ -208,7 +226,8 @@ def configure(settings: OperatorSettings, identity: str = "", priority: int = 0)
     global RUNTIME
     load_config()
     cache = WatchCache()
-    kube = KubernetesAdapter(pooled_client(settings.reconcile_workers + 4), cache=cache)
+    # each worker's reconcile sends up to three requests at once (reconcile.together); 4 spare
+    kube = KubernetesAdapter(pooled_client(3 * settings.reconcile_workers + 4), cache=cache)
     router = prometheus_observer(settings)
     metrics = OperatorMetrics()
     metrics.time_full_collections()
@@ -243,7 +262,7 @@ def configure(settings: OperatorSettings, identity: str = "", priority: int = 0)
         metrics,
         executor=executor,
         namespaces=list(settings.namespaces),
-        max_in_flight=settings.reconcile_workers,
+        max_in_flight=max(EVALUATIONS_IN_FLIGHT, settings.reconcile_workers),
         peering=peering,
         cache=cache,
     )

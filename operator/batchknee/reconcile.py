@@ -11,9 +11,10 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
@@ -101,6 +102,49 @@ log = logging.getLogger(__name__)
 ROLLBACK = "rollback"
 REVERT = "revert"
 QUARANTINE_S = 3600  # a failed value is not retried at that context for an hour (or the cooldown)
+
+T = TypeVar("T")
+# A reconcile's independent requests (the reads of its objects, the applies that do not depend on
+# each other, one call per engine pod) go out together: it holds its worker for the slowest of
+# them, not their sum, so a few workers keep the apiserver busy and an engine pod that does not
+# answer costs one timeout, however many replicas there are. Shared by every worker; nothing run
+# here submits to it again (it could wait on itself).
+FAN_OUT = ThreadPoolExecutor(16, thread_name_prefix="fan-out")
+
+
+def together(calls: Sequence[Callable[[], T]]) -> list[T]:
+    """Each call's result, in order, the calls made at once; the first error in order is raised
+    once every call has ended."""
+    if len(calls) <= 1:
+        return [call() for call in calls]
+    futures = [FAN_OUT.submit(call) for call in calls]
+    for future in futures:
+        future.exception()  # wait for every call, so none still runs after an error is raised
+    return [future.result() for future in futures]
+
+
+def _read_cap(runtime: EngineRuntime, address: str) -> LiveCap | LiveCapError | None:
+    try:
+        return runtime.read_cap(address)
+    except LiveCapError as error:
+        return error
+
+
+def _set_cap(runtime: EngineRuntime, address: str, api: str, value: int) -> LiveCapError | None:
+    try:
+        runtime.set_cap(address, api, value)
+    except LiveCapError as error:
+        return error
+    return None
+
+
+def apply_stages(objects: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The order of the applies: ConfigMaps first (the pods mount them), the workload last (its
+    pods find their Service and budget in place), each stage's objects together."""
+    first = [o for o in objects if o["kind"] == "ConfigMap"]
+    last = [o for o in objects if o["kind"] in ("Deployment", "StatefulSet")]
+    middle = [o for o in objects if o["kind"] not in ("ConfigMap", "Deployment", "StatefulSet")]
+    return [stage for stage in (first, middle, last) if stage]
 
 
 @dataclass
@@ -473,9 +517,20 @@ class _Reconcile:
 
         uid = self.raw.get("metadata", {}).get("uid")
         found: dict[str, Any] | None = None
+        read: dict[tuple[str, str], dict[str, Any] | None] = {}  # this reconcile's reads, by kind and name
         target: Target | None = None
         if obj.spec.target_ref is None:
-            found = self.ports.kube.get_deployment(self.namespace, self.name)
+            # the three objects that carry its name, read together (a new object's first reconcile
+            # finds none of them in the watches)
+            kube, namespace, name = self.ports.kube, self.namespace, self.name
+            found, read["Service", name], read["PodDisruptionBudget", name] = together(
+                [
+                    lambda: kube.get_deployment(namespace, name),
+                    lambda: kube.get_object("Service", namespace, name),
+                    lambda: kube.get_object("PodDisruptionBudget", namespace, name),
+                ]
+            )
+            read["Deployment", name] = found
             # someone else's Deployment of this name is never read as ours (and claim() refuses it)
             state = deployment_state(found if found is not None and controlled_by(found, uid) else None)
             history = state.rollouts if state else ()
@@ -529,7 +584,7 @@ class _Reconcile:
         desired = Desired(rendered, decision.max_tokens, rollouts)
         if target is None:
             objects = render(obj, desired, self.ports.defaults)
-            foreign, pending = self.claim(objects, found, uid)
+            foreign, pending = self.claim(objects, read, uid)
             if foreign:
                 return self.name_conflict(foreign)
         else:  # an adopted workload: the one env value, only when it changes and the args use it
@@ -541,8 +596,8 @@ class _Reconcile:
         apply_error: str | None = None
         conflict = False
         try:
-            for item in pending:
-                self.ports.kube.apply(item)
+            for stage in apply_stages(pending):
+                together([functools.partial(self.ports.kube.apply, item) for item in stage])
         except ApplyConflict as error:
             conflict, apply_error = True, str(error)
         except ApplyError as error:
@@ -792,19 +847,18 @@ class _Reconcile:
         caps: dict[str, tuple[str, LiveCap]] = {}
         missing: list[str] = []
         if state is not None and state.replicas > 0:
-            for pod in self.pods:
-                name, address = pod["metadata"]["name"], _ready_address(pod)
-                if address is None:
-                    continue
-                try:
-                    cap = self.ports.runtime.read_cap(address)
-                except LiveCapError as error:
-                    log.info("%s/%s: %s: %s", self.namespace, self.name, name, error)
+            ready = [(pod["metadata"]["name"], _ready_address(pod)) for pod in self.pods]
+            addresses = [(name, address) for name, address in ready if address is not None]
+            runtime = self.ports.runtime
+            answers = together([functools.partial(_read_cap, runtime, address) for _, address in addresses])
+            for (name, address), answer in zip(addresses, answers, strict=True):
+                if isinstance(answer, LiveCapError):
+                    log.info("%s/%s: %s: %s", self.namespace, self.name, name, answer)
                     continue  # not answering now: set again next evaluation
-                if cap is None:
+                if answer is None:
                     missing.append(name)
                 else:
-                    caps[name] = (address, cap)
+                    caps[name] = (address, answer)
         if missing:
             self.conditions.set(
                 "Actuation",
@@ -850,15 +904,20 @@ class _Reconcile:
 
     def set_live_caps(self, live: dict[str, tuple[str, LiveCap]], value: int) -> None:
         """Level-based: every ready pod whose cap differs (or cannot be read back) is set again."""
-        assert self.ports.runtime is not None
-        failed = []
-        for name, (address, cap) in sorted(live.items()):
-            if cap.cap == value or (cap.ceiling is not None and value > cap.ceiling):
-                continue  # already there, or an old pod the rollout to a higher ceiling replaces
-            try:
-                self.ports.runtime.set_cap(address, cap.api, value)
-            except LiveCapError as error:
-                failed.append(f"{name}: {error}")
+        runtime = self.ports.runtime
+        assert runtime is not None
+        # not those already there, nor an old pod the rollout to a higher ceiling replaces
+        due = [
+            (name, address, cap)
+            for name, (address, cap) in sorted(live.items())
+            if cap.cap != value and (cap.ceiling is None or value <= cap.ceiling)
+        ]
+        answers = together(
+            [functools.partial(_set_cap, runtime, address, cap.api, value) for _, address, cap in due]
+        )
+        failed = [
+            f"{name}: {error}" for (name, _, _), error in zip(due, answers, strict=True) if error is not None
+        ]
         if failed:
             self.conditions.set(
                 "Actuation",
@@ -1004,21 +1063,30 @@ class _Reconcile:
         }
 
     def claim(
-        self, objects: Sequence[dict[str, Any]], deployment: dict[str, Any] | None, uid: str | None
+        self,
+        objects: Sequence[dict[str, Any]],
+        read: Mapping[tuple[str, str], dict[str, Any] | None],
+        uid: str | None,
     ) -> tuple[list[str], list[dict[str, Any]]]:
         """Make each rendered object safe to apply: one that exists must be controlled by this
         LLMServing, and is then applied conditionally on the resourceVersion read here (so a
-        rollout decided on a stale Deployment cannot land). Returns the objects that exist and
-        belong to someone else (if there are any, nothing may be applied), and the objects to
-        apply: those not already in the cluster exactly as rendered (each stamped with its
-        content hash, see `batchknee.applied`)."""
+        rollout decided on a stale Deployment cannot land). `read`: the objects this reconcile
+        has read already, by kind and name (the others are read here, together). Returns the objects that
+        exist and belong to someone else (if there are any, nothing may be applied), and the
+        objects to apply: those not already in the cluster exactly as rendered (each stamped with
+        its content hash, see `batchknee.applied`)."""
+        unread = [(item["kind"], item["metadata"]["name"]) for item in objects]
+        unread = [key for key in unread if key not in read]
+        kube, namespace = self.ports.kube, self.namespace
+        fetched = together(
+            [functools.partial(kube.get_object, kind, namespace, name) for kind, name in unread]
+        )
+        existing_by_key = {**read, **dict(zip(unread, fetched, strict=True))}
         foreign, pending = [], []
         for item in objects:
             kind, name = item["kind"], item["metadata"]["name"]
             stamp(item)
-            existing = (
-                deployment if kind == "Deployment" else self.ports.kube.get_object(kind, self.namespace, name)
-            )
+            existing = existing_by_key[kind, name]
             if existing is None:
                 pending.append(item)
                 continue

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import threading
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -42,6 +43,8 @@ class MemoryKube:
     busy_applies: int = 0  # this many applies answer as an apiserver still busy after retries
     _uids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     _versions: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    # a reconcile applies some objects together (reconcile.together): one write at a time, as etcd
+    _writing: threading.Lock = field(default_factory=threading.Lock)
 
     # --- the port ---
     def get_llmserving(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -76,6 +79,10 @@ class MemoryKube:
         """As the apiserver's server-side apply: conditional on metadata.resourceVersion when given
         (409 when the object moved on), and an unforced create of an object that exists meanwhile
         is a conflict too."""
+        with self._writing:
+            self._apply(obj)
+
+    def _apply(self, obj: dict[str, Any]) -> None:
         kind, meta = obj["kind"], obj["metadata"]
         if kind in self.fail_apply:
             raise ApplyError(f"{kind} {meta['name']}: admission webhook denied the request")
@@ -293,4 +300,4 @@ class MemoryRuntime:
         if value > found.get("ceiling", value):
             raise LiveCapError(f"PATCH /v1/runtime_config {value} answered 400: above the ceiling")
         found["cap"] = value
-        self.sets.append((address, value))
+        self.sets.append((address, value))  # list.append is atomic: the pods are set together

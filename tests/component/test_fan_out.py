@@ -1,0 +1,184 @@
+"""A reconcile's independent requests go out together: it holds its worker for the slowest of
+them, not their sum. Each test makes the calls that must overlap wait for each other at a barrier:
+made one after another, the first would wait alone until the barrier breaks, and the test fails."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from conftest import World, llmserving
+from fakes import MemoryKube, MemoryRuntime
+from test_live_caps import live_world
+
+from batchknee.adapters.observing import RoutedObserver
+from batchknee.handlers import Runtime
+from batchknee.operator_metrics import OperatorMetrics
+from batchknee.ports import LiveCap
+from batchknee.reconcile import apply_stages, together
+
+MEET_S = 10.0  # how long a call waits for the others at the barrier before the test fails
+
+
+@dataclass
+class MeetingKube(MemoryKube):
+    """Reads (while `reads` is set) and the applies of `meet` (while set) wait for each other."""
+
+    reads: threading.Barrier | None = None
+    meet: tuple[set[str], threading.Barrier] | None = None
+    log: list[tuple[str, str]] = field(default_factory=list)
+
+    def get_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
+        if self.reads is not None:
+            self.reads.wait()
+        return super().get_deployment(namespace, name)
+
+    def get_object(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        if self.reads is not None:
+            self.reads.wait()
+        return super().get_object(kind, namespace, name)
+
+    def apply(self, obj: dict[str, Any]) -> None:
+        kind = obj["kind"]
+        self.log.append(("start", kind))
+        if self.meet is not None and kind in self.meet[0]:
+            self.meet[1].wait()
+        super().apply(obj)
+        self.log.append(("end", kind))
+
+
+@pytest.fixture
+def meeting() -> World:
+    world = World()
+    world.kube = world.ports.kube = MeetingKube()
+    return world
+
+
+def test_a_new_llmservings_deployment_service_and_budget_are_read_together(meeting: World) -> None:
+    kube = meeting.kube
+    assert isinstance(kube, MeetingKube)
+    kube.create(llmserving())
+    kube.reads = threading.Barrier(3, timeout=MEET_S)
+    meeting.reconcile()
+    kube.reads = None
+    assert {kind for _, kind in kube.log} == {"Service", "PodDisruptionBudget", "Deployment"}
+
+
+def test_applies_go_configmap_first_workload_last_and_the_rest_together(meeting: World) -> None:
+    kube = meeting.kube
+    assert isinstance(kube, MeetingKube)
+    kube.create(llmserving(engine="TensorRTLLM"))
+    kube.meet = ({"Service", "PodDisruptionBudget"}, threading.Barrier(2, timeout=MEET_S))
+    meeting.reconcile()
+    log = kube.log
+    assert log[:2] == [("start", "ConfigMap"), ("end", "ConfigMap")]  # the pods mount it
+    assert log[-2:] == [("start", "Deployment"), ("end", "Deployment")]  # its pods find the rest
+    assert sorted(log[2:6]) == sorted(
+        [
+            ("start", "Service"),
+            ("start", "PodDisruptionBudget"),
+            ("end", "Service"),
+            ("end", "PodDisruptionBudget"),
+        ]
+    )
+
+
+@dataclass
+class MeetingRuntime(MemoryRuntime):
+    """Every read and every set of a cap waits for the calls to the other pods."""
+
+    barrier: threading.Barrier | None = None
+
+    def read_cap(self, address: str) -> LiveCap | None:
+        if self.barrier is not None:
+            self.barrier.wait()
+        return super().read_cap(address)
+
+    def set_cap(self, address: str, api: str, value: int) -> None:
+        if self.barrier is not None:
+            self.barrier.wait()
+        super().set_cap(address, api, value)
+
+
+def test_every_engine_pods_cap_is_read_and_set_together(world: World) -> None:
+    runtime = live_world(world, pods=3)
+    meeting = MeetingRuntime(pods=runtime.pods)
+    meeting.barrier = threading.Barrier(3, timeout=MEET_S)
+    world.ports.runtime = meeting
+    world.reconcile()
+    assert {cap["cap"] for cap in meeting.pods.values() if cap} == {64}  # read at 224, set to the knee
+    assert len(meeting.sets) == 3
+
+
+def test_together_keeps_the_order_and_raises_the_first_error_once_every_call_ended() -> None:
+    assert together([lambda: 1, lambda: 2, lambda: 3]) == [1, 2, 3]
+    ended: list[str] = []
+    gate = threading.Barrier(3, timeout=MEET_S)
+
+    def call(name: str, error: Exception | None) -> str:
+        gate.wait()  # all three at once
+        ended.append(name)
+        if error is not None:
+            raise error
+        return name
+
+    with pytest.raises(KeyError, match="first"):
+        together(
+            [
+                lambda: call("a", None),
+                lambda: call("b", KeyError("first")),
+                lambda: call("c", ValueError("second")),
+            ]
+        )
+    assert sorted(ended) == ["a", "b", "c"]
+
+
+def test_apply_stages_orders_configmaps_then_the_rest_then_the_workload() -> None:
+    def obj(kind: str) -> dict[str, Any]:
+        return {"kind": kind, "metadata": {"name": kind.lower()}}
+
+    stages = apply_stages([obj("Service"), obj("PodDisruptionBudget"), obj("Deployment"), obj("ConfigMap")])
+    assert [[o["kind"] for o in stage] for stage in stages] == [
+        ["ConfigMap"],
+        ["Service", "PodDisruptionBudget"],
+        ["Deployment"],
+    ]
+    assert [[o["kind"] for o in s] for s in apply_stages([obj("StatefulSet")])] == [["StatefulSet"]]
+
+
+@dataclass
+class HangingRuntime(MemoryRuntime):
+    """Engines that do not answer until released (a tenant's pods, wedged)."""
+
+    released: threading.Event = field(default_factory=threading.Event)
+
+    def read_cap(self, address: str) -> LiveCap | None:
+        self.released.wait(MEET_S)
+        return super().read_cap(address)
+
+
+def test_a_live_llmservings_wedged_engines_hold_no_worker_of_the_others(world: World) -> None:
+    """Live actuation's reconciles wait on the engines' runtime endpoints: they run on workers of
+    their own, so one whose pods do not answer delays no other LLMServing's reconcile."""
+    live_world(world, pods=2)  # "chat", actuation Live, two ready pods
+    hanging = HangingRuntime(pods=world.ports.runtime.pods)  # type: ignore[union-attr]
+    world.ports.runtime = hanging
+    router = RoutedObserver(world.observer, "http://127.0.0.1:9090")
+    runtime = Runtime(world.ports, router, OperatorMetrics(), executor=ThreadPoolExecutor(1))
+    chat = world.kube.get_llmserving("default", "chat")
+    other = world.kube.create(llmserving("other"))
+
+    async def both() -> None:
+        wedged = asyncio.create_task(runtime.run("default", "chat", chat))
+        await asyncio.sleep(0)  # its reconcile has gone to a worker
+        outcome = await asyncio.wait_for(runtime.run("default", "other", other), MEET_S)
+        assert outcome.status_written and not wedged.done()
+        hanging.released.set()
+        await wedged
+
+    asyncio.run(both())
+    assert world.kube.deployment("default", "other")
