@@ -68,7 +68,11 @@ class OperatorSettings(BaseSettings):
         5.0, gt=0, description="How long one refresh of the engine metrics serves every LLMServing"
     )
     reconcile_workers: int = Field(
-        16, ge=1, le=256, description="Reconciles in flight at once (each waits mostly on the apiserver)"
+        2,
+        ge=1,
+        le=256,
+        description="Reconciles at once (each sends its independent apiserver requests together); "
+        "Live LLMServings' reconciles, which wait on their engines, run on workers of their own",
     )
 
     @field_validator("prometheus_allowed_urls", mode="before")
