@@ -108,16 +108,20 @@ T = TypeVar("T")
 # each other, one call per engine pod) go out together: it holds its worker for the slowest of
 # them, not their sum, so a few workers keep the apiserver busy and an engine pod that does not
 # answer costs one timeout, however many replicas there are. Shared by every worker; nothing run
-# here submits to it again (it could wait on itself).
-FAN_OUT = ThreadPoolExecutor(16, thread_name_prefix="fan-out")
+# here submits to it again (it could wait on itself). The engines' calls (a tenant's pods, which
+# may not answer before their timeout) have threads of their own, so wedged pods never hold those
+# the apiserver's requests need.
+FAN_OUT_THREADS = 16
+FAN_OUT = ThreadPoolExecutor(FAN_OUT_THREADS, thread_name_prefix="fan-out")
+ENGINE_CALLS = ThreadPoolExecutor(FAN_OUT_THREADS, thread_name_prefix="engine-call")
 
 
-def together(calls: Sequence[Callable[[], T]]) -> list[T]:
-    """Each call's result, in order, the calls made at once; the first error in order is raised
-    once every call has ended."""
+def together(calls: Sequence[Callable[[], T]], pool: ThreadPoolExecutor = FAN_OUT) -> list[T]:
+    """Each call's result, in order, the calls made at once on `pool`; the first error in order is
+    raised once every call has ended."""
     if len(calls) <= 1:
         return [call() for call in calls]
-    futures = [FAN_OUT.submit(call) for call in calls]
+    futures = [pool.submit(call) for call in calls]
     for future in futures:
         future.exception()  # wait for every call, so none still runs after an error is raised
     return [future.result() for future in futures]
@@ -850,7 +854,8 @@ class _Reconcile:
             ready = [(pod["metadata"]["name"], _ready_address(pod)) for pod in self.pods]
             addresses = [(name, address) for name, address in ready if address is not None]
             runtime = self.ports.runtime
-            answers = together([functools.partial(_read_cap, runtime, address) for _, address in addresses])
+            reads = [functools.partial(_read_cap, runtime, address) for _, address in addresses]
+            answers = together(reads, ENGINE_CALLS)
             for (name, address), answer in zip(addresses, answers, strict=True):
                 if isinstance(answer, LiveCapError):
                     log.info("%s/%s: %s: %s", self.namespace, self.name, name, answer)
@@ -912,9 +917,8 @@ class _Reconcile:
             for name, (address, cap) in sorted(live.items())
             if cap.cap != value and (cap.ceiling is None or value <= cap.ceiling)
         ]
-        answers = together(
-            [functools.partial(_set_cap, runtime, address, cap.api, value) for _, address, cap in due]
-        )
+        sets = [functools.partial(_set_cap, runtime, address, cap.api, value) for _, address, cap in due]
+        answers = together(sets, ENGINE_CALLS)
         failed = [
             f"{name}: {error}" for (name, _, _), error in zip(due, answers, strict=True) if error is not None
         ]

@@ -19,7 +19,7 @@ from batchknee.adapters.observing import RoutedObserver
 from batchknee.handlers import Runtime
 from batchknee.operator_metrics import OperatorMetrics
 from batchknee.ports import LiveCap
-from batchknee.reconcile import apply_stages, together
+from batchknee.reconcile import FAN_OUT_THREADS, apply_stages, together
 
 MEET_S = 10.0  # how long a call waits for the others at the barrier before the test fails
 
@@ -155,16 +155,22 @@ class HangingRuntime(MemoryRuntime):
     """Engines that do not answer until released (a tenant's pods, wedged)."""
 
     released: threading.Event = field(default_factory=threading.Event)
+    wedged: threading.Event = field(default_factory=threading.Event)  # FAN_OUT_THREADS calls waiting
+    waiting: list[str] = field(default_factory=list)
 
     def read_cap(self, address: str) -> LiveCap | None:
-        self.released.wait(MEET_S)
+        self.waiting.append(address)
+        if len(self.waiting) >= FAN_OUT_THREADS:
+            self.wedged.set()
+        self.released.wait(2 * MEET_S)  # longer than the test waits for the other reconcile
         return super().read_cap(address)
 
 
 def test_a_live_llmservings_wedged_engines_hold_no_worker_of_the_others(world: World) -> None:
     """Live actuation's reconciles wait on the engines' runtime endpoints: they run on workers of
-    their own, so one whose pods do not answer delays no other LLMServing's reconcile."""
-    live_world(world, pods=2)  # "chat", actuation Live, two ready pods
+    their own, and their calls to the pods on threads of their own, so one whose pods do not answer
+    (more of them than the fan-out has threads) delays no other LLMServing's reconcile."""
+    live_world(world, pods=FAN_OUT_THREADS + 1)  # "chat", actuation Live: more wedged pods than threads
     hanging = HangingRuntime(pods=world.ports.runtime.pods)  # type: ignore[union-attr]
     world.ports.runtime = hanging
     router = RoutedObserver(world.observer, "http://127.0.0.1:9090")
@@ -174,7 +180,7 @@ def test_a_live_llmservings_wedged_engines_hold_no_worker_of_the_others(world: W
 
     async def both() -> None:
         wedged = asyncio.create_task(runtime.run("default", "chat", chat))
-        await asyncio.sleep(0)  # its reconcile has gone to a worker
+        assert await asyncio.to_thread(hanging.wedged.wait, MEET_S)  # its pods' calls are waiting
         outcome = await asyncio.wait_for(runtime.run("default", "other", other), MEET_S)
         assert outcome.status_written and not wedged.done()
         hanging.released.set()
