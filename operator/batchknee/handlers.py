@@ -46,7 +46,7 @@ from batchknee.api.resolve import SpecError, observation_target, parse_llmservin
 from batchknee.core.observation import ObservationTarget
 from batchknee.operator_metrics import OperatorMetrics
 from batchknee.ports import TransientApiError
-from batchknee.reconcile import Outcome, Ports, reconcile, report_api_errors
+from batchknee.reconcile import FAN_OUT_THREADS, Outcome, Ports, reconcile, report_api_errors
 from batchknee.render import LABEL, RenderDefaults
 from batchknee.scheduling import Key, Scheduler
 from batchknee.settings import OperatorSettings
@@ -226,8 +226,10 @@ def configure(settings: OperatorSettings, identity: str = "", priority: int = 0)
     global RUNTIME
     load_config()
     cache = WatchCache()
-    # each worker's reconcile sends up to three requests at once (reconcile.together); 4 spare
-    kube = KubernetesAdapter(pooled_client(3 * settings.reconcile_workers + 4), cache=cache)
+    # a connection for each thread that may call the apiserver at once: the workers, Live's
+    # workers and the fan-out of their requests (reconcile.together); 4 spare
+    callers = settings.reconcile_workers + ENGINE_WORKERS + FAN_OUT_THREADS + 4
+    kube = KubernetesAdapter(pooled_client(callers), cache=cache)
     router = prometheus_observer(settings)
     metrics = OperatorMetrics()
     metrics.time_full_collections()

@@ -1079,8 +1079,8 @@ class _Reconcile:
         exist and belong to someone else (if there are any, nothing may be applied), and the
         objects to apply: those not already in the cluster exactly as rendered (each stamped with
         its content hash, see `batchknee.applied`)."""
-        unread = [(item["kind"], item["metadata"]["name"]) for item in objects]
-        unread = [key for key in unread if key not in read]
+        keys = [(item["kind"], item["metadata"]["name"]) for item in objects]
+        unread = [key for key in keys if key not in read]
         kube, namespace = self.ports.kube, self.namespace
         fetched = together(
             [functools.partial(kube.get_object, kind, namespace, name) for kind, name in unread]
