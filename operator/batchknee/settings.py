@@ -7,7 +7,12 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from batchknee.api.admission import DEFAULT_ALLOWED_IMAGES, AdmissionRules
+from batchknee.api.admission import (
+    DEFAULT_ALLOWED_IMAGES,
+    DEFAULT_ALLOWED_RUNTIME_CLASSES,
+    DEFAULT_ALLOWED_TOLERATIONS,
+    AdmissionRules,
+)
 
 
 class OperatorSettings(BaseSettings):
@@ -45,6 +50,19 @@ class OperatorSettings(BaseSettings):
     allowed_images: Annotated[list[str], NoDecode] = Field(
         default_factory=lambda: list(DEFAULT_ALLOWED_IMAGES),
         description="Images an LLMServing's spec.image may name: comma-separated shell patterns",
+    )
+    allowed_tolerations: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: list(DEFAULT_ALLOWED_TOLERATIONS),
+        description="Taint keys an LLMServing's tolerations may name: comma-separated shell patterns "
+        "(`*` also allows a toleration without a key, of every taint)",
+    )
+    allowed_priority_classes: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="PriorityClasses spec.template.priorityClassName may name: comma-separated shell patterns",
+    )
+    allowed_runtime_classes: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: list(DEFAULT_ALLOWED_RUNTIME_CLASSES),
+        description="RuntimeClasses spec.template.runtimeClassName may name: comma-separated shell patterns",
     )
     allow_service_account: bool = Field(False, description="Allow spec.template.serviceAccountName")
     allow_secret_references: bool = Field(
@@ -85,6 +103,9 @@ class OperatorSettings(BaseSettings):
     def admission_rules(self) -> AdmissionRules:
         return AdmissionRules(
             allowed_images=tuple(self.allowed_images),
+            allowed_tolerations=tuple(self.allowed_tolerations),
+            allowed_priority_classes=tuple(self.allowed_priority_classes),
+            allowed_runtime_classes=tuple(self.allowed_runtime_classes),
             allow_service_account=self.allow_service_account,
             allow_secret_references=self.allow_secret_references,
             allow_host_paths=self.allow_host_paths,
@@ -92,7 +113,14 @@ class OperatorSettings(BaseSettings):
             allow_unrestricted_security_context=self.allow_unrestricted_security_context,
         )
 
-    @field_validator("namespaces", "allowed_images", mode="before")
+    @field_validator(
+        "namespaces",
+        "allowed_images",
+        "allowed_tolerations",
+        "allowed_priority_classes",
+        "allowed_runtime_classes",
+        mode="before",
+    )
     @classmethod
     def _split(cls, value: Any) -> Any:
         if isinstance(value, str):

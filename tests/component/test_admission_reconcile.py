@@ -37,3 +37,20 @@ def test_what_the_admin_allowed_is_rendered(world: World) -> None:
     world.reconcile()
     pod = world.kube.deployment("default", "chat")["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "engine" and pod["automountServiceAccountToken"] is True
+
+
+def test_a_priority_class_outside_the_admins_patterns_applies_nothing(world: World) -> None:
+    world.kube.create(llmserving(template={"priorityClassName": "system-node-critical"}))
+    world.reconcile()
+    assert world.kube.applies == 0 and world.kube.get("Deployment", "default", "chat") is None
+    degraded = world.kube.condition("default", "chat", "Degraded")
+    assert degraded["reason"] == "Forbidden"
+    assert degraded["message"].startswith("spec.template.priorityClassName:")
+    assert "allowedPriorityClasses" in degraded["message"]
+
+    world.ports.admission = AdmissionRules(allowed_priority_classes=("inference-*",))
+    world.kube.edit_spec("default", "chat", {"template": {"priorityClassName": "inference-high"}})
+    world.reconcile()
+    pod = world.kube.deployment("default", "chat")["spec"]["template"]["spec"]
+    assert pod["priorityClassName"] == "inference-high"
+    assert world.kube.condition("default", "chat", "Degraded")["status"] == "False"

@@ -128,6 +128,11 @@ GATED = [
     ("root", ROOT_USER, "spec.template.securityContext.runAsUser"),
 ]
 
+CLUSTER_WIDE = [
+    ("prio", {"priorityClassName": "system-node-critical"}, "spec.template.priorityClassName"),
+    ("tolerall", {"tolerations": [{"operator": "Exists"}]}, "spec.template.tolerations[0].key"),
+]
+
 
 def test_hostile_specs_are_refused_and_nothing_runs(tenant: Harness) -> None:
     world = tenant
@@ -162,10 +167,15 @@ def test_hostile_specs_are_refused_and_nothing_runs(tenant: Harness) -> None:
     # The operator: an image outside the allowed list (the tenant), and the gated fields written by a
     # namespace admin (admitted by the policy, refused by the operator's default settings).
     assert apply_as(world, TENANT, "image", image="evil.example/miner:latest").returncode == 0
+    # Cluster-wide names outside the admin's patterns: a priority class that preempts everyone, a
+    # toleration of every taint (the requester policy admits them; the operator's lists refuse them).
+    for name, template, _ in CLUSTER_WIDE:
+        assert apply_as(world, TENANT, name, template=template).returncode == 0, name
     for name, template, _ in GATED:
         done = apply_as(world, None, f"a-{name}", template=template)
         assert done.returncode == 0, done.stderr
-    forbidden = [("image", "spec.image")] + [(f"a-{name}", field) for name, _, field in GATED]
+    forbidden = [("image", "spec.image")] + [(name, field) for name, _, field in CLUSTER_WIDE]
+    forbidden += [(f"a-{name}", field) for name, _, field in GATED]
     for name, field in forbidden:
         degraded = wait_for(
             lambda n=name: (c := world.condition(n, "Degraded")).get("reason") == "Forbidden" and c,

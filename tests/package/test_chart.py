@@ -548,7 +548,13 @@ def test_the_admission_settings_reach_the_operator_and_the_requester_policy_is_t
     installs is crds/'s (both from batchknee.api.crd), and it can be left out."""
     from batchknee.api.crd import requester_policy
 
-    values = {"operator": {"admission": {"allowedImages": ["registry.local/*"], "allowHostPaths": True}}}
+    admission = {
+        "allowedImages": ["registry.local/*"],
+        "allowHostPaths": True,
+        "allowedTolerations": ["nvidia.com/gpu", "dedicated"],
+        "allowedPriorityClasses": [],
+    }
+    values = {"operator": {"admission": admission}}
     variables = env(render(values))
     import os
 
@@ -561,6 +567,8 @@ def test_the_admission_settings_reach_the_operator_and_the_requester_policy_is_t
         os.environ.update(saved)
     assert rules.allowed_images == ("registry.local/*",)
     assert rules.allow_host_paths and not rules.allow_service_account and not rules.allow_secret_references
+    assert rules.allowed_tolerations == ("nvidia.com/gpu", "dedicated")
+    assert rules.allowed_priority_classes == () and rules.allowed_runtime_classes == ("nvidia",)
     objects = render()
     for generated in requester_policy():
         [rendered] = kinds(objects, generated["kind"])

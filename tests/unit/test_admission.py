@@ -10,11 +10,12 @@ import pytest
 
 from batchknee.api.admission import (
     DEFAULT_ALLOWED_IMAGES,
+    DEFAULT_ALLOWED_TOLERATIONS,
     AdmissionRules,
     Forbidden,
     check_admission,
     gated_uses,
-    image_allowed,
+    matches_any,
 )
 from batchknee.api.crd import (
     CHART_REQUESTER_POLICY_FILE,
@@ -167,18 +168,103 @@ def test_an_image_outside_the_allowed_patterns_is_refused_naming_spec_image() ->
         check_admission(parse(image="r/" + "x" * 1020).spec, AdmissionRules(allowed_images=("p" * 900,) * 9))
     assert len(str(caught.value)) < 1024  # bounded for status and Events
     check_admission(parse().spec, AdmissionRules(allowed_images=()))  # the default image needs no pattern
-    assert image_allowed("nvcr.io/nvidia/tensorrt-llm/release:1.0.0", DEFAULT_ALLOWED_IMAGES)
-    assert image_allowed("vllm/vllm-openai@sha256:" + "0" * 64, DEFAULT_ALLOWED_IMAGES)
-    assert not image_allowed("vllm/vllm-openai-fork:v1", DEFAULT_ALLOWED_IMAGES)
+    assert matches_any("nvcr.io/nvidia/tensorrt-llm/release:1.0.0", DEFAULT_ALLOWED_IMAGES)
+    assert matches_any("vllm/vllm-openai@sha256:" + "0" * 64, DEFAULT_ALLOWED_IMAGES)
+    assert not matches_any("vllm/vllm-openai-fork:v1", DEFAULT_ALLOWED_IMAGES)
+
+
+# (template, the field the refusal names, its setting, the patterns that admit it)
+OUTSIDE_THE_ADMINS_PATTERNS: list[tuple[dict[str, Any], str, str, dict[str, tuple[str, ...]]]] = [
+    (  # another team's dedicated nodes
+        {
+            "tolerations": [
+                {"key": "dedicated", "operator": "Equal", "value": "search", "effect": "NoSchedule"}
+            ]
+        },
+        "spec.template.tolerations[0].key",
+        "allowedTolerations",
+        {"allowed_tolerations": ("dedicated",)},
+    ),
+    (  # the control plane, after an allowed one
+        {
+            "tolerations": [
+                {"key": "nvidia.com/gpu", "operator": "Exists"},
+                {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"},
+            ]
+        },
+        "spec.template.tolerations[1].key",
+        "allowedTolerations",
+        {"allowed_tolerations": (*DEFAULT_ALLOWED_TOLERATIONS, "node-role.kubernetes.io/*")},
+    ),
+    (  # no key with Exists: every taint of every node
+        {"tolerations": [{"operator": "Exists"}]},
+        "spec.template.tolerations[0].key",
+        "allowedTolerations",
+        {"allowed_tolerations": ("*",)},
+    ),
+    (  # preempts every pod under it
+        {"priorityClassName": "system-node-critical"},
+        "spec.template.priorityClassName",
+        "allowedPriorityClasses",
+        {"allowed_priority_classes": ("inference-*", "system-node-critical")},
+    ),
+    (
+        {"runtimeClassName": "kata-dedicated"},
+        "spec.template.runtimeClassName",
+        "allowedRuntimeClasses",
+        {"allowed_runtime_classes": ("nvidia", "kata-*")},
+    ),
+]
+
+
+@pytest.mark.parametrize(("template", "field", "setting", "allowing"), OUTSIDE_THE_ADMINS_PATTERNS)
+def test_cluster_wide_names_must_match_the_admins_patterns(
+    template: dict[str, Any], field: str, setting: str, allowing: dict[str, tuple[str, ...]]
+) -> None:
+    """Tolerations, priority classes and runtime classes name what every namespace shares and RBAC
+    guards none of: outside the admin's patterns each is refused, naming the field and the setting."""
+    spec = parse(template=template).spec
+    with pytest.raises(Forbidden) as caught:
+        check_admission(spec, AdmissionRules())
+    assert caught.value.field == field
+    assert setting in str(caught.value) and "BATCHKNEE_ALLOWED_" in str(caught.value)
+    with pytest.raises(Forbidden):  # the other gates allow everything: these lists are their own
+        check_admission(spec, ALL_ALLOWED)
+    check_admission(spec, AdmissionRules(**allowing))  # type: ignore[arg-type]
+
+
+def test_a_keyless_toleration_needs_a_pattern_that_matches_every_key() -> None:
+    spec = parse(template={"tolerations": [{"operator": "Exists", "effect": "NoSchedule"}]}).spec
+    with pytest.raises(Forbidden) as caught:
+        check_admission(spec, AdmissionRules(allowed_tolerations=("nvidia.com/*", "dedicated")))
+    assert "every taint (no key)" in str(caught.value)
+    check_admission(spec, AdmissionRules(allowed_tolerations=("*",)))
+
+
+def test_the_default_gpu_toleration_and_runtime_class_need_no_setting() -> None:
+    spec = parse(
+        template={
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            "runtimeClassName": "nvidia",
+        }
+    ).spec
+    check_admission(spec, AdmissionRules())
+    with pytest.raises(Forbidden) as caught:
+        check_admission(spec, AdmissionRules(allowed_tolerations=()))
+    assert "(none)" in str(caught.value)
 
 
 def test_settings_read_the_admission_rules_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert OperatorSettings().admission_rules() == AdmissionRules()
     monkeypatch.setenv("BATCHKNEE_ALLOWED_IMAGES", "registry.local/*, vllm/vllm-openai:*")
     monkeypatch.setenv("BATCHKNEE_ALLOW_HOST_PATHS", "true")
+    monkeypatch.setenv("BATCHKNEE_ALLOWED_TOLERATIONS", "")
+    monkeypatch.setenv("BATCHKNEE_ALLOWED_PRIORITY_CLASSES", "inference-high, inference-low")
     rules = OperatorSettings().admission_rules()
     assert rules.allowed_images == ("registry.local/*", "vllm/vllm-openai:*")
     assert rules.allow_host_paths and not rules.allow_service_account
+    assert rules.allowed_tolerations == () and rules.allowed_runtime_classes == ("nvidia",)
+    assert rules.allowed_priority_classes == ("inference-high", "inference-low")
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,10 @@ naming the field and the setting. Nothing is rendered or applied for a refused s
 
 Admin-gated: a chosen ServiceAccount, Secret references (volumes, env, envFrom, image pull secrets),
 hostPath and PersistentVolumeClaim volumes, a securityContext that loosens the restricted Pod
-Security Standard, and an image outside the allowed patterns.
+Security Standard, and, outside the admin's allowed patterns, an image, a toleration's key, a
+priority class or a runtime class (the last three are cluster-wide and need no RBAC to name: a
+toleration lands the pods on another team's tainted nodes, a priority class preempts their pods,
+and a RuntimeClass can carry tolerations of its own).
 """
 
 from __future__ import annotations
@@ -31,6 +34,10 @@ DEFAULT_ALLOWED_IMAGES = (
     "docker.io/lmsysorg/sglang:*",
     "docker.io/lmsysorg/sglang@sha256:*",
 )
+# Taints engine pods may tolerate by default: the GPU nodes' (NVIDIA's device plugin, GKE, EKS).
+DEFAULT_ALLOWED_TOLERATIONS = ("nvidia.com/gpu",)
+# RuntimeClasses engine pods may name by default: NVIDIA's container runtime.
+DEFAULT_ALLOWED_RUNTIME_CLASSES = ("nvidia",)
 # Capabilities the restricted Pod Security Standard lets a container add.
 RESTRICTED_CAPABILITIES = frozenset({"NET_BIND_SERVICE"})
 
@@ -54,6 +61,9 @@ SECURITY_CONTEXT = Setting(
     "allowUnrestrictedSecurityContext", "BATCHKNEE_ALLOW_UNRESTRICTED_SECURITY_CONTEXT"
 )
 IMAGES = Setting("allowedImages", "BATCHKNEE_ALLOWED_IMAGES")
+TOLERATIONS = Setting("allowedTolerations", "BATCHKNEE_ALLOWED_TOLERATIONS")
+PRIORITY_CLASSES = Setting("allowedPriorityClasses", "BATCHKNEE_ALLOWED_PRIORITY_CLASSES")
+RUNTIME_CLASSES = Setting("allowedRuntimeClasses", "BATCHKNEE_ALLOWED_RUNTIME_CLASSES")
 
 
 @dataclass(frozen=True)
@@ -61,6 +71,9 @@ class AdmissionRules:
     """What the cluster admin allows LLMServings beyond the allow-list (operator settings)."""
 
     allowed_images: tuple[str, ...] = DEFAULT_ALLOWED_IMAGES
+    allowed_tolerations: tuple[str, ...] = DEFAULT_ALLOWED_TOLERATIONS  # taint keys
+    allowed_priority_classes: tuple[str, ...] = ()
+    allowed_runtime_classes: tuple[str, ...] = DEFAULT_ALLOWED_RUNTIME_CLASSES
     allow_service_account: bool = False
     allow_secret_references: bool = False
     allow_host_paths: bool = False
@@ -149,9 +162,10 @@ def gated_uses(spec: LLMServingSpec) -> list[GatedUse]:
     return uses
 
 
-def image_allowed(image: str, patterns: tuple[str, ...]) -> bool:
-    """Whether `image` matches one of the patterns (shell wildcards, case-sensitive)."""
-    return any(fnmatchcase(image, pattern) for pattern in patterns)
+def matches_any(name: str, patterns: tuple[str, ...]) -> bool:
+    """Whether `name` (an image, a taint key, a class) matches one of the patterns (shell wildcards,
+    case-sensitive)."""
+    return any(fnmatchcase(name, pattern) for pattern in patterns)
 
 
 def _short(text: str, limit: int = 256) -> str:
@@ -159,16 +173,58 @@ def _short(text: str, limit: int = 256) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def _listed(patterns: tuple[str, ...]) -> str:
+    return _short(", ".join(patterns)) or "none"
+
+
+def _outside_allowed(spec: LLMServingSpec, rules: AdmissionRules) -> Iterator[Forbidden]:
+    """Each cluster-wide name the spec uses that matches none of the admin's patterns."""
+    t, base = spec.pod_template, "spec.template"
+    for i, toleration in enumerate(t.tolerations or []):
+        key = toleration.key or ""  # no key (with Exists): every taint, allowed only by a pattern matching ""
+        if not matches_any(key, rules.allowed_tolerations):
+            what = f"taint key {_short(key)!r}" if key else "every taint (no key)"
+            yield Forbidden(
+                f"{base}.tolerations[{i}].key",
+                f"a toleration of {what} matches none of the operator's allowed tolerations "
+                f"({_listed(rules.allowed_tolerations)}): it would place the engine pods on nodes tainted "
+                f"for others; remove it, or ask the cluster admin to add the key to {TOLERATIONS}",
+                TOLERATIONS,
+            )
+    if t.priority_class_name is not None and not matches_any(
+        t.priority_class_name, rules.allowed_priority_classes
+    ):
+        yield Forbidden(
+            f"{base}.priorityClassName",
+            f"priority class {_short(t.priority_class_name)!r} matches none of the operator's allowed "
+            f"priority classes ({_listed(rules.allowed_priority_classes)}): it would let the engine pods "
+            f"preempt others; remove it, or ask the cluster admin to add it to {PRIORITY_CLASSES}",
+            PRIORITY_CLASSES,
+        )
+    if t.runtime_class_name is not None and not matches_any(
+        t.runtime_class_name, rules.allowed_runtime_classes
+    ):
+        yield Forbidden(
+            f"{base}.runtimeClassName",
+            f"runtime class {_short(t.runtime_class_name)!r} matches none of the operator's allowed runtime "
+            f"classes ({_listed(rules.allowed_runtime_classes)}); remove it, or ask the cluster admin to add "
+            f"it to {RUNTIME_CLASSES}",
+            RUNTIME_CLASSES,
+        )
+
+
 def check_admission(spec: LLMServingSpec, rules: AdmissionRules) -> None:
     """Raise Forbidden for the first thing the spec asks that the rules do not allow."""
-    if spec.image is not None and not image_allowed(spec.image, rules.allowed_images):
+    if spec.image is not None and not matches_any(spec.image, rules.allowed_images):
         raise Forbidden(
             "spec.image",
             f"image {_short(spec.image)!r} matches none of the operator's allowed images "
-            f"({_short(', '.join(rules.allowed_images)) or 'none'}); leave spec.image unset for the default image, "
+            f"({_listed(rules.allowed_images)}); leave spec.image unset for the default image, "
             f"use an allowed one, or ask the cluster admin to add a pattern to {IMAGES}",
             IMAGES,
         )
+    for refusal in _outside_allowed(spec, rules):
+        raise refusal
     for use in gated_uses(spec):
         if not rules.allows(use.setting):
             raise Forbidden(

@@ -931,7 +931,11 @@ class TemplateSpec(_Model):
     node_selector: dict[str, Annotated[str, Field(max_length=63)]] | None = Field(
         None, description="Pod node selector."
     )
-    tolerations: list[Toleration] | None = Field(None, max_length=32, description="Pod tolerations.")
+    tolerations: list[Toleration] | None = Field(
+        None,
+        max_length=32,
+        description="Pod tolerations; each key must match the admin's allowedTolerations (default nvidia.com/gpu).",
+    )
     affinity: Opaque | None = Field(
         None, description="Pod affinity (a Kubernetes Affinity: node, pod and anti-affinity terms)."
     )
@@ -945,9 +949,15 @@ class TemplateSpec(_Model):
         max_length=16,
         description="Pod image pull secrets; refused unless the admin sets allowSecretReferences.",
     )
-    priority_class_name: str | None = Field(None, max_length=253, description="Pod priority class.")
+    priority_class_name: str | None = Field(
+        None,
+        max_length=253,
+        description="Pod priority class; refused unless it matches the admin's allowedPriorityClasses (none by default).",
+    )
     runtime_class_name: str | None = Field(
-        None, max_length=253, description="Pod runtime class (e.g. nvidia)."
+        None,
+        max_length=253,
+        description="Pod runtime class; must match the admin's allowedRuntimeClasses (default nvidia).",
     )
     security_context: PodSecurityContext | None = Field(None, description="Pod security context.")
     container_security_context: ContainerSecurityContext | None = Field(
