@@ -143,12 +143,12 @@ def _set_cap(runtime: EngineRuntime, address: str, api: str, value: int) -> Live
 
 
 def apply_stages(objects: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """The order of the applies: ConfigMaps first (the pods mount them), the workload last (its
-    pods find their Service and budget in place), each stage's objects together."""
+    """The order of the applies: ConfigMaps first (the pods mount them: a pod that finds none waits
+    in ContainerCreating), then the rest together. The workload's pods come two controllers later
+    (its ReplicaSet, then theirs), long after the Service and budget sent with it."""
     first = [o for o in objects if o["kind"] == "ConfigMap"]
-    last = [o for o in objects if o["kind"] in ("Deployment", "StatefulSet")]
-    middle = [o for o in objects if o["kind"] not in ("ConfigMap", "Deployment", "StatefulSet")]
-    return [stage for stage in (first, middle, last) if stage]
+    rest = [o for o in objects if o["kind"] != "ConfigMap"]
+    return [stage for stage in (first, rest) if stage]
 
 
 @dataclass
@@ -191,7 +191,11 @@ def reconcile(namespace: str, name: str, ports: Ports, now: datetime) -> Outcome
             return Outcome(namespace, name, found=False)
         if (raw.get("metadata") or {}).get("deletionTimestamp"):
             return Outcome(namespace, name, deleting=True)  # never roll what is being deleted
-        outcome = _Reconcile(raw, ports, now).run()
+        run = _Reconcile(raw, ports, now)
+        try:
+            outcome = run.run()
+        finally:
+            run.send_events()  # any a reconcile that stopped before its status write queued
         if not outcome.conflict:
             break
     return outcome
@@ -218,7 +222,11 @@ def report_api_errors(
         raw = ports.kube.get_llmserving(namespace, name)
         if raw is None or (raw.get("metadata") or {}).get("deletionTimestamp"):
             return failed
-        return _Reconcile(raw, ports, now).api_errors(error.summary, since)
+        run = _Reconcile(raw, ports, now)
+        try:
+            return run.api_errors(error.summary, since)
+        finally:
+            run.send_events()
     except TransientApiError as still:  # the status write meets the same apiserver
         log.warning("%s/%s: could not report the apiserver errors: %s", namespace, name, still)
         return failed
@@ -431,7 +439,8 @@ class _Reconcile:
         self.generation: int | None = raw.get("metadata", {}).get("generation")
         self.old = _old_status(raw)
         self.conditions = _Conditions(self.old.conditions, self.generation, now)
-        self.events: list[str] = []
+        self.events: list[str] = []  # the reasons of the Events sent
+        self.unsent: list[tuple[EventType, str, str]] = []  # queued, sent with the status write
         self.settling = False
 
     def involved(self) -> dict[str, Any]:
@@ -443,11 +452,19 @@ class _Reconcile:
         }
 
     def event(self, event_type: EventType, reason: str, message: str) -> None:
-        try:
-            self.ports.kube.emit_event(self.involved(), event_type, reason, message, self.now)
-            self.events.append(reason)
-        except Exception as error:  # an event is worth a log line, not a failed reconcile
-            log.warning("%s/%s: could not record event %s: %s", self.namespace, self.name, reason, error)
+        """Queue an Event: it goes out at once with the status write that ends the reconcile (or
+        after it, if the reconcile stops before one: `send_events`)."""
+        self.unsent.append((event_type, reason, message))
+
+    def send_events(self) -> None:
+        """The queued Events, in order."""
+        unsent, self.unsent = self.unsent, []
+        for event_type, reason, message in unsent:
+            try:
+                self.ports.kube.emit_event(self.involved(), event_type, reason, message, self.now)
+                self.events.append(reason)
+            except Exception as error:  # an event is worth a log line, not a failed reconcile
+                log.warning("%s/%s: could not record event %s: %s", self.namespace, self.name, reason, error)
 
     def write(self, status: LLMServingStatus, refresh_s: float | None = None) -> bool:
         """Write the status when it changed. With `refresh_s` (a steady hold), a change of its
@@ -455,13 +472,15 @@ class _Reconcile:
         # validated again: model_copy(update=...) skips validation, and every text must be bounded
         new = LLMServingStatus.model_validate(status.dump()).dump()
         old = self.raw.get("status") or {}
-        if new == old:
-            return False
-        if refresh_s is not None and figures_only(
-            old, new, refresh_s, offset_s=refresh_offset_s(self.namespace, self.name, refresh_s)
+        if new == old or (
+            refresh_s is not None
+            and figures_only(
+                old, new, refresh_s, offset_s=refresh_offset_s(self.namespace, self.name, refresh_s)
+            )
         ):
+            self.send_events()
             return False
-        self.ports.kube.patch_status(self.namespace, self.name, new)
+        together([lambda: self.ports.kube.patch_status(self.namespace, self.name, new), self.send_events])
         return True
 
     # -- something stops the reconcile (invalid spec, name conflict, apiserver errors): say so ---------

@@ -30,6 +30,7 @@ class MeetingKube(MemoryKube):
 
     reads: threading.Barrier | None = None
     meet: tuple[set[str], threading.Barrier] | None = None
+    writes: threading.Barrier | None = None  # the status write and the Events
     log: list[tuple[str, str]] = field(default_factory=list)
 
     def get_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -41,6 +42,16 @@ class MeetingKube(MemoryKube):
         if self.reads is not None:
             self.reads.wait()
         return super().get_object(kind, namespace, name)
+
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        if self.writes is not None:
+            self.writes.wait()
+        super().patch_status(namespace, name, status)
+
+    def emit_event(self, *args: Any, **kwargs: Any) -> None:
+        if self.writes is not None:
+            self.writes.wait()
+        super().emit_event(*args, **kwargs)
 
     def apply(self, obj: dict[str, Any]) -> None:
         kind = obj["kind"]
@@ -68,23 +79,28 @@ def test_a_new_llmservings_deployment_service_and_budget_are_read_together(meeti
     assert {kind for _, kind in kube.log} == {"Service", "PodDisruptionBudget", "Deployment"}
 
 
-def test_applies_go_configmap_first_workload_last_and_the_rest_together(meeting: World) -> None:
+def test_applies_go_configmap_first_then_the_rest_together(meeting: World) -> None:
     kube = meeting.kube
     assert isinstance(kube, MeetingKube)
     kube.create(llmserving(engine="TensorRTLLM"))
-    kube.meet = ({"Service", "PodDisruptionBudget"}, threading.Barrier(2, timeout=MEET_S))
+    kube.meet = ({"Service", "PodDisruptionBudget", "Deployment"}, threading.Barrier(3, timeout=MEET_S))
     meeting.reconcile()
     log = kube.log
     assert log[:2] == [("start", "ConfigMap"), ("end", "ConfigMap")]  # the pods mount it
-    assert log[-2:] == [("start", "Deployment"), ("end", "Deployment")]  # its pods find the rest
-    assert sorted(log[2:6]) == sorted(
-        [
-            ("start", "Service"),
-            ("start", "PodDisruptionBudget"),
-            ("end", "Service"),
-            ("end", "PodDisruptionBudget"),
-        ]
-    )
+    assert {kind for when, kind in log[2:5]} == {"Service", "PodDisruptionBudget", "Deployment"}
+    assert {when for when, _ in log[2:5]} == {"start"}  # all three under way before one ends
+
+
+def test_the_events_go_out_with_the_status_write(meeting: World) -> None:
+    """A new object's "Deployed" Event and its first status are sent at once, not one after the other."""
+    kube = meeting.kube
+    assert isinstance(kube, MeetingKube)
+    kube.create(llmserving())
+    kube.writes = threading.Barrier(2, timeout=MEET_S)
+    meeting.reconcile()
+    kube.writes = None
+    assert [e["reason"] for e in kube.events] == ["Deployed"]
+    assert kube.status("default", "chat")["maxNumSeqs"] > 0
 
 
 @dataclass
@@ -137,15 +153,14 @@ def test_together_keeps_the_order_and_raises_the_first_error_once_every_call_end
     assert sorted(ended) == ["a", "b", "c"]
 
 
-def test_apply_stages_orders_configmaps_then_the_rest_then_the_workload() -> None:
+def test_apply_stages_orders_configmaps_then_the_rest() -> None:
     def obj(kind: str) -> dict[str, Any]:
         return {"kind": kind, "metadata": {"name": kind.lower()}}
 
     stages = apply_stages([obj("Service"), obj("PodDisruptionBudget"), obj("Deployment"), obj("ConfigMap")])
     assert [[o["kind"] for o in stage] for stage in stages] == [
         ["ConfigMap"],
-        ["Service", "PodDisruptionBudget"],
-        ["Deployment"],
+        ["Service", "PodDisruptionBudget", "Deployment"],
     ]
     assert [[o["kind"] for o in s] for s in apply_stages([obj("StatefulSet")])] == [["StatefulSet"]]
 
