@@ -191,26 +191,27 @@ def _outside_allowed(spec: LLMServingSpec, rules: AdmissionRules) -> Iterator[Fo
                 f"for others; remove it, or ask the cluster admin to add the key to {TOLERATIONS}",
                 TOLERATIONS,
             )
-    if t.priority_class_name is not None and not matches_any(
-        t.priority_class_name, rules.allowed_priority_classes
-    ):
-        yield Forbidden(
-            f"{base}.priorityClassName",
-            f"priority class {_short(t.priority_class_name)!r} matches none of the operator's allowed "
-            f"priority classes ({_listed(rules.allowed_priority_classes)}): it would let the engine pods "
-            f"preempt others; remove it, or ask the cluster admin to add it to {PRIORITY_CLASSES}",
+    allowed = rules.allowed_priority_classes, rules.allowed_runtime_classes
+    preempts = ": it would let the engine pods preempt others"
+    classes = (
+        (
+            "priorityClassName",
+            t.priority_class_name,
+            "priority class",
+            preempts,
+            allowed[0],
             PRIORITY_CLASSES,
-        )
-    if t.runtime_class_name is not None and not matches_any(
-        t.runtime_class_name, rules.allowed_runtime_classes
-    ):
-        yield Forbidden(
-            f"{base}.runtimeClassName",
-            f"runtime class {_short(t.runtime_class_name)!r} matches none of the operator's allowed runtime "
-            f"classes ({_listed(rules.allowed_runtime_classes)}); remove it, or ask the cluster admin to add "
-            f"it to {RUNTIME_CLASSES}",
-            RUNTIME_CLASSES,
-        )
+        ),
+        ("runtimeClassName", t.runtime_class_name, "runtime class", "", allowed[1], RUNTIME_CLASSES),
+    )
+    for name, value, what, why, patterns, setting in classes:
+        if value is not None and not matches_any(value, patterns):
+            yield Forbidden(
+                f"{base}.{name}",
+                f"{what} {_short(value)!r} matches none of the operator's allowed {what}es "
+                f"({_listed(patterns)}){why}; remove it, or ask the cluster admin to add it to {setting}",
+                setting,
+            )
 
 
 def check_admission(spec: LLMServingSpec, rules: AdmissionRules) -> None:
