@@ -129,7 +129,7 @@ class Runtime:
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
     # the reconcile workers (settings.reconcile_workers)
     executor: ThreadPoolExecutor = field(
-        default_factory=lambda: ThreadPoolExecutor(2, thread_name_prefix="reconcile")
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="reconcile")
     )
     # Live actuation's reconciles wait on the engines' runtime endpoints (a tenant's pods, which may
     # not answer before their timeout): workers of their own, so they never hold those of the rest

@@ -86,7 +86,7 @@ class OperatorSettings(BaseSettings):
         5.0, gt=0, description="How long one refresh of the engine metrics serves every LLMServing"
     )
     reconcile_workers: int = Field(
-        2,
+        1,
         ge=1,
         le=256,
         description="Reconciles at once (each sends its independent apiserver requests together); "
