@@ -191,11 +191,11 @@ def reconcile(namespace: str, name: str, ports: Ports, now: datetime) -> Outcome
             return Outcome(namespace, name, found=False)
         if (raw.get("metadata") or {}).get("deletionTimestamp"):
             return Outcome(namespace, name, deleting=True)  # never roll what is being deleted
-        run = _Reconcile(raw, ports, now)
+        this = _Reconcile(raw, ports, now)
         try:
-            outcome = run.run()
+            outcome = this.run()
         finally:
-            run.send_events()  # any a reconcile that stopped before its status write queued
+            this.send_events()  # any a reconcile that stopped before its status write queued
         if not outcome.conflict:
             break
     return outcome
@@ -222,11 +222,11 @@ def report_api_errors(
         raw = ports.kube.get_llmserving(namespace, name)
         if raw is None or (raw.get("metadata") or {}).get("deletionTimestamp"):
             return failed
-        run = _Reconcile(raw, ports, now)
+        this = _Reconcile(raw, ports, now)
         try:
-            return run.api_errors(error.summary, since)
+            return this.api_errors(error.summary, since)
         finally:
-            run.send_events()
+            this.send_events()
     except TransientApiError as still:  # the status write meets the same apiserver
         log.warning("%s/%s: could not report the apiserver errors: %s", namespace, name, still)
         return failed

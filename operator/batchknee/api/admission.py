@@ -80,6 +80,15 @@ class AdmissionRules:
     allow_persistent_volume_claims: bool = False
     allow_unrestricted_security_context: bool = False
 
+    def patterns(self, setting: Setting) -> tuple[str, ...]:
+        """The admin's patterns behind a list setting (images, taint keys, classes)."""
+        return {
+            IMAGES: self.allowed_images,
+            TOLERATIONS: self.allowed_tolerations,
+            PRIORITY_CLASSES: self.allowed_priority_classes,
+            RUNTIME_CLASSES: self.allowed_runtime_classes,
+        }[setting]
+
     def allows(self, setting: Setting) -> bool:
         return {
             SERVICE_ACCOUNT: self.allow_service_account,
@@ -191,20 +200,13 @@ def _outside_allowed(spec: LLMServingSpec, rules: AdmissionRules) -> Iterator[Fo
                 f"for others; remove it, or ask the cluster admin to add the key to {TOLERATIONS}",
                 TOLERATIONS,
             )
-    allowed = rules.allowed_priority_classes, rules.allowed_runtime_classes
     preempts = ": it would let the engine pods preempt others"
     classes = (
-        (
-            "priorityClassName",
-            t.priority_class_name,
-            "priority class",
-            preempts,
-            allowed[0],
-            PRIORITY_CLASSES,
-        ),
-        ("runtimeClassName", t.runtime_class_name, "runtime class", "", allowed[1], RUNTIME_CLASSES),
+        ("priorityClassName", t.priority_class_name, "priority class", preempts, PRIORITY_CLASSES),
+        ("runtimeClassName", t.runtime_class_name, "runtime class", "", RUNTIME_CLASSES),
     )
-    for name, value, what, why, patterns, setting in classes:
+    for name, value, what, why, setting in classes:
+        patterns = rules.patterns(setting)
         if value is not None and not matches_any(value, patterns):
             yield Forbidden(
                 f"{base}.{name}",
