@@ -101,6 +101,9 @@ class Peering:
 # The rest wait in the scheduler's heap, not as parked coroutines.
 EVALUATIONS_IN_FLIGHT = 16
 ENGINE_WORKERS = 8  # reconciles of Live LLMServings at once
+# ... of those in one namespace at once: a tenant whose engines answer slowly holds a quarter of the
+# Live workers, and as many of the scheduler's slots, however many LLMServings it has
+LIVE_EVALUATIONS_PER_NAMESPACE = ENGINE_WORKERS // 4
 
 
 @dataclass
@@ -386,6 +389,8 @@ async def start_scheduler(**kwargs: Any) -> None:
         max_in_flight=rt.max_in_flight,
         paused=lambda: rt.outranked,
         settled=freeze_found_fleet,
+        lane=lambda key: key[0] if key in rt.live else None,
+        lane_limit=LIVE_EVALUATIONS_PER_NAMESPACE,
     )
     rt.background.append(asyncio.get_running_loop().create_task(rt.scheduler.run(), name="scheduler"))
     if rt.peering is not None:

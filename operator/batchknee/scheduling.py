@@ -11,6 +11,10 @@ object must carry and every delete must wait on), one loop keeps a heap of due t
   turn with those due; periodic evaluations start once it has been evaluated;
 - the interval is read live (`known()` is kopf's index of the watched objects and their intervals);
 - at most `max_in_flight` scheduled evaluations run at once; the others wait their turn in due order;
+- at most `lane_limit` of them in one lane (`lane(key)`: a Live LLMServing's namespace, whose
+  evaluations wait on the tenant's own engine pods): the rest of that lane is parked outside the
+  heap until one of its evaluations ends, so a tenant whose engines answer slowly holds neither the
+  others' slots nor a busy loop;
 - an object that leaves `known()` (deleted, deleting, no longer watched) has its state freed;
 - a failing evaluation is logged and the object is scheduled again; nothing stops the loop but
   `stop()`;
@@ -27,7 +31,7 @@ import contextlib
 import heapq
 import logging
 import math
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,9 +59,13 @@ class Scheduler:
     paused: Callable[[], bool] = lambda: False
     settled: Callable[[], None] = lambda: None  # once, when every known object has been evaluated
     resync_s: float = 1.0  # how often known() is compared with the schedule
+    lane: Callable[[Key], Hashable | None] = lambda key: None  # None: no lane, only max_in_flight
+    lane_limit: int = 2  # evaluations of one lane at once
     due: dict[Key, tuple[float, float]] = field(default_factory=dict)  # key → (due, interval)
     urgent: set[Key] = field(default_factory=set)  # evaluate when a slot frees, whatever the grid says
     in_flight: dict[Key, asyncio.Task[None]] = field(default_factory=dict)
+    _lanes: dict[Key, Hashable] = field(default_factory=dict)  # in flight → its lane at launch
+    _parked: dict[Hashable, list[tuple[float, Key]]] = field(default_factory=dict)  # due, lane full
     _heap: list[tuple[float, Key]] = field(default_factory=list)
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
     _stopped: bool = False
@@ -111,6 +119,9 @@ class Scheduler:
 
     def _done(self, key: Key) -> None:
         self.in_flight.pop(key, None)
+        lane = self._lanes.pop(key, None)
+        for entry in self._parked.pop(lane, []) if lane is not None else []:
+            heapq.heappush(self._heap, entry)  # their turn again, in due order
         interval = self.known().get(key)
         if interval is None:
             self.urgent.discard(key)
@@ -129,6 +140,10 @@ class Scheduler:
             scheduled = self.due.get(key)
             if scheduled is None or scheduled[0] != when:
                 continue  # superseded by a newer entry
+            lane = self.lane(key)
+            if lane is not None and list(self._lanes.values()).count(lane) >= self.lane_limit:
+                self._parked.setdefault(lane, []).append((when, key))
+                continue
             del self.due[key]
             interval = scheduled[1]
             last = self.last_evaluated(key)
@@ -139,6 +154,8 @@ class Scheduler:
                 continue
             task = asyncio.get_running_loop().create_task(self._run_one(key), name=f"evaluate {key}")
             self.in_flight[key] = task
+            if lane is not None:
+                self._lanes[key] = lane
             task.add_done_callback(lambda _, key=key: self._done(key))  # type: ignore[misc]
 
     async def run(self) -> None:

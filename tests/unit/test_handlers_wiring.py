@@ -172,3 +172,36 @@ def test_full_collections_are_timed_once_watched() -> None:
             gc.enable()
     text = generate_latest(metrics.registry).decode()
     assert "batchknee_python_full_collection_seconds_count 2.0" in text
+
+
+def test_live_llmservings_are_scheduled_in_lanes_by_namespace() -> None:
+    """A Live LLMServing's evaluations wait on its tenant's engine pods: the scheduler runs at most
+    LIVE_EVALUATIONS_PER_NAMESPACE of one namespace's at once; every other object has no lane."""
+    import asyncio
+
+    from batchknee import handlers
+    from batchknee.reconcile import Ports
+
+    async def scenario() -> None:
+        rt = handlers.Runtime(
+            Ports(kube=None, observer=Recording()),  # type: ignore[arg-type]
+            RoutedObserver(Recording(), "http://127.0.0.1:9090"),
+            OperatorMetrics(),
+        )
+        handlers.RUNTIME = rt
+        try:
+            await handlers.start_scheduler(llmserving_intervals={})
+            assert rt.scheduler is not None
+            assert rt.scheduler.lane_limit == handlers.LIVE_EVALUATIONS_PER_NAMESPACE == 2
+            assert rt.scheduler.lane(("team-a", "chat")) is None
+            rt.note("team-a", "chat", {"spec": {"tuning": {"actuation": "Live"}}})
+            assert rt.scheduler.lane(("team-a", "chat")) == "team-a"
+            rt.forget("team-a", "chat")
+            assert rt.scheduler.lane(("team-a", "chat")) is None
+            await rt.scheduler.stop()
+            for task in rt.background:
+                task.cancel()
+        finally:
+            handlers.RUNTIME = None
+
+    asyncio.run(scenario())

@@ -189,3 +189,47 @@ def test_settled_is_called_once_when_every_object_found_has_been_evaluated() -> 
         await task
 
     asyncio.run(scenario())
+
+
+def test_one_lane_holds_at_most_its_limit_and_its_waiting_objects_hold_no_slot() -> None:
+    """A tenant's Live LLMServings (one lane: their namespace) whose engines do not answer run at
+    most `lane_limit` at a time; the rest of them wait parked, holding none of the scheduler's
+    slots, so another tenant's objects are evaluated meanwhile; once the tenant's engines answer
+    again, every one of its objects is evaluated."""
+
+    async def scenario() -> None:
+        wedged = [("tenant-a", f"live-{i}") for i in range(10)]
+        others = [("tenant-b", "live"), ("tenant-b", "plain"), ("tenant-c", "plain")]
+        fleet = Fleet(dict.fromkeys(wedged + others, 3600.0))
+        released = asyncio.Event()
+        running: Counter[str] = Counter()
+        most: Counter[str] = Counter()
+        plain = fleet.evaluate
+
+        async def evaluate(namespace: str, name: str) -> None:
+            running[namespace] += 1
+            most[namespace] = max(most[namespace], running[namespace])
+            try:
+                if namespace == "tenant-a":
+                    await released.wait()
+                await plain(namespace, name)
+            finally:
+                running[namespace] -= 1
+
+        fleet.evaluate = evaluate  # type: ignore[method-assign]
+        live = {*wedged, ("tenant-b", "live")}
+        scheduler = fleet.scheduler(max_in_flight=4, lane=lambda key: key[0] if key in live else None)
+        task = asyncio.create_task(scheduler.run())
+        for key in wedged + others:  # the wedged tenant's objects are due first
+            scheduler.soon(key)
+        await until(lambda: all(fleet.evaluated[key] == 1 for key in others))
+        assert all(fleet.evaluated[key] == 1 for key in others)  # though four slots, ten wedged
+        assert running["tenant-a"] == 2 and not any(fleet.evaluated[key] for key in wedged)
+        released.set()
+        await until(lambda: all(fleet.evaluated[key] == 1 for key in wedged))
+        assert all(fleet.evaluated[key] == 1 for key in wedged)
+        assert most["tenant-a"] == 2
+        await scheduler.stop()
+        await task
+
+    asyncio.run(scenario())

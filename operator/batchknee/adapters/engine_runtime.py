@@ -8,13 +8,20 @@ No released engine has one; two builds do (REFERENCE.md §2):
   {"max_num_seqs": N}`.
 Both register through vLLM's dev routers (`VLLM_SERVER_DEV_MODE=1`); without them a pod answers 404.
 A pod is probed for the first, then the second. Every call has a short total deadline, answers
-are read bounded, and nothing a pod says reaches status unsanitised.
+are read bounded, and nothing a pod says reaches status unsanitised. A pod that did not answer in
+time (the call failed after at least half the deadline) is not called again for a backoff, 30 s
+doubling to 5 minutes while it stays silent: a tenant's wedged pods cost one deadline per backoff,
+not one per evaluation, of the Live workers every tenant shares. A quick refusal costs nothing and
+is not held against the pod; any answer in time ends its backoff.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import requests
@@ -26,6 +33,9 @@ TRIMTAB_SET = "/trimtab/set_knobs"
 TRIMTAB_KNOBS = "/trimtab/knobs"
 UNSUPPORTED = (404, 405, 501)
 MAX_ANSWER_BYTES = 64 * 1024
+SILENT_BACKOFF_S = 30.0  # one evaluation interval of the demo's; doubled per silent probe after it
+MAX_SILENT_BACKOFF_S = 300.0
+SILENT_SHARE = 0.5  # of the deadline: a failure that took this long cost a worker that long
 
 
 def _excerpt(text: str, limit: int = 200) -> str:
@@ -33,26 +43,79 @@ def _excerpt(text: str, limit: int = 200) -> str:
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
+@dataclass(frozen=True)
+class _Silence:
+    """A pod that did not answer in time: how many times running, and until when it is not called."""
+
+    times: int
+    until: float
+
+
+def _backoff_s(times: int) -> float:
+    return min(MAX_SILENT_BACKOFF_S, SILENT_BACKOFF_S * 2.0 ** (times - 1))
+
+
 class HttpEngineRuntime:
-    def __init__(self, *, timeout_s: float = 2.0, session: requests.Session | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        timeout_s: float = 2.0,
+        session: requests.Session | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.timeout_s = timeout_s
         self.session = session or requests.Session()
+        self.clock = clock
+        self._silent: dict[str, _Silence] = {}  # by pod address
+        self._lock = threading.Lock()  # the reconciles' threads call pods at once
 
     def _call(self, method: str, url: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
-        deadline = time.monotonic() + self.timeout_s
+        address = url.split("/")[2]
+        started = self.clock()
+        with self._lock:
+            silence = self._silent.get(address)
+        if silence is not None and started < silence.until:
+            raise LiveCapError(
+                f"did not answer within {self.timeout_s:g} s ({silence.times} times running): "
+                f"not called again for {_backoff_s(silence.times):.0f} s"
+            )
+        try:
+            status, data = self._request(method, url, body, started + self.timeout_s)
+        except (requests.RequestException, LiveCapError):
+            self._fell_silent(address, silence, started)
+            raise
+        with self._lock:
+            self._silent.pop(address, None)
+        text = data.decode(errors="replace")
+        try:
+            return status, json.loads(text) if text.strip() else None
+        except ValueError:
+            return status, _excerpt(text)
+
+    def _request(
+        self, method: str, url: str, body: dict[str, Any] | None, deadline: float
+    ) -> tuple[int, bytes]:
         with self.session.request(
             method, url, json=body, timeout=(self.timeout_s, self.timeout_s), stream=True
         ) as response:
             data = b""
             for chunk in response.iter_content(8192):
                 data += chunk
-                if len(data) > MAX_ANSWER_BYTES or time.monotonic() > deadline:
+                if len(data) > MAX_ANSWER_BYTES or self.clock() > deadline:
                     raise LiveCapError(f"{method} {url}: answer too large or too slow")
-        text = data.decode(errors="replace")
-        try:
-            return response.status_code, json.loads(text) if text.strip() else None
-        except ValueError:
-            return response.status_code, _excerpt(text)
+            return response.status_code, data
+
+    def _fell_silent(self, address: str, before: _Silence | None, started: float) -> None:
+        """Hold a failure that took half the deadline or more against the pod (a quick refusal
+        cost nothing); forget pods silent for longer than the longest backoff (gone, most likely)."""
+        now = self.clock()
+        if now - started < SILENT_SHARE * self.timeout_s:
+            return
+        times = before.times + 1 if before is not None else 1
+        with self._lock:
+            for stale in [a for a, s in self._silent.items() if s.until < now - MAX_SILENT_BACKOFF_S]:
+                del self._silent[stale]
+            self._silent[address] = _Silence(times, now + _backoff_s(times))
 
     def read_cap(self, address: str) -> LiveCap | None:
         try:

@@ -1,0 +1,139 @@
+"""The Live runtime client against a real loopback pod that stops answering: a pod that did not
+answer in time is not called again for a backoff (30 s, doubling while it stays silent), so a
+tenant's wedged engines cost the shared Live workers one deadline per backoff, not one per
+evaluation; a quick refusal is not held against a pod, and an answer ends its backoff."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from batchknee.adapters.engine_runtime import (
+    MAX_SILENT_BACKOFF_S,
+    SILENT_BACKOFF_S,
+    HttpEngineRuntime,
+)
+from batchknee.ports import LiveCap, LiveCapError
+
+TIMEOUT_S = 0.3
+
+
+class Pod(ThreadingHTTPServer):
+    """A pod's /v1/runtime_config that answers, or hangs until released (wedged)."""
+
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.wedged = False
+        self.calls = 0
+        self.released = threading.Event()
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.server_address[1]}"
+
+
+class Handler(BaseHTTPRequestHandler):
+    server: Pod
+
+    def do_GET(self) -> None:
+        self.server.calls += 1
+        if self.server.wedged:
+            self.server.released.wait(10 * TIMEOUT_S)
+            return
+        body = json.dumps({"max_num_running_seqs": 48, "max_num_seqs_capacity": 256}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def pod() -> Iterator[Pod]:
+    server = Pod()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.released.set()
+    server.shutdown()
+    server.server_close()
+
+
+class Clock:
+    """Monotonic time that a test can move ahead (the backoff), real in between (the deadline)."""
+
+    def __init__(self) -> None:
+        self.ahead = 0.0
+
+    def __call__(self) -> float:
+        return time.monotonic() + self.ahead
+
+
+def timed_failure(runtime: HttpEngineRuntime, address: str) -> tuple[float, str]:
+    started = time.monotonic()
+    with pytest.raises(LiveCapError) as error:
+        runtime.read_cap(address)
+    return time.monotonic() - started, str(error.value)
+
+
+def test_a_silent_pod_is_not_called_again_until_its_backoff_ends(pod: Pod) -> None:
+    clock = Clock()
+    runtime = HttpEngineRuntime(timeout_s=TIMEOUT_S, clock=clock)
+    pod.wedged = True
+    took, _ = timed_failure(runtime, pod.address)
+    assert took >= TIMEOUT_S and pod.calls == 1
+
+    took, message = timed_failure(runtime, pod.address)  # within the backoff: no call at all
+    assert took < TIMEOUT_S / 3 and pod.calls == 1
+    assert message == f"did not answer within {TIMEOUT_S:g} s (1 times running): not called again for 30 s"
+    with pytest.raises(LiveCapError, match="not called again"):
+        runtime.set_cap(pod.address, "runtime-config", 32)
+    assert pod.calls == 1
+
+    clock.ahead += SILENT_BACKOFF_S  # the backoff ends: one probe, silent again, twice as long
+    took, _ = timed_failure(runtime, pod.address)
+    assert took >= TIMEOUT_S and pod.calls == 2
+    clock.ahead += SILENT_BACKOFF_S
+    assert "2 times running): not called again for 60 s" in timed_failure(runtime, pod.address)[1]
+    assert pod.calls == 2
+
+    pod.wedged = False  # it answers again once the longer backoff ends: the backoff is over
+    clock.ahead += SILENT_BACKOFF_S
+    assert runtime.read_cap(pod.address) == LiveCap("runtime-config", 48, 256)
+    assert runtime.read_cap(pod.address) == LiveCap("runtime-config", 48, 256)
+    assert pod.calls == 4
+
+
+def test_the_backoff_doubles_up_to_five_minutes(pod: Pod) -> None:
+    clock = Clock()
+    runtime = HttpEngineRuntime(timeout_s=TIMEOUT_S, clock=clock)
+    pod.wedged = True
+    backoffs = []
+    for _ in range(6):
+        timed_failure(runtime, pod.address)
+        message = timed_failure(runtime, pod.address)[1]
+        backoffs.append(int(message.rsplit("for ", 1)[1].removesuffix(" s")))
+        clock.ahead += MAX_SILENT_BACKOFF_S
+    assert backoffs == [30, 60, 120, 240, 300, 300]
+    assert pod.calls == 6  # one probe per backoff
+
+
+def test_a_quick_refusal_is_not_held_against_the_pod() -> None:
+    closed = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    address = f"127.0.0.1:{closed.server_address[1]}"
+    closed.server_close()  # nothing listens: refused at once
+    runtime = HttpEngineRuntime(timeout_s=TIMEOUT_S)
+    for _ in range(2):
+        took, message = timed_failure(runtime, address)
+        assert message == "GET /v1/runtime_config: ConnectionError"  # called, and refused, each time
+        assert took < TIMEOUT_S
