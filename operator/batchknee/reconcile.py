@@ -869,6 +869,7 @@ class _Reconcile:
             return None
         caps: dict[str, tuple[str, LiveCap]] = {}
         missing: list[str] = []
+        unread: list[str] = []
         if state is not None and state.replicas > 0:
             ready = [(pod["metadata"]["name"], _ready_address(pod)) for pod in self.pods]
             addresses = [(name, address) for name, address in ready if address is not None]
@@ -878,7 +879,8 @@ class _Reconcile:
             for (name, address), answer in zip(addresses, answers, strict=True):
                 if isinstance(answer, LiveCapError):
                     log.info("%s/%s: %s: %s", self.namespace, self.name, name, answer)
-                    continue  # not answering now: set again next evaluation
+                    unread.append(f"{name}: {answer}")
+                    continue  # not answering now: read and set again next evaluation
                 if answer is None:
                     missing.append(name)
                 else:
@@ -892,12 +894,21 @@ class _Reconcile:
                 "/trimtab/set_knobs (an engine build without a runtime cap endpoint); retuning by restart",
             )
             return None
-        self.conditions.set(
-            "Actuation",
-            "True",
-            "Live",
-            f"{len(caps)} pods take their batch cap live, below the startup ceiling",
-        )
+        if unread:  # the cap of the others is set; these are read again at the next evaluation
+            self.conditions.set(
+                "Actuation",
+                "False",
+                "LiveCapUnread",
+                f"{len(caps)} pods take their batch cap live; could not read {len(unread)}: "
+                f"{'; '.join(sorted(unread)[:3])}",
+            )
+        else:
+            self.conditions.set(
+                "Actuation",
+                "True",
+                "Live",
+                f"{len(caps)} pods take their batch cap live, below the startup ceiling",
+            )
         return caps
 
     def ceiling(

@@ -292,6 +292,8 @@ class MemoryRuntime:
         found = self.pods.get(address)
         if found is None:
             return None
+        if "silent" in found:  # what HttpEngineRuntime says of a pod that does not answer
+            raise LiveCapError(found["silent"])
         return LiveCap(found["api"], found["cap"], found.get("ceiling"))
 
     def set_cap(self, address: str, api: str, value: int) -> None:

@@ -77,6 +77,23 @@ def test_a_restarted_pod_gets_its_cap_back_within_one_evaluation(world: World) -
     assert runtime.pods["127.0.9.1:8000"]["cap"] == 64  # type: ignore[index]
 
 
+def test_a_pod_that_does_not_answer_is_named_and_the_others_get_their_cap(world: World) -> None:
+    runtime = live_world(world)
+    silent = "did not answer within 2 s (1 times running): not called again for 30 s"
+    runtime.pods["127.0.9.2:8000"]["silent"] = silent  # type: ignore[index]
+    world.reconcile()
+    assert runtime.pods["127.0.9.1:8000"]["cap"] == 64  # type: ignore[index]
+    assert runtime.pods["127.0.9.2:8000"]["cap"] == 224  # type: ignore[index]  # not set: unread
+    actuation = world.kube.condition("default", "chat", "Actuation")
+    assert actuation["status"] == "False" and actuation["reason"] == "LiveCapUnread"
+    assert actuation["message"] == f"1 pods take their batch cap live; could not read 1: chat-abc-1: {silent}"
+    del runtime.pods["127.0.9.2:8000"]["silent"]  # type: ignore[attr-defined]  # it answers again
+    world.clock.advance(30)
+    world.reconcile()
+    assert runtime.pods["127.0.9.2:8000"]["cap"] == 64  # type: ignore[index]
+    assert world.kube.condition("default", "chat", "Actuation")["reason"] == "Live"
+
+
 def test_pods_without_a_runtime_endpoint_fall_back_to_a_restart(world: World) -> None:
     live_world(world, supported=False)
     world.reconcile()
