@@ -69,8 +69,9 @@ class HttpEngineRuntime:
         self._silent: dict[str, _Silence] = {}  # by pod address
         self._lock = threading.Lock()  # the reconciles' threads call pods at once
 
-    def _call(self, method: str, url: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
-        address = url.split("/")[2]
+    def _call(
+        self, method: str, address: str, path: str, body: dict[str, Any] | None = None
+    ) -> tuple[int, Any]:
         started = self.clock()
         with self._lock:
             silence = self._silent.get(address)
@@ -80,7 +81,7 @@ class HttpEngineRuntime:
                 f"not called again for {_backoff_s(silence.times):.0f} s"
             )
         try:
-            status, data = self._request(method, url, body, started + self.timeout_s)
+            status, data = self._request(method, f"http://{address}{path}", body, started + self.timeout_s)
         except (requests.RequestException, LiveCapError):
             self._fell_silent(address, silence, started)
             raise
@@ -119,7 +120,7 @@ class HttpEngineRuntime:
 
     def read_cap(self, address: str) -> LiveCap | None:
         try:
-            status, body = self._call("GET", f"http://{address}{RUNTIME_CONFIG}")
+            status, body = self._call("GET", address, RUNTIME_CONFIG)
         except requests.RequestException as error:
             raise LiveCapError(f"GET {RUNTIME_CONFIG}: {type(error).__name__}") from None
         if status == 200 and isinstance(body, dict):
@@ -130,7 +131,7 @@ class HttpEngineRuntime:
         if status not in UNSUPPORTED:
             raise LiveCapError(f"GET {RUNTIME_CONFIG} answered {status}: {_excerpt(str(body))}")
         try:
-            status, body = self._call("GET", f"http://{address}{TRIMTAB_KNOBS}")
+            status, body = self._call("GET", address, TRIMTAB_KNOBS)
         except requests.RequestException as error:
             raise LiveCapError(f"GET {TRIMTAB_KNOBS}: {type(error).__name__}") from None
         if status in UNSUPPORTED:
@@ -153,7 +154,7 @@ class HttpEngineRuntime:
             else ("POST", TRIMTAB_SET, {"max_num_seqs": value})
         )
         try:
-            status, answer = self._call(method, f"http://{address}{path}", body)
+            status, answer = self._call(method, address, path, body)
         except requests.RequestException as error:
             raise LiveCapError(f"{method} {path}: {type(error).__name__}") from None
         if status != 200:
