@@ -80,3 +80,49 @@ def test_pods_without_the_endpoint_fall_back_to_a_restart(world: Harness) -> Non
     )
     assert "restart" in condition["message"]
     wait_for(lambda: world.max_num_seqs("plain") == 64, 120, "the Deployment restarted at the cap", world.log)
+
+
+def test_a_wedged_pod_is_named_while_the_others_take_their_caps(world: Harness) -> None:
+    """Pods that stop answering their runtime endpoint (a tenant's wedged engine) are named in
+    Actuation=False LiveCapUnread; another LLMServing's pods take their caps meanwhile, nothing
+    restarts, and once the pods answer again they get the cap decided while they were silent."""
+    world.set_state({**state_for(2048), "runtimeConfig": True})
+    world.start_operator()
+    for name, replicas in (("wedged", 2), ("steady", 1)):
+        assert world.apply(name, replicas=replicas, tuning=LIVE).returncode == 0
+    for name, replicas in (("wedged", 2), ("steady", 1)):
+        wait_for(
+            lambda n=name, r=replicas: (c := live_caps(world, n)) and len(c) == r and set(c.values()) == {64},
+            120,
+            f"{name}'s live caps at 64",
+            world.log,
+        )
+    wedged = {p["metadata"]["name"] for p in pods(world, "wedged")}
+
+    world.set_state({**state_for(8192), "runtimeConfig": True, "runtimeConfigSilentPods": "wedged-"})
+    final = wait_for(lambda: retuned_for_8192(world.status("steady")), 180, "steady's retune", world.log)
+    wait_for(lambda: set(live_caps(world, "steady").values()) == {final}, 30, "steady's live cap", world.log)
+
+    def silent_named() -> dict[str, Any] | None:
+        # the first call times out (ReadTimeout); the evaluations after it say the pod is backed off
+        condition = world.condition("wedged", "Actuation")
+        named = all(f"{pod}: did not answer within 2 s" in condition.get("message", "") for pod in wedged)
+        return condition if condition.get("reason") == "LiveCapUnread" and named else None
+
+    unread = wait_for(silent_named, 60, "Actuation=False LiveCapUnread naming both pods", world.log)
+    assert unread["status"] == "False"
+    assert unread["message"].startswith("0 pods take their batch cap live; could not read 2: ")
+    decided = wait_for(lambda: retuned_for_8192(world.status("wedged")), 60, "wedged's decision", world.log)
+
+    world.set_state({**state_for(8192), "runtimeConfig": True})
+    # the pods are called again once their backoff (30 s, then 60 s while silent) runs out
+    wait_for(
+        lambda: (
+            world.condition("wedged", "Actuation").get("reason") == "Live"
+            and set(live_caps(world, "wedged").values()) == {decided}
+        ),
+        150,
+        "the wedged pods' caps once they answer",
+        world.log,
+    )
+    assert {p["metadata"]["name"] for p in pods(world, "wedged")} == wedged  # zero restarts

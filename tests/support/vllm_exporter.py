@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import threading
@@ -78,7 +79,11 @@ DEFAULT_STATE: dict[str, Any] = {
     "fitsMaxNumSeqs": None,
     # serve vLLM PR #54816's /v1/runtime_config (GET, PATCH) for live caps; off: the route is absent
     "runtimeConfig": False,
+    # pods whose name starts with this take RUNTIME_CONFIG_SILENT_S to answer /v1/runtime_config
+    # (a wedged engine: past the operator's 2-s deadline); null: every pod answers at once
+    "runtimeConfigSilentPods": None,
 }
+RUNTIME_CONFIG_SILENT_S = 5.0
 
 
 def build(
@@ -195,7 +200,12 @@ def main() -> None:
     live = {"cap": ceiling}
 
     def runtime_config() -> bool:
-        return bool(json.loads(args.state.read_text()).get("runtimeConfig"))
+        """Whether the route is served; a pod the state names as silent answers only after a wait."""
+        current = json.loads(args.state.read_text())
+        silent = current.get("runtimeConfigSilentPods")
+        if silent and os.environ.get("POD_NAME", "").startswith(silent):
+            time.sleep(RUNTIME_CONFIG_SILENT_S)
+        return bool(current.get("runtimeConfig"))
 
     class Handler(BaseHTTPRequestHandler):
         def answer(self, status: int, document: dict[str, Any]) -> None:
