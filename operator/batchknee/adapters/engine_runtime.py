@@ -51,6 +51,10 @@ class _Silence:
     until: float
 
 
+def _running(times: int) -> str:
+    return "" if times == 1 else f" ({times} times running)"
+
+
 def _backoff_s(times: int) -> float:
     return min(MAX_SILENT_BACKOFF_S, SILENT_BACKOFF_S * 2.0 ** (times - 1))
 
@@ -77,7 +81,7 @@ class HttpEngineRuntime:
             silence = self._silent.get(address)
         if silence is not None and started < silence.until:
             raise LiveCapError(
-                f"did not answer within {self.timeout_s:g} s ({silence.times} times running): "
+                f"did not answer within {self.timeout_s:g} s{_running(silence.times)}: "
                 f"not called again for {_backoff_s(silence.times):.0f} s"
             )
         try:
