@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -110,20 +110,31 @@ T = TypeVar("T")
 # answer costs one timeout, however many replicas there are. Shared by every worker; nothing run
 # here submits to it again (it could wait on itself). The engines' calls (a tenant's pods, which
 # may not answer before their timeout) have threads of their own, so wedged pods never hold those
-# the apiserver's requests need.
+# the apiserver's requests need; and one evaluation holds at most a quarter of them (a namespace's
+# Live evaluations run two at a time: its wedged pods hold half at most, never all).
 FAN_OUT_THREADS = 16
 FAN_OUT = ThreadPoolExecutor(FAN_OUT_THREADS, thread_name_prefix="fan-out")
 ENGINE_CALLS = ThreadPoolExecutor(FAN_OUT_THREADS, thread_name_prefix="engine-call")
+ENGINE_CALLS_PER_EVALUATION = FAN_OUT_THREADS // 4
 
 
-def together(calls: Sequence[Callable[[], T]], pool: ThreadPoolExecutor = FAN_OUT) -> list[T]:
-    """Each call's result, in order, the calls made at once on `pool`; the first error in order is
-    raised once every call has ended."""
+def together(
+    calls: Sequence[Callable[[], T]], pool: ThreadPoolExecutor = FAN_OUT, at_most: int | None = None
+) -> list[T]:
+    """Each call's result, in order, the calls made at once on `pool` (`at_most` in flight: the next
+    goes as one ends); the first error in order is raised once every call has ended."""
     if len(calls) <= 1:
         return [call() for call in calls]
-    futures = [pool.submit(call) for call in calls]
-    for future in futures:
-        future.exception()  # wait for every call, so none still runs after an error is raised
+    limit = len(calls) if at_most is None else max(1, at_most)
+    futures: list[Future[T]] = []
+    in_flight: set[Future[T]] = set()
+    for call in calls:
+        if len(in_flight) >= limit:
+            in_flight = wait(in_flight, return_when=FIRST_COMPLETED).not_done
+        future = pool.submit(call)
+        futures.append(future)
+        in_flight.add(future)
+    wait(futures)  # every call, so none still runs after an error is raised
     return [future.result() for future in futures]
 
 
@@ -875,7 +886,7 @@ class _Reconcile:
             addresses = [(name, address) for name, address in ready if address is not None]
             runtime = self.ports.runtime
             reads = [functools.partial(_read_cap, runtime, address) for _, address in addresses]
-            answers = together(reads, ENGINE_CALLS)
+            answers = together(reads, ENGINE_CALLS, ENGINE_CALLS_PER_EVALUATION)
             for (name, address), answer in zip(addresses, answers, strict=True):
                 if isinstance(answer, LiveCapError):
                     log.info("%s/%s: %s: %s", self.namespace, self.name, name, answer)
@@ -948,7 +959,7 @@ class _Reconcile:
             if cap.cap != value and (cap.ceiling is None or value <= cap.ceiling)
         ]
         sets = [functools.partial(_set_cap, runtime, address, cap.api, value) for _, address, cap in due]
-        answers = together(sets, ENGINE_CALLS)
+        answers = together(sets, ENGINE_CALLS, ENGINE_CALLS_PER_EVALUATION)
         failed = [
             f"{name}: {error}" for (name, _, _), error in zip(due, answers, strict=True) if error is not None
         ]

@@ -5,6 +5,7 @@ made one after another, the first would wait alone until the barrier breaks, and
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -13,13 +14,14 @@ from typing import Any
 import pytest
 from conftest import World, llmserving
 from fakes import MemoryKube, MemoryRuntime
-from test_live_caps import live_world
+from test_live_caps import add_pod, live_world
 
 from batchknee.adapters.observing import RoutedObserver
 from batchknee.handlers import Runtime
 from batchknee.operator_metrics import OperatorMetrics
 from batchknee.ports import LiveCap
-from batchknee.reconcile import FAN_OUT_THREADS, apply_stages, together
+from batchknee.reconcile import ENGINE_CALLS_PER_EVALUATION, FAN_OUT_THREADS, apply_stages, together
+from batchknee.render import deployment_state
 
 MEET_S = 10.0  # how long a call waits for the others at the barrier before the test fails
 
@@ -153,6 +155,24 @@ def test_together_keeps_the_order_and_raises_the_first_error_once_every_call_end
     assert sorted(ended) == ["a", "b", "c"]
 
 
+def test_together_at_most_keeps_that_many_in_flight_and_makes_every_call() -> None:
+    lock = threading.Lock()
+    in_flight, most = [0], [0]
+    pair = threading.Barrier(2, timeout=MEET_S)  # two at once, or the call waits until the test fails
+
+    def call(i: int) -> int:
+        with lock:
+            in_flight[0] += 1
+            most[0] = max(most[0], in_flight[0])
+        pair.wait()
+        with lock:
+            in_flight[0] -= 1
+        return i
+
+    assert together([functools.partial(call, i) for i in range(8)], at_most=2) == list(range(8))
+    assert most[0] == 2
+
+
 def test_apply_stages_orders_configmaps_then_the_rest() -> None:
     def obj(kind: str) -> dict[str, Any]:
         return {"kind": kind, "metadata": {"name": kind.lower()}}
@@ -167,17 +187,20 @@ def test_apply_stages_orders_configmaps_then_the_rest() -> None:
 
 @dataclass
 class HangingRuntime(MemoryRuntime):
-    """Engines that do not answer until released (a tenant's pods, wedged)."""
+    """Engines that do not answer until released (a tenant's pods, wedged): those whose address
+    starts with `hangs`."""
 
+    hangs: str = "127.0.9."
     released: threading.Event = field(default_factory=threading.Event)
-    wedged: threading.Event = field(default_factory=threading.Event)  # FAN_OUT_THREADS calls waiting
+    wedged: threading.Event = field(default_factory=threading.Event)  # one evaluation's calls waiting
     waiting: list[str] = field(default_factory=list)
 
     def read_cap(self, address: str) -> LiveCap | None:
-        self.waiting.append(address)
-        if len(self.waiting) >= FAN_OUT_THREADS:
-            self.wedged.set()
-        self.released.wait(2 * MEET_S)  # longer than the test waits for the other reconcile
+        if address.startswith(self.hangs):
+            self.waiting.append(address)
+            if len(self.waiting) >= ENGINE_CALLS_PER_EVALUATION:
+                self.wedged.set()
+            self.released.wait(2 * MEET_S)  # longer than the test waits for the other reconcile
         return super().read_cap(address)
 
 
@@ -203,3 +226,35 @@ def test_a_live_llmservings_wedged_engines_hold_no_worker_of_the_others(world: W
 
     asyncio.run(both())
     assert world.kube.deployment("default", "other")
+
+
+def test_a_live_evaluations_wedged_engines_hold_a_quarter_of_the_engine_calls(world: World) -> None:
+    """One Live evaluation calls at most ENGINE_CALLS_PER_EVALUATION of its pods at once: a tenant
+    whose pods do not answer (more of them than the engine calls have threads) holds a quarter of
+    those threads, and another Live LLMServing's pods are read and set meanwhile."""
+    live_world(world, pods=FAN_OUT_THREADS + 1)  # "chat": more wedged pods than threads
+    hanging = HangingRuntime(pods=world.ports.runtime.pods)  # type: ignore[union-attr]
+    world.ports.runtime = hanging
+    other = world.kube.create(llmserving("other", tuning={"cooldownSeconds": 0, "actuation": "Live"}))
+    world.reconcile("other")
+    ceiling = deployment_state(world.kube.get_deployment("default", "other")).max_num_seqs  # type: ignore[union-attr]
+    for i in range(2):
+        add_pod(world, hanging, f"other-abc-{i}", f"127.0.8.{i + 1}", ceiling, owner="other")
+    world.kube.finish_rollout("default", "other")
+    router = RoutedObserver(world.observer, "http://127.0.0.1:9090")
+    runtime = Runtime(world.ports, router, OperatorMetrics())
+    runtime.live.update({("default", "chat"), ("default", "other")})
+    chat = world.kube.get_llmserving("default", "chat")
+
+    async def both() -> None:
+        wedged = asyncio.create_task(runtime.run("default", "chat", chat))
+        assert await asyncio.to_thread(hanging.wedged.wait, MEET_S)  # its pods' calls are waiting
+        outcome = await asyncio.wait_for(runtime.run("default", "other", other), MEET_S)
+        assert outcome.status_written and not wedged.done()
+        assert len(hanging.waiting) == ENGINE_CALLS_PER_EVALUATION  # the rest of chat's pods wait
+        hanging.released.set()
+        await wedged
+
+    asyncio.run(both())
+    assert {address for address, _ in hanging.sets} >= {"127.0.8.1:8000", "127.0.8.2:8000"}
+    assert len(hanging.waiting) == FAN_OUT_THREADS + 1  # every pod of chat called once released

@@ -27,9 +27,11 @@ def live_world(
     return runtime
 
 
-def add_pod(world: World, runtime: MemoryRuntime, name: str, ip: str, ceiling: int | None) -> None:
+def add_pod(
+    world: World, runtime: MemoryRuntime, name: str, ip: str, ceiling: int | None, owner: str = "chat"
+) -> None:
     world.kube.objects[("Pod", "default", name)] = {
-        "metadata": {"name": name, "namespace": "default", "labels": {"batchknee.io/llmserving": "chat"}},
+        "metadata": {"name": name, "namespace": "default", "labels": {"batchknee.io/llmserving": owner}},
         "spec": {"containers": [{"name": "engine", "ports": [{"name": "http", "containerPort": 8000}]}]},
         "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]},
     }
