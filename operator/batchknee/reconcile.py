@@ -138,6 +138,11 @@ def together(
     return [future.result() for future in futures]
 
 
+def on_engines(calls: Sequence[Callable[[], T]]) -> list[T]:
+    """One evaluation's calls to its engine pods, on the engines' own threads, a quarter at most."""
+    return together(calls, ENGINE_CALLS, ENGINE_CALLS_PER_EVALUATION)
+
+
 def _read_cap(runtime: EngineRuntime, address: str) -> LiveCap | LiveCapError | None:
     try:
         return runtime.read_cap(address)
@@ -886,7 +891,7 @@ class _Reconcile:
             addresses = [(name, address) for name, address in ready if address is not None]
             runtime = self.ports.runtime
             reads = [functools.partial(_read_cap, runtime, address) for _, address in addresses]
-            answers = together(reads, ENGINE_CALLS, ENGINE_CALLS_PER_EVALUATION)
+            answers = on_engines(reads)
             for (name, address), answer in zip(addresses, answers, strict=True):
                 if isinstance(answer, LiveCapError):
                     log.info("%s/%s: %s: %s", self.namespace, self.name, name, answer)
@@ -959,7 +964,7 @@ class _Reconcile:
             if cap.cap != value and (cap.ceiling is None or value <= cap.ceiling)
         ]
         sets = [functools.partial(_set_cap, runtime, address, cap.api, value) for _, address, cap in due]
-        answers = together(sets, ENGINE_CALLS, ENGINE_CALLS_PER_EVALUATION)
+        answers = on_engines(sets)
         failed = [
             f"{name}: {error}" for (name, _, _), error in zip(due, answers, strict=True) if error is not None
         ]

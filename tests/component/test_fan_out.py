@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -156,21 +157,36 @@ def test_together_keeps_the_order_and_raises_the_first_error_once_every_call_end
 
 
 def test_together_at_most_keeps_that_many_in_flight_and_makes_every_call() -> None:
-    lock = threading.Lock()
-    in_flight, most = [0], [0]
-    pair = threading.Barrier(2, timeout=MEET_S)  # two at once, or the call waits until the test fails
+    started: queue.Queue[int] = queue.Queue()
+    released = [threading.Event() for _ in range(8)]
 
     def call(i: int) -> int:
-        with lock:
-            in_flight[0] += 1
-            most[0] = max(most[0], in_flight[0])
-        pair.wait()
-        with lock:
-            in_flight[0] -= 1
+        started.put(i)
+        assert released[i].wait(MEET_S)
         return i
 
-    assert together([functools.partial(call, i) for i in range(8)], at_most=2) == list(range(8))
-    assert most[0] == 2
+    results: list[int] = []
+    runner = threading.Thread(
+        target=lambda: results.extend(together([functools.partial(call, i) for i in range(8)], at_most=2))
+    )
+    runner.start()
+    try:
+        in_flight = {started.get(timeout=MEET_S), started.get(timeout=MEET_S)}
+        order = sorted(in_flight)
+        while len(order) < 8:
+            with pytest.raises(queue.Empty):  # a third waits while two are in flight
+                started.get(timeout=0.2)
+            done = min(in_flight)
+            released[done].set()
+            following = started.get(timeout=MEET_S)  # the next starts as one ends
+            in_flight = in_flight - {done} | {following}
+            order.append(following)
+    finally:
+        for event in released:
+            event.set()
+        runner.join(MEET_S)
+    assert order == list(range(8))
+    assert results == list(range(8))
 
 
 def test_apply_stages_orders_configmaps_then_the_rest() -> None:
