@@ -14,9 +14,23 @@ from typing import Any
 
 import pytest
 
-from batchknee.devcluster.testing import cluster, namespace, prometheus, pytest_terminal_summary
+from batchknee.devcluster.testing import (
+    cluster,
+    namespace,
+    prometheus,
+    pytest_sessionfinish,
+    pytest_terminal_summary,
+    pytest_testnodedown,
+)
 
-__all__ = ["cluster", "namespace", "prometheus", "pytest_terminal_summary"]
+__all__ = [
+    "cluster",
+    "namespace",
+    "prometheus",
+    "pytest_sessionfinish",
+    "pytest_terminal_summary",
+    "pytest_testnodedown",
+]
 
 FAKE_ENGINE = Path(__file__).with_name("fake_engine.py")
 VLLM_EXPORTER = Path(__file__).parents[1] / "support" / "vllm_exporter.py"

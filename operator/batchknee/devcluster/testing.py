@@ -2,6 +2,7 @@
 
     from batchknee.devcluster.testing import (  # noqa: F401
         cluster, cluster_runtimes, namespace, prometheus, pytest_terminal_summary,
+        pytest_sessionfinish, pytest_testnodedown,  # the timings of each pytest-xdist worker's cluster
     )
 
 and overrides `cluster_runtimes` to plug its engines into the test kubelet (and `cluster_options` for
@@ -11,7 +12,7 @@ other DevCluster arguments, e.g. {"audit": True}), e.g.
     def cluster_runtimes() -> dict[str, list[str]]:
         return {"vllm": [sys.executable, "-m", "batchknee.emulator", "vllm"]}
 
-One cluster per test session (per conftest that imports these).
+One cluster per test session (per conftest that imports these; per pytest-xdist worker).
 """
 
 from __future__ import annotations
@@ -75,9 +76,30 @@ def namespace(cluster: DevCluster) -> Iterator[str]:
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
+# Under pytest-xdist each worker starts its own cluster: a worker hands its timings to the
+# controller (`workeroutput`), which reports every cluster's.
+WORKER_TIMINGS: list[dict[str, float]] = []
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None and TIMINGS:
+        output["devcluster_timings"] = dict(TIMINGS)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """(pytest-xdist, on the controller) a worker ended: keep the timings it handed over."""
+    timings = getattr(node, "workeroutput", {}).get("devcluster_timings")
+    if timings:
+        WORKER_TIMINGS.append(timings)
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """Report (not assert) how long the local cluster took to start."""
-    if TIMINGS:
-        terminalreporter.section("devcluster timings")
-        for what, seconds in TIMINGS.items():
+    """Report (not assert) how long each local cluster took to start."""
+    clusters = [timings for timings in (TIMINGS, *WORKER_TIMINGS) if timings]
+    for number, timings in enumerate(clusters, 1):
+        title = "devcluster timings" + (f" (cluster {number})" if len(clusters) > 1 else "")
+        terminalreporter.section(title)
+        for what, seconds in timings.items():
             terminalreporter.write_line(f"{what}: {seconds:.1f}")
