@@ -110,7 +110,7 @@ test-package: venv tools wheelhouse
 # Each file's tests on one of two local clusters at once (pytest-xdist, --dist loadfile: a module's
 # fixtures are set up once): the tier waits on intervals and scrapes far more than it computes. (Not
 # the e2e tier: its client times TPOT by the wall clock, and two demo worlds at once on 2 cores put
-# that 25-40 % off the engines' own histograms.)
+# that 26-43 % off the engines' own histograms.)
 CLUSTER_TEST_WORKERS ?= 2
 test-integration: venv tools system-deps
 	pytest -q -m integration --timeout=300 -n $(CLUSTER_TEST_WORKERS) --dist loadfile tests/integration
