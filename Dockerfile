@@ -16,10 +16,11 @@ ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md constraints.txt ./
 COPY operator/ operator/
-# Every wheel the runtime needs, batchknee's included (no extras): the runtime stage installs from here only.
-RUN python -m pip wheel --wheel-dir /wheels .
+# Every wheel the runtime needs, batchknee's included (no extras), each dependency at the version
+# constraints.txt pins (the set the tests passed with): the runtime stage installs from here only.
+RUN python -m pip wheel --wheel-dir /wheels -c constraints.txt .
 
 FROM ${PYTHON_IMAGE} AS runtime
 LABEL org.opencontainers.image.title="batchknee" \

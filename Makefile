@@ -8,7 +8,7 @@ export PATH := $(BIN):$(PATH)
 
 .PHONY: help bench-scale venv wheelhouse lint test test-unit test-component test-contract contract-wheels \
 	test-package test-integration test-e2e tools \
-	system-deps dev-cluster demo demo-fast bench clean crds chart-docs
+	system-deps dev-cluster demo demo-fast bench clean crds chart-docs lock
 
 help:
 	@echo "make demo   - the closed loop on an embedded local cluster"
@@ -18,27 +18,42 @@ help:
 	@echo "make system-deps - install Prometheus (Debian package) when it is missing"
 	@echo "make dev-cluster - a local cluster in the foreground; Ctrl-C stops it"
 	@echo "make bench  - batchknee vs vLLM's default, best static and the oracle, in simulated time"
+	@echo "make lock   - re-pin every Python dependency at its newest release (constraints.txt)"
 	@echo "make crds   - regenerate crds/ and the chart's CRD templates from the API models"
 	@echo "make chart-docs - regenerate the README's chart values reference from values.yaml"
 	@echo "make test-contract - metric names against the engines' pinned releases (downloads their wheels once)"
 	@echo "make test-package - the wheel installed the Dockerfile's way, helm lint/template of the chart"
 	@echo "make bench-scale - one operator, 200 and 1,000 LLMServings on the local control plane (BENCH_SCALE_SIZES=200,1000)"
 
+# Every Python distribution at the version constraints.txt pins (the set CI last passed with), so a
+# release upstream changes neither a CI run nor the image until `make lock` takes it in.
 venv: $(VENV)/.installed
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev,demo]'
+	$(BIN)/python -m pip install -q -c constraints.txt --upgrade pip
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev,demo]'
 	touch $@
+
+# Re-resolve every dependency (the base, dev, demo and plot extras) at its newest release into
+# constraints.txt, in a throwaway venv; then `make test` says whether the new set passes.
+lock:
+	@scratch=$$(mktemp -d); trap 'rm -rf "$$scratch"' EXIT; \
+	$(PYTHON) -m venv "$$scratch/venv"; \
+	"$$scratch/venv/bin/python" -m pip install -q --upgrade pip; \
+	"$$scratch/venv/bin/python" -m pip install -q '.[dev,demo,plot]'; \
+	{ echo "# Every Python distribution batchknee, its tests and its image install, at the version last"; \
+	  echo "# tested (\`make lock\` rewrites this file; \`make venv\` and the Dockerfile install with -c)."; \
+	  "$$scratch/venv/bin/python" -m pip freeze --all --exclude batchknee; } > constraints.txt
+	@echo "constraints.txt: $$(grep -vc '^#' constraints.txt) distributions pinned"
 
 # The dependencies' wheels, fetched at install time so that tests/package can install the operator's
 # wheel into a fresh venv offline, the way the Dockerfile's runtime stage does (--no-index --find-links),
 # and then the demo extra on top of it. The base wheel's set stays in the image; the extra's is only here.
 WHEELHOUSE := $(VENV)/wheelhouse
 wheelhouse: $(WHEELHOUSE)/.done
-$(WHEELHOUSE)/.done: pyproject.toml $(VENV)/.installed
+$(WHEELHOUSE)/.done: pyproject.toml constraints.txt $(VENV)/.installed
 	rm -rf $(WHEELHOUSE)
-	$(BIN)/python -m pip wheel -q --wheel-dir $(WHEELHOUSE) --no-build-isolation '.[demo]'
+	$(BIN)/python -m pip wheel -q --wheel-dir $(WHEELHOUSE) --no-build-isolation -c constraints.txt '.[demo]'
 	rm -f $(WHEELHOUSE)/batchknee-*.whl
 	touch $@
 

@@ -29,6 +29,9 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+from pinned import pins
 
 from batchknee.settings import OperatorSettings
 
@@ -92,7 +95,7 @@ def test_the_dockerfile_builds_a_wheel_and_installs_it_into_a_slim_runtime() -> 
     text = DOCKERFILE.read_text()
     assert "ARG PYTHON_IMAGE=python:3.11-slim" in text  # the runtime is a slim Python 3.11
     [wheel] = found["build"].all("RUN")
-    assert "pip wheel --wheel-dir /wheels ." in wheel
+    assert "pip wheel --wheel-dir /wheels -c constraints.txt ." in wheel  # the tested versions
     [install] = found["runtime"].all("RUN")
     assert "--mount=type=bind,from=build,source=/wheels,target=/wheels" in install
     assert f"python -m venv --without-pip {VENV_IN_IMAGE}" in install
@@ -189,7 +192,13 @@ def build_context(into: Path) -> Path:
 
 
 def test_the_dockerignore_keeps_the_context_to_the_sources() -> None:
-    for kept in ("pyproject.toml", "README.md", "operator/batchknee/cli.py", "operator/batchknee/py.typed"):
+    for kept in (
+        "pyproject.toml",
+        "README.md",
+        "constraints.txt",
+        "operator/batchknee/cli.py",
+        "operator/batchknee/py.typed",
+    ):
         assert not dockerignore_excludes(kept), kept
     for left_out in (
         ".venv/bin/python",
@@ -364,6 +373,28 @@ def test_the_console_script_runs_from_the_fresh_venv(installed: Installed) -> No
         "the run wrote under the installed venv (the image's read-only root)"
     )
     assert not list(installed.venv.rglob("__pycache__/*.cpython-*.pyc.*"))
+
+
+def test_the_image_holds_the_pinned_version_of_every_dependency(installed: Installed) -> None:
+    """The wheelhouse was fetched with constraints.txt as the Dockerfile's build stage fetches: each
+    distribution in the fresh venv but batchknee is one the tests ran with, at that version."""
+    listed = installed.run(
+        "python", "-c",
+        "import json, importlib.metadata as m; "
+        "print(json.dumps({d.metadata['Name']: d.version for d in m.distributions()}))",
+    )  # fmt: skip
+    assert listed.returncode == 0, listed.stderr
+    found = {canonicalize_name(name): Version(version) for name, version in json.loads(listed.stdout).items()}
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert found.pop(canonicalize_name("batchknee")) == Version(project["version"])
+    assert {"kopf", "kubernetes", "pydantic", "prometheus-api-client"} <= found.keys()
+    pinned = pins()
+    differing = {
+        name: f"installed {version}, pinned {pinned.get(name, 'nothing')}"
+        for name, version in found.items()
+        if pinned.get(name) != version
+    }
+    assert not differing, f"{differing}: `make lock` re-pins, `make wheelhouse` fetches the pins"
 
 
 def test_the_demo_extra_runs_the_demo_entry_point_outside_the_repository(
