@@ -43,7 +43,8 @@ lock:
 	"$$scratch/venv/bin/python" -m pip install -q '.[dev,demo,plot]'; \
 	{ echo "# Every Python distribution batchknee, its tests and its image install, at the version last"; \
 	  echo "# tested (\`make lock\` rewrites this file; \`make venv\` and the Dockerfile install with -c)."; \
-	  "$$scratch/venv/bin/python" -m pip freeze --all --exclude batchknee; } > constraints.txt
+	  "$$scratch/venv/bin/python" -m pip freeze --all --exclude batchknee; } > "$$scratch/constraints.txt"; \
+	mv "$$scratch/constraints.txt" constraints.txt
 	@echo "constraints.txt: $$(grep -vc '^#' constraints.txt) distributions pinned"
 
 # The dependencies' wheels, fetched at install time so that tests/package can install the operator's
