@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import os
 import subprocess
+import tomllib
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ import yaml
 from batchknee.devcluster.tools import tools_bin
 
 ROOT = Path(__file__).resolve().parents[2]
+PROJECT: dict[str, Any] = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 CHART = ROOT / "charts" / "batchknee"
 KUBE_VERSION = "v1.36.3"  # the local control plane's; Chart.yaml's kubeVersion must admit it
 NAMESPACE = "batchknee-system"

@@ -8,14 +8,13 @@ import json
 import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from chart_values_doc import keys as value_keys
-from conftest import CHART, NAMESPACE, RELEASE, ROOT, Helm, Render, kinds, one
+from conftest import CHART, NAMESPACE, PROJECT, RELEASE, ROOT, Helm, Render, kinds, one
 from operator_rbac import granted, required, wildcards
 from prometheus_client import generate_latest
 
@@ -81,10 +80,9 @@ def test_helm_lint(helm: Helm, values: dict[str, Any] | None) -> None:
 
 def test_chart_versions_follow_the_package() -> None:
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     import batchknee
 
-    assert chart["appVersion"] == project["version"] == batchknee.__version__
+    assert chart["appVersion"] == PROJECT["version"] == batchknee.__version__
     assert chart["apiVersion"] == "v2" and chart["type"] == "application"
 
 

@@ -21,14 +21,13 @@ import shlex
 import shutil
 import subprocess
 import sys
-import tomllib
 import zipfile
 from dataclasses import dataclass
 from email.parser import Parser
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import PROJECT, ROOT
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 from pinned import pins
@@ -228,11 +227,10 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_the_wheel_holds_the_package_its_data_and_the_console_script(wheel: Path) -> None:
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert wheel.name == f"batchknee-{project['version']}-py3-none-any.whl"
+    assert wheel.name == f"batchknee-{PROJECT['version']}-py3-none-any.whl"
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
-        dist_info = f"batchknee-{project['version']}.dist-info"
+        dist_info = f"batchknee-{PROJECT['version']}.dist-info"
         entry_points = archive.read(f"{dist_info}/entry_points.txt").decode()
         metadata = Parser().parsestr(archive.read(f"{dist_info}/METADATA").decode())
     sources = {
@@ -246,20 +244,20 @@ def test_the_wheel_holds_the_package_its_data_and_the_console_script(wheel: Path
     assert manifests and {f"batchknee/demo/manifests/{m}" for m in manifests} <= names  # the demo's own
     assert not any(n.startswith(("tests/", "operator/", "charts/")) for n in names)
     assert "[console_scripts]" in entry_points and "batchknee = batchknee.cli:main" in entry_points
-    assert metadata["Requires-Python"] == project["requires-python"]
+    assert metadata["Requires-Python"] == PROJECT["requires-python"]
 
     def name(requirement: str) -> str:
         return re.split(r"[<>=!~ ;\[]", requirement, maxsplit=1)[0].lower().replace("_", "-")
 
     requires = metadata.get_all("Requires-Dist") or []
-    assert {name(r) for r in requires if "extra ==" not in r} == {name(r) for r in project["dependencies"]}
+    assert {name(r) for r in requires if "extra ==" not in r} == {name(r) for r in PROJECT["dependencies"]}
     for extra in ("plot", "demo"):
         assert extra in (metadata.get_all("Provides-Extra") or [])
         assert {name(r) for r in requires if f'extra == "{extra}"' in r} == {
-            name(r) for r in project["optional-dependencies"][extra]
+            name(r) for r in PROJECT["optional-dependencies"][extra]
         }
     # The operator's dependencies leave the test world and plotting out.
-    assert not {"matplotlib", "cryptography"} & {name(r) for r in project["dependencies"]}
+    assert not {"matplotlib", "cryptography"} & {name(r) for r in PROJECT["dependencies"]}
 
 
 # --- installed the runtime stage's way, and run ----------------------------------------------------
@@ -385,8 +383,7 @@ def test_the_image_holds_the_pinned_version_of_every_dependency(installed: Insta
     )  # fmt: skip
     assert listed.returncode == 0, listed.stderr
     found = {canonicalize_name(name): Version(version) for name, version in json.loads(listed.stdout).items()}
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert found.pop(canonicalize_name("batchknee")) == Version(project["version"])
+    assert found.pop(canonicalize_name("batchknee")) == Version(PROJECT["version"])
     assert {"kopf", "kubernetes", "pydantic", "prometheus-api-client"} <= found.keys()
     pinned = pins()
     differing = {
