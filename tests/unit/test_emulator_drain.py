@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -64,12 +65,24 @@ class Emulator:
         return self.process.returncode, summary
 
 
-def start(tmp_path: Path, *extra: str) -> tuple[Emulator, int]:
+@pytest.fixture
+def started() -> Iterator[list[Emulator]]:
+    """Every emulator a test starts; one a failed assertion left serving its open-loop load is killed."""
+    emulators: list[Emulator] = []
+    yield emulators
+    for emulator in emulators:
+        if emulator.process.poll() is None:
+            emulator.process.kill()
+            emulator.process.wait(timeout=10)
+
+
+def start(started: list[Emulator], tmp_path: Path, *extra: str) -> tuple[Emulator, int]:
     emulator = Emulator(
         "--engine", "vllm", "--gpu", "a100-80gb", "serve", "meta-llama/Meta-Llama-3-8B", "--host", "127.0.0.1",
         "--port", "0", "--startup-delay-s", "0.1", "--speedup", "20", "--max-num-seqs", "32",
         "--summary-file", str(tmp_path / "summary.json"), *extra,
     )  # fmt: skip
+    started.append(emulator)
     port = int(emulator.wait_for(r"listening on http://127\.0\.0\.1:(\d+)").group(1))
     emulator.wait_for(r"ready")
     return emulator, port
@@ -83,8 +96,11 @@ def in_flight(port: int) -> float:
     return float(match.group(1))
 
 
-def test_sigterm_under_load_drops_nothing_when_the_grace_suffices(tmp_path: Path) -> None:
+def test_sigterm_under_load_drops_nothing_when_the_grace_suffices(
+    started: list[Emulator], tmp_path: Path
+) -> None:
     emulator, port = start(
+        started,
         tmp_path,
         "--request-rate",
         "20",
@@ -123,8 +139,9 @@ def test_sigterm_under_load_drops_nothing_when_the_grace_suffices(tmp_path: Path
     assert json.loads((tmp_path / "summary.json").read_text()) == summary
 
 
-def test_sigterm_reports_drops_when_the_grace_is_too_short(tmp_path: Path) -> None:
+def test_sigterm_reports_drops_when_the_grace_is_too_short(started: list[Emulator], tmp_path: Path) -> None:
     emulator, port = start(
+        started,
         tmp_path,
         "--request-rate",
         "20",
