@@ -6,8 +6,8 @@ VENV ?= .venv
 BIN := $(CURDIR)/$(VENV)/bin
 export PATH := $(BIN):$(PATH)
 
-.PHONY: help bench-scale venv wheelhouse lint test test-unit test-component test-contract contract-wheels \
-	test-package test-integration test-e2e tools \
+.PHONY: help bench-scale venv wheelhouse lint test test-unit test-loopback test-component test-contract \
+	contract-wheels test-package test-integration test-e2e tools \
 	system-deps dev-cluster demo demo-fast bench clean crds chart-docs lock
 
 help:
@@ -81,6 +81,10 @@ chart-docs: venv
 test-unit: venv
 	pytest -q tests/unit
 
+# Servers, clients, subprocesses and network namespaces on loopback; no cluster.
+test-loopback: venv
+	pytest -q tests/loopback
+
 test-component: venv
 	pytest -q tests/component
 
@@ -137,7 +141,7 @@ test-integration: venv tools system-deps
 test-e2e: venv tools system-deps
 	$(BIN)/python -m batchknee.devcluster.in_netns pytest -q -m e2e --timeout=900 -p no:cacheprovider tests/e2e
 
-test: lint test-unit test-component test-contract test-package test-integration test-e2e
+test: lint test-unit test-loopback test-component test-contract test-package test-integration test-e2e
 
 dev-cluster: venv tools system-deps
 	batchknee dev-cluster up --with-prometheus
