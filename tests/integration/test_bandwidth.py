@@ -25,9 +25,10 @@ def test_status_shows_the_bandwidth_fraction_and_diagnosis(world: Harness) -> No
     world.start_operator()
     assert world.apply("bw").returncode == 0
     wait_for(lambda: observed(world, "bw").get("diagnosis"), 120, "a diagnosis in status", world.log)
-    # a window that began before the first scrape reads low: wait for the full rate
+    # a window that began before the first scrape reads low: wait for it to fill (89 % is within
+    # 1.2 % of the 90 % the exporter counts; the asserts below allow 2 %)
     wait_for(
-        lambda: (observed(world, "bw").get("bandwidthUtilizationPercent") or 0) >= 88,
+        lambda: (observed(world, "bw").get("bandwidthUtilizationPercent") or 0) >= 89,
         90,
         "the full read rate",
         lambda: f"{observed(world, 'bw')}\n{world.log()}",

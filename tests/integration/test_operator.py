@@ -406,10 +406,24 @@ def test_killing_the_operator_during_a_rollout_does_not_roll_twice(world: Harnes
 
 def test_two_replicas_never_both_act(world: Harness) -> None:
     """kopf peering: the replica with the higher priority acts, the other pauses."""
+
+    def settled() -> bool:
+        """The higher replica acts, the lower one is paused: it paused on seeing the higher, or
+        it never resumed (kopf starts paused under mandatory peering). Not a fixed sleep: on a
+        busy machine a replica takes seconds to start."""
+        high_log, low_log = (world.tmp / "high.log").read_text(), (world.tmp / "low.log").read_text()
+        low_paused = "Pausing operations in favour of" in low_log or "Resuming operations" not in low_log
+        return "Resuming operations" in high_log and low_paused
+
     low = world.start_operator("--peering", "mandatory", "--priority", "10", log_name="low.log")
     high = world.start_operator("--peering", "mandatory", "--priority", "20", log_name="high.log")
     try:
-        time.sleep(8)  # both announce themselves; the lower one pauses
+        wait_for(
+            settled,
+            60,
+            "the higher replica acting, the lower paused",
+            lambda: (world.tmp / "low.log").read_text(),
+        )
         assert world.apply("shared").returncode == 0
         wait_for(
             lambda: world.max_num_seqs("shared") == 64,
