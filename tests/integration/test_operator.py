@@ -246,6 +246,12 @@ def test_a_bad_spec_is_rejected_at_admission_naming_the_field(world: Harness) ->
     assert done.returncode != 0 and "spec.model.name" in done.stderr and "architecture" in done.stderr
     done = world.apply("factor", tuning={"kneeFactorPercent": 300})
     assert done.returncode != 0 and "kneeFactorPercent" in done.stderr
+    # a selector key is written into the operator's queries as it is: this one would read another namespace
+    injected = {'a="b"}[1s]) or last_over_time({namespace="victim",zz': ""}
+    done = world.apply("injected", prometheus={"selector": injected})
+    assert done.returncode != 0 and "spec.prometheus.selector" in done.stderr
+    assert "must be a Prometheus label name" in done.stderr
+    assert world.apply("labelled", prometheus={"selector": {"model_name": "llama"}}).returncode == 0
 
 
 def test_retune_follows_the_context_and_explains_itself(world: Harness) -> None:

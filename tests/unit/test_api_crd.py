@@ -184,6 +184,21 @@ def test_defaults_fill_in() -> None:
         ({"gpu": {"type": "a100-80gb", "count": 0}}, "spec.gpu.count", "greater than or equal to 1"),
         ({"engine": "TGI"}, "spec.engine", "SGLang"),
         ({"rollout": {"maxSurge": 0, "maxUnavailable": "0%"}}, "spec.rollout", "both be zero"),
+        (  # a key is written into the operator's PromQL as it is: this one would read another namespace
+            {"prometheus": {"selector": {'a="b"}[1s]) or last_over_time({namespace="victim",zz': ""}}},
+            "spec.prometheus",
+            "is not a Prometheus label name",
+        ),
+        (
+            {"prometheus": {"selector": {"__name__": "up"}}},
+            "spec.prometheus",
+            "not starting with a digit or __",
+        ),
+        (
+            {"prometheus": {"selector": {f"label_{i}": "x" for i in range(17)}}},
+            "spec.prometheus.selector",
+            "at most 16 items",
+        ),
     ],
 )
 def test_bad_specs_name_the_field(change: dict[str, Any], field: str, words: str) -> None:

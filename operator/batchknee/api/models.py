@@ -441,8 +441,25 @@ class TuningSpec(_Model):
         return self
 
 
+# A Prometheus label name as PromQL takes it unquoted; `__`-names are Prometheus's own. The selector's
+# keys go into the operator's queries as written, so anything else could rewrite the query.
+PROMETHEUS_LABEL_NAME = "^[a-zA-Z][a-zA-Z0-9_]*$|^_$|^_[a-zA-Z0-9][a-zA-Z0-9_]*$"
+
+
 class PrometheusSpec(_Model):
     """Where the engines' metrics are read."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_validations(
+            {
+                "rule": f"!has(self.selector) || self.selector.all(k, k.matches('{PROMETHEUS_LABEL_NAME}'))",
+                "message": "every spec.prometheus.selector key must be a Prometheus label name (letters, "
+                "digits and _, not starting with a digit or __), such as model_name",
+                "fieldPath": ".selector",
+                "reason": "FieldValueInvalid",
+            }
+        )
+    )
 
     url: str | None = Field(
         None,
@@ -450,11 +467,22 @@ class PrometheusSpec(_Model):
         max_length=2048,
         description="Prometheus base URL; defaults to the operator's BATCHKNEE_PROMETHEUS_URL.",
     )
-    selector: dict[str, str] | None = Field(
+    selector: dict[str, Annotated[str, Field(max_length=1024)]] | None = Field(
         None,
+        max_length=16,
         description="Exact label matches selecting this object's engine series, for unusual labelling. By "
         "default series are matched by namespace and pod name (<name>-<replicaset hash>-<pod hash>).",
     )
+
+    @model_validator(mode="after")
+    def _selector_keys_are_label_names(self) -> PrometheusSpec:
+        for key in self.selector or {}:
+            if not re.fullmatch(PROMETHEUS_LABEL_NAME, key):
+                raise ValueError(
+                    f"spec.prometheus.selector key {key[:64]!r} is not a Prometheus label name: use letters, "
+                    "digits and _, not starting with a digit or __ (such as model_name)"
+                )
+        return self
 
 
 def _int_or_percent_rule(field: str) -> dict[str, str]:
