@@ -104,7 +104,7 @@ def test_a_wedged_pod_is_named_while_the_others_take_their_caps(world: Harness) 
     wait_for(lambda: set(live_caps(world, "steady").values()) == {final}, 30, "steady's live cap", world.log)
 
     def silent_named() -> dict[str, Any] | None:
-        # the first call times out (ReadTimeout); the evaluations after it say the pod is backed off
+        # the first call times out (TimeoutError); the evaluations after it say the pod is backed off
         condition = world.condition("wedged", "Actuation")
         named = all(f"{pod}: did not answer within 2 s" in condition.get("message", "") for pod in wedged)
         return condition if condition.get("reason") == "LiveCapUnread" and named else None

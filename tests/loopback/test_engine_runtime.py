@@ -1,14 +1,16 @@
 """The Live runtime client against a real loopback pod that stops answering: a pod that did not
 answer in time is not called again for a backoff (30 s, doubling while it stays silent), so a
 tenant's wedged engines cost the shared Live workers one deadline per backoff, not one per
-evaluation; a quick refusal is not held against a pod, and an answer ends its backoff."""
+evaluation; a quick refusal is not held against a pod, and an answer ends its backoff. A pod runs
+its tenant's code, so it also answers with redirects, trickled bytes and huge bodies here: a call
+follows no redirect, ends at its deadline and reads a bounded answer."""
 
 from __future__ import annotations
 
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -31,7 +33,9 @@ class Pod(ThreadingHTTPServer):
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), Handler)
         self.wedged = False
+        self.answer: Callable[[Handler], None] | None = None  # a hostile pod's own answer
         self.calls = 0
+        self.patched: list[bytes] = []
         self.released = threading.Event()
 
     @property
@@ -42,8 +46,18 @@ class Pod(ThreadingHTTPServer):
 class Handler(BaseHTTPRequestHandler):
     server: Pod
 
+    def do_PATCH(self) -> None:
+        self.server.calls += 1
+        self.server.patched.append(self.rfile.read(int(self.headers["Content-Length"])))
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
     def do_GET(self) -> None:
         self.server.calls += 1
+        if self.server.answer is not None:
+            self.server.answer(self)
+            return
         if self.server.wedged:
             self.server.released.wait(10 * TIMEOUT_S)
             return
@@ -58,8 +72,7 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture
-def pod() -> Iterator[Pod]:
+def serving() -> Iterator[Pod]:
     server = Pod()
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -67,6 +80,10 @@ def pod() -> Iterator[Pod]:
     server.released.set()
     server.shutdown()
     server.server_close()
+
+
+pod = pytest.fixture(serving)
+other_pod = pytest.fixture(serving)
 
 
 class Clock:
@@ -135,5 +152,80 @@ def test_a_quick_refusal_is_not_held_against_the_pod() -> None:
     runtime = HttpEngineRuntime(timeout_s=TIMEOUT_S)
     for _ in range(2):
         took, message = timed_failure(runtime, address)
-        assert message == "GET /v1/runtime_config: ConnectionError"  # called, and refused, each time
+        assert message == "GET /v1/runtime_config: ConnectionRefusedError"  # called, and refused, each time
         assert took < TIMEOUT_S
+
+
+def redirect_to(target: str, method_keeping: int) -> Callable[[Handler], None]:
+    def answer(handler: Handler) -> None:
+        body = b"moved; see the internal page"
+        handler.send_response(method_keeping)
+        handler.send_header("Location", f"http://{target}/v1/runtime_config")
+        handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        handler.wfile.write(body)
+
+    return answer
+
+
+@pytest.mark.parametrize("code", [302, 307, 308])
+def test_a_redirect_is_an_error_and_never_followed(pod: Pod, other_pod: Pod, code: int) -> None:
+    pod.answer = redirect_to(other_pod.address, code)
+    runtime = HttpEngineRuntime(timeout_s=TIMEOUT_S)
+    with pytest.raises(LiveCapError) as error:
+        runtime.read_cap(pod.address)
+    assert str(error.value) == f"GET /v1/runtime_config answered {code}: a redirect, not followed"
+    assert pod.calls == 1 and other_pod.calls == 0  # the other pod was never called
+
+
+def trickle(head: bytes, body: bytes) -> Callable[[Handler], None]:
+    """Every byte of the answer a twentieth of the deadline after the one before."""
+
+    def answer(handler: Handler) -> None:
+        try:
+            for byte in head + body:
+                handler.wfile.write(bytes([byte]))
+                handler.wfile.flush()
+                time.sleep(TIMEOUT_S / 20)
+        except OSError:  # the client gave up: what the test wants
+            pass
+
+    return answer
+
+
+BODY = json.dumps({"max_num_running_seqs": 48, "max_num_seqs_capacity": 256}).encode()
+HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(BODY)
+
+
+@pytest.mark.parametrize(("head", "body"), [(HEAD, BODY), (HEAD + BODY[:1], BODY[1:])], ids=["head", "body"])
+def test_a_trickling_pod_costs_one_deadline_not_one_read_timeout_per_byte(
+    pod: Pod, head: bytes, body: bytes
+) -> None:
+    pod.answer = trickle(head, body)
+    # every byte comes in time for a per-read timeout; the whole answer takes 5 deadlines and more
+    assert len(head + body) * TIMEOUT_S / 20 > 5 * TIMEOUT_S
+    took, message = timed_failure(HttpEngineRuntime(timeout_s=TIMEOUT_S), pod.address)
+    assert took < 2 * TIMEOUT_S
+    assert message == "GET /v1/runtime_config: no answer within the deadline (TimeoutError)"
+
+
+def test_a_huge_answer_is_refused_after_its_bound(pod: Pod) -> None:
+    def huge(handler: Handler) -> None:
+        handler.send_response(200)
+        handler.send_header("Content-Length", str(50 * 2**20))
+        handler.end_headers()
+        try:
+            for _ in range(50 * 16):
+                handler.wfile.write(b"x" * 65536)
+        except OSError:
+            pass
+
+    pod.answer = huge
+    took, message = timed_failure(HttpEngineRuntime(timeout_s=TIMEOUT_S), pod.address)
+    assert message == "GET /v1/runtime_config: answered more than 64 KiB"
+    assert took < TIMEOUT_S
+
+
+def test_a_cap_is_patched_as_json(pod: Pod) -> None:
+    HttpEngineRuntime(timeout_s=TIMEOUT_S).set_cap(pod.address, "runtime-config", 32)
+    assert [json.loads(body) for body in pod.patched] == [{"max_num_running_seqs": 32}]

@@ -7,8 +7,11 @@ No released engine has one; two builds do (REFERENCE.md §2):
 - trimtab (patched vLLM/SGLang images): `GET /trimtab/knobs`, `POST /trimtab/set_knobs
   {"max_num_seqs": N}`.
 Both register through vLLM's dev routers (`VLLM_SERVER_DEV_MODE=1`); without them a pod answers 404.
-A pod is probed for the first, then the second. Every call has a short total deadline, answers
-are read bounded, and nothing a pod says reaches status unsanitised. A pod that did not answer in
+A pod is probed for the first, then the second. Every call has a short total deadline (each read
+of the answer, its status line and headers included, is given only the time left, so a pod that
+trickles bytes cannot stretch it), answers are read bounded, a redirect is an error and never
+followed (the pod, which may run its tenant's code, would choose where the operator calls next),
+and nothing a pod says reaches status unsanitised. A pod that did not answer in
 time (the call failed after at least half the deadline) is not called again for a backoff, 30 s
 doubling to 5 minutes while it stays silent: a tenant's wedged pods cost one deadline per backoff,
 not one per evaluation, of the Live workers every tenant shares. A quick refusal costs nothing and
@@ -17,14 +20,16 @@ is not held against the pod; any answer in time ends its backoff.
 
 from __future__ import annotations
 
+import functools
+import http.client
+import io
 import json
+import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-
-import requests
 
 from batchknee.ports import LiveCap, LiveCapError
 
@@ -36,6 +41,55 @@ MAX_ANSWER_BYTES = 64 * 1024
 SILENT_BACKOFF_S = 30.0  # one evaluation interval of the demo's; doubled per silent probe after it
 MAX_SILENT_BACKOFF_S = 300.0
 SILENT_SHARE = 0.5  # of the deadline: a failure that took this long cost a worker that long
+
+
+class _ReadsBefore(io.RawIOBase):
+    """A socket's reads, each given only the time left before `deadline` (time.monotonic()).
+    It holds the socket's own file until it closes: the connection closes its socket once the
+    answer's head is read, and the file keeps the descriptor open for the body."""
+
+    def __init__(self, sock: socket.socket, socket_file: Any, deadline: float) -> None:
+        super().__init__()
+        self.sock, self.socket_file, self.deadline = sock, socket_file, deadline
+
+    def close(self) -> None:
+        self.socket_file.close()
+        super().close()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        remaining = self.deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("the call's deadline passed")
+        self.sock.settimeout(remaining)
+        return self.sock.recv_into(buffer)
+
+
+class _ResponseBefore(http.client.HTTPResponse):
+    def __init__(self, sock: socket.socket, *args: Any, deadline: float, **kwargs: Any) -> None:
+        super().__init__(sock, *args, **kwargs)
+        self.fp = io.BufferedReader(_ReadsBefore(sock, self.fp, deadline))
+
+
+def _exchange(
+    address: str, method: str, path: str, body: dict[str, Any] | None, deadline: float
+) -> tuple[int, bytes]:
+    """One HTTP exchange with a pod, over before `deadline`; the answer's body up to MAX_ANSWER_BYTES."""
+    connection = http.client.HTTPConnection(address, timeout=max(deadline - time.monotonic(), 0.001))
+    connection.response_class = functools.partial(_ResponseBefore, deadline=deadline)  # type: ignore[assignment]
+    try:
+        payload = json.dumps(body).encode() if body is not None else None
+        headers = {"Content-Type": "application/json"} if payload is not None else {}
+        connection.request(method, path, body=payload, headers=headers)
+        response = connection.getresponse()
+        data = response.read(MAX_ANSWER_BYTES + 1)
+        if len(data) > MAX_ANSWER_BYTES:
+            raise LiveCapError(f"{method} {path}: answered more than {MAX_ANSWER_BYTES // 1024} KiB")
+        return response.status, data
+    finally:
+        connection.close()
 
 
 def _excerpt(text: str, limit: int = 200) -> str:
@@ -51,6 +105,13 @@ class _Silence:
     until: float
 
 
+def _failure(error: Exception) -> str:
+    """What went wrong, in words a status can carry (never the pod's text)."""
+    if isinstance(error, TimeoutError):
+        return f"no answer within the deadline ({type(error).__name__})"
+    return type(error).__name__
+
+
 def _running(times: int) -> str:
     return "" if times == 1 else f" ({times} times running)"
 
@@ -60,16 +121,9 @@ def _backoff_s(times: int) -> float:
 
 
 class HttpEngineRuntime:
-    def __init__(
-        self,
-        *,
-        timeout_s: float = 2.0,
-        session: requests.Session | None = None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, *, timeout_s: float = 2.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.timeout_s = timeout_s
-        self.session = session or requests.Session()
-        self.clock = clock
+        self.clock = clock  # the backoff's; the deadline of a call is time.monotonic()'s
         self._silent: dict[str, _Silence] = {}  # by pod address
         self._lock = threading.Lock()  # the reconciles' threads call pods at once
 
@@ -85,10 +139,15 @@ class HttpEngineRuntime:
                 f"not called again for {_backoff_s(silence.times):.0f} s"
             )
         try:
-            status, data = self._request(method, f"http://{address}{path}", body, started + self.timeout_s)
-        except (requests.RequestException, LiveCapError):
+            status, data = _exchange(address, method, path, body, time.monotonic() + self.timeout_s)
+        except (OSError, http.client.HTTPException) as error:
+            self._fell_silent(address, silence, started)
+            raise LiveCapError(f"{method} {path}: {_failure(error)}") from None
+        except LiveCapError:
             self._fell_silent(address, silence, started)
             raise
+        if 300 <= status < 400:
+            raise LiveCapError(f"{method} {path} answered {status}: a redirect, not followed")
         with self._lock:
             self._silent.pop(address, None)
         text = data.decode(errors="replace")
@@ -96,19 +155,6 @@ class HttpEngineRuntime:
             return status, json.loads(text) if text.strip() else None
         except ValueError:
             return status, _excerpt(text)
-
-    def _request(
-        self, method: str, url: str, body: dict[str, Any] | None, deadline: float
-    ) -> tuple[int, bytes]:
-        with self.session.request(
-            method, url, json=body, timeout=(self.timeout_s, self.timeout_s), stream=True
-        ) as response:
-            data = b""
-            for chunk in response.iter_content(8192):
-                data += chunk
-                if len(data) > MAX_ANSWER_BYTES or self.clock() > deadline:
-                    raise LiveCapError(f"{method} {url}: answer too large or too slow")
-            return response.status_code, data
 
     def _fell_silent(self, address: str, before: _Silence | None, started: float) -> None:
         """Hold a failure that took half the deadline or more against the pod (a quick refusal
@@ -123,10 +169,7 @@ class HttpEngineRuntime:
             self._silent[address] = _Silence(times, now + _backoff_s(times))
 
     def read_cap(self, address: str) -> LiveCap | None:
-        try:
-            status, body = self._call("GET", address, RUNTIME_CONFIG)
-        except requests.RequestException as error:
-            raise LiveCapError(f"GET {RUNTIME_CONFIG}: {type(error).__name__}") from None
+        status, body = self._call("GET", address, RUNTIME_CONFIG)
         if status == 200 and isinstance(body, dict):
             cap, ceiling = body.get("max_num_running_seqs"), body.get("max_num_seqs_capacity")
             if not isinstance(cap, int) or isinstance(cap, bool):
@@ -134,10 +177,7 @@ class HttpEngineRuntime:
             return LiveCap("runtime-config", cap, ceiling if isinstance(ceiling, int) else None)
         if status not in UNSUPPORTED:
             raise LiveCapError(f"GET {RUNTIME_CONFIG} answered {status}: {_excerpt(str(body))}")
-        try:
-            status, body = self._call("GET", address, TRIMTAB_KNOBS)
-        except requests.RequestException as error:
-            raise LiveCapError(f"GET {TRIMTAB_KNOBS}: {type(error).__name__}") from None
+        status, body = self._call("GET", address, TRIMTAB_KNOBS)
         if status in UNSUPPORTED:
             return None
         if status != 200 or not isinstance(body, dict):
@@ -157,9 +197,6 @@ class HttpEngineRuntime:
             if api == "runtime-config"
             else ("POST", TRIMTAB_SET, {"max_num_seqs": value})
         )
-        try:
-            status, answer = self._call(method, address, path, body)
-        except requests.RequestException as error:
-            raise LiveCapError(f"{method} {path}: {type(error).__name__}") from None
+        status, answer = self._call(method, address, path, body)
         if status != 200:
             raise LiveCapError(f"{method} {path} {value} answered {status}: {_excerpt(str(answer))}")
