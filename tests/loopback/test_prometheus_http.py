@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import logging
 import urllib.parse
+from collections import Counter
 from datetime import UTC, datetime
 
 import pytest
@@ -55,6 +56,53 @@ def test_a_trickling_server_costs_one_deadline_not_one_read_timeout_per_byte() -
         assert prom.disconnected.wait(10), "the client kept reading the trickle"
     assert seen.avg_context_tokens.reason == f"Prometheus at {prom.url} did not answer within 1s"
     assert prom.bytes_sent < 100  # of a 10 KB answer: the client gave up long before its end
+
+
+def test_a_redirect_is_not_followed() -> None:
+    """An allowed Prometheus URL must not choose where else the operator reads."""
+    with (
+        FakePrometheus("empty") as inside,
+        FakePrometheus("redirect", location=f"{inside.url}/api/v1/query") as allowed,
+    ):
+        observer = PrometheusObserver(allowed.url)
+        seen = observer.observe([target("llama")], NOW)[("prod", "llama")]
+        observer.close()
+    assert seen.avg_context_tokens.reason == (
+        f"Prometheus at {allowed.url} answered HTTP 307, a redirect, not followed: give the URL it redirects to"
+    )
+    assert allowed.requests and not inside.requests
+
+
+def test_a_retry_after_is_not_slept_on() -> None:
+    """A busy gateway's `Retry-After: 3600` must not put the query threads to sleep for an hour:
+    the answer is reported, and the next refresh asks again at once."""
+    with FakePrometheus("busy") as prom:
+        observer = PrometheusObserver(prom.url, timeout_s=1.0)
+        for _ in range(2):
+            seen = observer.observe([target("llama")], NOW)[("prod", "llama")]
+            assert seen.avg_context_tokens.reason == f"Prometheus at {prom.url} answered HTTP 503: busy"
+        observer.close()
+    asked = Counter(request.body for request in prom.requests)
+    assert asked and max(asked.values()) <= 2  # each query at most once per refresh: none retried
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"[" * 100_000,
+        b'{"status":"success","data":{"resultType":"vector","result":[{"metric":[],"value":[0,"1"]}]}}',
+        b'{"status":"success","data":{"resultType":"vector","result":["a"]}}',
+    ],
+    ids=["deeply-nested", "metric-not-a-map", "series-not-a-map"],
+)
+def test_an_answer_of_the_wrong_shape_is_no_reading(payload: bytes) -> None:
+    with FakePrometheus("answer", payload=payload) as prom:
+        observer = PrometheusObserver(prom.url, timeout_s=2.0)
+        seen = observer.observe([target("llama")], NOW)[("prod", "llama")]
+        observer.close()
+    reason = seen.avg_context_tokens.reason or ""
+    assert seen.avg_context_tokens.value is None
+    assert reason.startswith(f"Prometheus at {prom.url} answered something that is not a query result: ")
 
 
 def test_an_error_page_becomes_a_status_code_and_a_short_excerpt(caplog: pytest.LogCaptureFixture) -> None:

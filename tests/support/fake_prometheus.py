@@ -4,6 +4,9 @@
         slow.url, slow.requests, slow.bytes_sent, slow.disconnected
     FakePrometheus("html-error")                  # 502 with a 5 KB HTML page
     FakePrometheus("empty")                       # a valid empty query result
+    FakePrometheus("redirect", location=URL)      # 307 to URL
+    FakePrometheus("busy")                        # 503 with Retry-After: 3600
+    FakePrometheus("answer", payload=BYTES)       # 200 with BYTES as the body
 
 Every request is recorded (method, path, headers, body) so a test can see what the client sent.
 """
@@ -18,7 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any, Literal, Self
 
-Mode = Literal["trickle", "html-error", "empty"]
+Mode = Literal["trickle", "html-error", "empty", "redirect", "busy", "answer"]
 TRICKLE_LIMIT_S = 30.0  # a trickle ends on its own after this long (bounded in time)
 HTML_PAGE = (
     "<!DOCTYPE html>\n<html><head><title>502 Bad Gateway</title>"
@@ -40,6 +43,8 @@ class Request:
 class FakePrometheus:
     mode: Mode
     host: str = "127.0.0.1"
+    location: str = ""
+    payload: bytes = b""
     requests: list[Request] = field(default_factory=list)
     bytes_sent: int = 0
     disconnected: threading.Event = field(default_factory=threading.Event)
@@ -56,6 +61,19 @@ class FakePrometheus:
                 fake.requests.append(Request(self.command, self.path, dict(self.headers), body))
                 if fake.mode == "html-error":
                     self.reply(502, "text/html", HTML_PAGE.encode())
+                elif fake.mode == "redirect":
+                    self.send_response(307)
+                    self.send_header("Location", fake.location)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                elif fake.mode == "busy":
+                    self.send_response(503)
+                    self.send_header("Retry-After", "3600")
+                    self.send_header("Content-Length", "4")
+                    self.end_headers()
+                    self.wfile.write(b"busy")
+                elif fake.mode == "answer":
+                    self.reply(200, "application/json", fake.payload)
                 elif fake.mode == "empty":
                     answer = {"status": "success", "data": {"resultType": "vector", "result": []}}
                     self.reply(200, "application/json", json.dumps(answer).encode())

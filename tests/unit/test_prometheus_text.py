@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from batchknee.adapters.observing import RoutedObserver, redact_url
-from batchknee.adapters.prometheus import EXCERPT_CHARS, excerpt
+from batchknee.adapters.prometheus import ERROR_BODY_BYTES, EXCERPT_CHARS, excerpt
 
 
 def test_credentials_and_query_never_shown() -> None:
@@ -49,3 +49,25 @@ def test_the_admin_allow_list() -> None:
     assert "http://metadata.internal/" in refusal and "pw" not in refusal
     open_router = RoutedObserver(object(), "http://127.0.0.1:9090")  # type: ignore[arg-type]
     assert open_router.refusal("http://anything:1") is None
+
+
+def test_an_echoed_request_shows_no_credential() -> None:
+    echoed = (
+        b"400 bad request; you sent:\nPOST /api/v1/query\nAuthorization: Basic cmVhZGVyOnMzY3IzdC10b2tlbg==\n"
+        b"Cookie: session=abc123\nX-Debug: token=eyJhbGciOi url=http://reader:s3cr3t-token@prom:9090"
+    )
+    text = excerpt(
+        echoed, limit=1000, secrets=("cmVhZGVyOnMzY3IzdC10b2tlbg==", "reader:s3cr3t-token", "s3cr3t-token")
+    )
+    assert (
+        "cmVhZGVy" not in text and "s3cr3t" not in text and "abc123" not in text and "eyJhbGciOi" not in text
+    )
+    assert "Authorization: ***" in text and "Cookie: ***" in text and "token=***" in text
+
+
+def test_only_the_head_of_an_answer_is_read() -> None:
+    """Tag stripping backtracks: on a whole 64-MiB answer it held the interpreter for minutes; on
+    its 8-KiB head it costs what a small page costs."""
+    text = excerpt(b"x" * ERROR_BODY_BYTES + b" TAIL", limit=10 * ERROR_BODY_BYTES)
+    assert "TAIL" not in text and len(text) == ERROR_BODY_BYTES
+    assert excerpt(b"[" * 100_000).startswith("[[[")  # JSON too deep to parse is text, not a crash

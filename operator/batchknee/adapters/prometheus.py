@@ -20,6 +20,7 @@ than `min_samples`) becomes `Reading.unavailable(reason)` — never a zero.
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import re
@@ -63,19 +64,32 @@ EXCERPT_CHARS = 200
 # --- what may be shown ----------------------------------------------------------------------------
 
 
-def excerpt(body: bytes | str, limit: int = EXCERPT_CHARS) -> str:
-    """A short, single-line, printable excerpt of an upstream answer (never the whole body).
-    Prometheus's own JSON errors give their `errorType: error`; HTML loses its tags."""
-    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
+# `Authorization: Basic …`, `token=…`: a proxy or server that echoes a request may echo these
+_CREDENTIAL = re.compile(
+    r"(?i)\b(authorization|proxy-authorization|cookie|set-cookie|password|passwd|token|api[-_]?key)(\s*[:=]\s*)(basic |bearer )?\S+"
+)
+
+
+def excerpt(body: bytes | str, limit: int = EXCERPT_CHARS, secrets: Iterable[str] = ()) -> str:
+    """A short, single-line, printable excerpt of an upstream answer (never the whole body: only
+    its head is read, so a huge one costs no more than a small one). Prometheus's own JSON errors
+    give their `errorType: error`; HTML loses its tags; credentials, the caller's `secrets` and
+    what looks like one, are masked."""
+    head = body[:ERROR_BODY_BYTES]
+    text = head.decode("utf-8", "replace") if isinstance(head, bytes) else head
     try:
         parsed = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         parsed = None
     if isinstance(parsed, dict) and isinstance(parsed.get("error"), str):
         text = f"{parsed.get('errorType', 'error')}: {parsed['error']}"
     else:
         text = re.sub(r"(?is)<(script|style)\b.*?</\1\s*>", " ", text)
         text = re.sub(r"<[^>]*>", " ", text)
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "***")
+    text = _CREDENTIAL.sub(lambda m: f"{m.group(1)}{m.group(2)}***", text)
     text = "".join(ch if ch.isprintable() else " " for ch in text)
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
@@ -180,6 +194,17 @@ POD_QUERIES = (
 
 # What an observation reads from a per-pod row (vLLM's pool size is in its cache-config labels).
 ROW_LABELS = ("pod", "engine", "num_gpu_blocks", "block_size")
+
+
+def _credentials(url: str) -> tuple[str, ...]:
+    """The userinfo of `url` as an answer could echo it: the password, `user:password`, and its
+    Basic-auth base64."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return ()
+    user, password = urllib.parse.unquote(parts.username or ""), urllib.parse.unquote(parts.password)
+    pair = f"{user}:{password}"
+    return tuple(s for s in (base64.b64encode(pair.encode()).decode(), pair, password) if len(s) >= 4)
 
 
 def _owner(scope: _Scope, labels: dict[str, str]) -> Key:
@@ -440,6 +465,7 @@ class PrometheusObserver:
     ) -> None:
         self.url = url.rstrip("/")
         self.shown_url = redact_url(self.url)
+        self._secrets = _credentials(self.url)  # masked in whatever an answer echoes
         self.timeout_s = timeout_s
         self.min_samples = min_samples
         # Our own session, handed to the client (its documented `session=`): the client mounts
@@ -451,12 +477,18 @@ class PrometheusObserver:
             url=self.url,
             session=self._session,
             timeout=timeout_s,
+            # A refused connection is tried once more; an answer never is: retrying one would
+            # read its whole body unbounded and sleep as long as its Retry-After says (hours),
+            # holding a query thread past every deadline. The next evaluation asks again.
             retry=Retry(
                 total=1,
+                connect=1,
+                read=0,
+                status=0,
                 backoff_factor=0.1,
-                status_forcelist=[502, 503, 504],
+                respect_retry_after_header=False,
                 allowed_methods=["GET", "POST"],  # a query changes nothing: safe to repeat
-                raise_on_status=False,  # the last answer is read (its status and excerpt reported)
+                raise_on_status=False,
             ),
         )
         self._pool = ThreadPoolExecutor(max_concurrent_queries, thread_name_prefix="prometheus-query")
@@ -491,6 +523,7 @@ class PrometheusObserver:
                 headers={"Content-Type": "application/x-www-form-urlencoded"},
                 timeout=(remaining, remaining),
                 stream=True,
+                allow_redirects=False,  # a tenant's Prometheus URL must not choose where the operator reads
             )
             limit = MAX_BODY_BYTES if response.status_code == 200 else ERROR_BODY_BYTES
             content = _read_within(response, deadline, limit)
@@ -504,18 +537,29 @@ class PrometheusObserver:
             raise PrometheusUnavailable(
                 f"Prometheus at {self.shown_url} unreachable: {type(error).__name__}"
             ) from None
+        if response.is_redirect:
+            raise PrometheusUnavailable(
+                f"Prometheus at {self.shown_url} answered HTTP {response.status_code}, a redirect, not "
+                "followed: give the URL it redirects to"
+            )
         if response.status_code != 200:
             raise PrometheusUnavailable(
-                f"Prometheus at {self.shown_url} answered HTTP {response.status_code}: {excerpt(content)}"
+                f"Prometheus at {self.shown_url} answered HTTP {response.status_code}: "
+                f"{excerpt(content, secrets=self._secrets)}"
             )
         try:
             answer = json.loads(content)
             result: list[dict[str, Any]] = answer["data"]["result"]
             if answer.get("status") != "success" or not isinstance(result, list):
                 raise ValueError
-        except (ValueError, KeyError, TypeError):
+            if not all(
+                isinstance(series, dict) and isinstance(series.get("metric"), dict) for series in result
+            ):
+                raise ValueError
+        except (ValueError, KeyError, TypeError, RecursionError):
             raise PrometheusUnavailable(
-                f"Prometheus at {self.shown_url} answered something that is not a query result: {excerpt(content)}"
+                f"Prometheus at {self.shown_url} answered something that is not a query result: "
+                f"{excerpt(content, secrets=self._secrets)}"
             ) from None
         return result
 
