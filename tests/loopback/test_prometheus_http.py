@@ -11,7 +11,7 @@ from collections import Counter
 from datetime import UTC, datetime
 
 import pytest
-from fake_prometheus import FakePrometheus
+from fake_prometheus import FakePrometheus, Mode
 
 from batchknee.adapters.prometheus import EXCERPT_CHARS, PrometheusObserver, queries, scope_for
 from batchknee.core.observation import ObservationTarget
@@ -47,9 +47,11 @@ def test_queries_are_posted_and_their_size_does_not_grow_with_the_fleet() -> Non
     assert many.largest_query_bytes == max(len(r.body) for r in prom.requests)
 
 
-def test_a_trickling_server_costs_one_deadline_not_one_read_timeout_per_byte() -> None:
-    """Each byte comes well within any read timeout; only a total deadline ends the query."""
-    with FakePrometheus("trickle") as prom:
+@pytest.mark.parametrize("mode", ["trickle", "trickle-head"])
+def test_a_trickling_server_costs_one_deadline_not_one_read_timeout_per_byte(mode: Mode) -> None:
+    """Each byte comes well within any read timeout, in the body or already in the status line and
+    headers; only a total deadline ends the query (and frees its thread: the connection closes)."""
+    with FakePrometheus(mode) as prom:
         observer = PrometheusObserver(prom.url, timeout_s=1.0)
         seen = observer.observe([target("llama")], NOW)[("prod", "llama")]
         observer.close()

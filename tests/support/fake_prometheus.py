@@ -1,6 +1,7 @@
 """Misbehaving Prometheus servers on loopback, as real HTTP servers, for the adapter's tests:
 
     with FakePrometheus("trickle") as slow:      # 200, then one body byte every 0.2 s (bounded)
+    FakePrometheus("trickle-head")                # its status line and headers a byte every 0.2 s too
         slow.url, slow.requests, slow.bytes_sent, slow.disconnected
     FakePrometheus("html-error")                  # 502 with a 5 KB HTML page
     FakePrometheus("empty")                       # a valid empty query result
@@ -21,7 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any, Literal, Self
 
-Mode = Literal["trickle", "html-error", "empty", "redirect", "busy", "answer"]
+Mode = Literal["trickle", "trickle-head", "html-error", "empty", "redirect", "busy", "answer"]
 TRICKLE_LIMIT_S = 30.0  # a trickle ends on its own after this long (bounded in time)
 HTML_PAGE = (
     "<!DOCTYPE html>\n<html><head><title>502 Bad Gateway</title>"
@@ -91,11 +92,15 @@ class FakePrometheus:
 
             def trickle(self) -> None:
                 data = b'{"status":"success","data":{"resultType":"vector","result":[]}}' + b" " * 10_000
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.flush()
+                head = (
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                    + f"Content-Length: {len(data)}\r\n\r\n".encode()
+                )
+                if fake.mode == "trickle-head":
+                    data = head + data
+                else:
+                    self.wfile.write(head)
+                    self.wfile.flush()
                 started = time.monotonic()
                 for byte in data:
                     if time.monotonic() - started > TRICKLE_LIMIT_S:

@@ -20,17 +20,15 @@ is not held against the pod; any answer in time ends its backoff.
 
 from __future__ import annotations
 
-import functools
 import http.client
-import io
 import json
-import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from batchknee.adapters.deadline_http import ResponseBefore, reads_before
 from batchknee.ports import LiveCap, LiveCapError
 
 RUNTIME_CONFIG = "/v1/runtime_config"
@@ -43,42 +41,12 @@ MAX_SILENT_BACKOFF_S = 300.0
 SILENT_SHARE = 0.5  # of the deadline: a failure that took this long cost a worker that long
 
 
-class _ReadsBefore(io.RawIOBase):
-    """A socket's reads, each given only the time left before `deadline` (time.monotonic()).
-    It holds the socket's own file until it closes: the connection closes its socket once the
-    answer's head is read, and the file keeps the descriptor open for the body."""
-
-    def __init__(self, sock: socket.socket, socket_file: Any, deadline: float) -> None:
-        super().__init__()
-        self.sock, self.socket_file, self.deadline = sock, socket_file, deadline
-
-    def close(self) -> None:
-        self.socket_file.close()
-        super().close()
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        remaining = self.deadline - time.monotonic()
-        if remaining <= 0:
-            raise TimeoutError("the call's deadline passed")
-        self.sock.settimeout(remaining)
-        return self.sock.recv_into(buffer)
-
-
-class _ResponseBefore(http.client.HTTPResponse):
-    def __init__(self, sock: socket.socket, *args: Any, deadline: float, **kwargs: Any) -> None:
-        super().__init__(sock, *args, **kwargs)
-        self.fp = io.BufferedReader(_ReadsBefore(sock, self.fp, deadline))
-
-
 def _exchange(
     address: str, method: str, path: str, body: dict[str, Any] | None, deadline: float
 ) -> tuple[int, bytes]:
     """One HTTP exchange with a pod, over before `deadline`; the answer's body up to MAX_ANSWER_BYTES."""
     connection = http.client.HTTPConnection(address, timeout=max(deadline - time.monotonic(), 0.001))
-    connection.response_class = functools.partial(_ResponseBefore, deadline=deadline)  # type: ignore[assignment]
+    connection.response_class = ResponseBefore
     try:
         payload = json.dumps(body).encode() if body is not None else None
         headers = {"Content-Type": "application/json"} if payload is not None else {}
@@ -139,7 +107,9 @@ class HttpEngineRuntime:
                 f"not called again for {_backoff_s(silence.times):.0f} s"
             )
         try:
-            status, data = _exchange(address, method, path, body, time.monotonic() + self.timeout_s)
+            deadline = time.monotonic() + self.timeout_s
+            with reads_before(deadline):
+                status, data = _exchange(address, method, path, body, deadline)
         except (OSError, http.client.HTTPException) as error:
             self._fell_silent(address, silence, started)
             raise LiveCapError(f"{method} {path}: {_failure(error)}") from None

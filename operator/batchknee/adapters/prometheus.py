@@ -42,6 +42,7 @@ from prometheus_api_client import PrometheusConnect
 from urllib3.util.retry import Retry
 
 from batchknee.adapters import allocator
+from batchknee.adapters.deadline_http import DeadlineAdapter, reads_before
 from batchknee.adapters.observing import redact_url
 from batchknee.core.observation import (
     Engine,
@@ -473,24 +474,22 @@ class PrometheusObserver:
         # queries go through it as POST form bodies (custom_query, even with method="POST", puts
         # the query in the URL, whose size Prometheus limits).
         self._session = requests.Session()
-        self._client = PrometheusConnect(
-            url=self.url,
-            session=self._session,
-            timeout=timeout_s,
-            # A refused connection is tried once more; an answer never is: retrying one would
-            # read its whole body unbounded and sleep as long as its Retry-After says (hours),
-            # holding a query thread past every deadline. The next evaluation asks again.
-            retry=Retry(
-                total=1,
-                connect=1,
-                read=0,
-                status=0,
-                backoff_factor=0.1,
-                respect_retry_after_header=False,
-                allowed_methods=["GET", "POST"],  # a query changes nothing: safe to repeat
-                raise_on_status=False,
-            ),
+        # A refused connection is tried once more; an answer never is: retrying one would read
+        # its whole body unbounded and sleep as long as its Retry-After says (hours), holding a
+        # query thread past every deadline. The next evaluation asks again.
+        retry = Retry(
+            total=1,
+            connect=1,
+            read=False,  # a read that timed out is raised as it is: the deadline passed
+            status=0,
+            backoff_factor=0.1,
+            respect_retry_after_header=False,
+            allowed_methods=["GET", "POST"],  # a query changes nothing: safe to repeat
+            raise_on_status=False,
         )
+        self._client = PrometheusConnect(url=self.url, session=self._session, timeout=timeout_s, retry=retry)
+        # in place of the client's adapter: answers read within each query's deadline, head too
+        self._session.mount(self.url, DeadlineAdapter(max_retries=retry))
         self._pool = ThreadPoolExecutor(max_concurrent_queries, thread_name_prefix="prometheus-query")
         self._counter_lock = threading.Lock()
         self.queries_sent = 0
@@ -517,16 +516,17 @@ class PrometheusObserver:
         if remaining <= 0:
             raise self._timed_out()
         try:
-            response = self._session.post(
-                f"{self.url}/api/v1/query",
-                data=body,
-                headers={"Content-Type": "application/x-www-form-urlencoded"},
-                timeout=(remaining, remaining),
-                stream=True,
-                allow_redirects=False,  # a tenant's Prometheus URL must not choose where the operator reads
-            )
-            limit = MAX_BODY_BYTES if response.status_code == 200 else ERROR_BODY_BYTES
-            content = _read_within(response, deadline, limit)
+            with reads_before(deadline):
+                response = self._session.post(
+                    f"{self.url}/api/v1/query",
+                    data=body,
+                    headers={"Content-Type": "application/x-www-form-urlencoded"},
+                    timeout=(remaining, remaining),
+                    stream=True,
+                    allow_redirects=False,  # a tenant's URL must not choose where the operator reads
+                )
+                limit = MAX_BODY_BYTES if response.status_code == 200 else ERROR_BODY_BYTES
+                content = _read_within(response, deadline, limit)
         except (_Deadline, requests.Timeout):
             raise self._timed_out() from None
         except _TooLarge:
