@@ -37,6 +37,7 @@ from typing import Any, cast
 import aiohttp
 import kopf
 
+from batchknee import logs
 from batchknee.adapters import allocator
 from batchknee.adapters.engine_runtime import HttpEngineRuntime
 from batchknee.adapters.kubernetes import KubernetesAdapter, WatchCache, load_config, pooled_client
@@ -568,10 +569,7 @@ class QuietHandlerSuccesses(logging.Filter):
 
 
 def run(settings: OperatorSettings) -> int:
-    logging.basicConfig(
-        level=logging.DEBUG if settings.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    logs.configure(settings.verbose)
     if not settings.verbose:
         logging.getLogger("kopf.objects").addFilter(QuietHandlerSuccesses())
     priority = (
