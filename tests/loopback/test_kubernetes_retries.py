@@ -126,3 +126,21 @@ def test_a_refusal_is_not_retried(apiserver: tuple[Script, KubernetesAdapter]) -
     with pytest.raises(ApplyError, match="422"):
         adapter.apply({**DEPLOYMENT, "spec": {}})
     assert len(script.requests) == 1
+
+
+def test_the_reads_of_children_and_pods_are_retried_too(apiserver: tuple[Script, KubernetesAdapter]) -> None:
+    script, adapter = apiserver
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "chat", "namespace": "ml"}}
+    script.answers = [status(503, "ServiceUnavailable"), (200, service)]
+    assert adapter.get_object("Service", "ml", "chat") == service
+    script.answers = [status(500, "InternalError"), (200, {"kind": "PodList", "items": [{"metadata": {}}]})]
+    assert adapter.list_pods("ml", {"app": "chat"}) == [{"metadata": {}}]
+    assert (
+        script.requests
+        == ["GET /api/v1/namespaces/ml/services/chat"] * 2 + ["GET /api/v1/namespaces/ml/pods"] * 2
+    )
+    script.answers = [status(503, "ServiceUnavailable")] * 4
+    with pytest.raises(TransientApiError, match="list pods ml app=chat: 503 Service Unavailable"):
+        adapter.list_pods("ml", {"app": "chat"})
+    script.answers = [status(404, "NotFound")]
+    assert adapter.get_object("Service", "ml", "gone") is None

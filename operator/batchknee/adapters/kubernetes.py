@@ -95,7 +95,7 @@ def _message(error: ApiException) -> str:
     try:
         body = json.loads(error.body or "{}")
         message = body.get("message") or error.reason
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         message = error.reason
     text = "".join(ch if ch.isprintable() else " " for ch in str(message or ""))
     return text[:MESSAGE_LIMIT] + ("…" if len(text) > MESSAGE_LIMIT else "")
@@ -289,7 +289,10 @@ class KubernetesAdapter:
             "PodDisruptionBudget": self.policy.read_namespaced_pod_disruption_budget,
         }[kind]
         try:
-            response: Any = read(name, namespace, _preload_content=False, _request_timeout=self.timeout_s)
+            response: Any = with_retries(
+                lambda: read(name, namespace, _preload_content=False, _request_timeout=self.timeout_s),
+                f"read {kind} {namespace}/{name}",
+            )
         except ApiException as error:
             if error.status == 404:
                 return None
@@ -302,12 +305,15 @@ class KubernetesAdapter:
         # resourceVersion "0": served from the apiserver's watch cache as it stands, without the wait
         # for etcd's latest revision that a consistent list makes (most of a reconcile's time when
         # every Deployment of a thousand reports unready pods); a pod's crash loop is no less seen
-        response: Any = self.core.list_namespaced_pod(
-            namespace,
-            label_selector=selector,
-            resource_version="0",
-            _preload_content=False,
-            _request_timeout=self.timeout_s,
+        response: Any = with_retries(
+            lambda: self.core.list_namespaced_pod(
+                namespace,
+                label_selector=selector,
+                resource_version="0",
+                _preload_content=False,
+                _request_timeout=self.timeout_s,
+            ),
+            f"list pods {namespace} {selector}",
         )
         items: list[dict[str, Any]] = json.loads(response.data).get("items") or []
         return items
