@@ -60,6 +60,8 @@ LLMSERVING_LABEL = "llmserving"  # target label carrying the pod's batchknee.io/
 MAX_BODY_BYTES = 64 * 1024 * 1024  # a query answer larger than this is refused, not buffered
 ERROR_BODY_BYTES = 8 * 1024  # of an error answer, only this much is read
 EXCERPT_CHARS = 200
+MAX_KV_USAGE = 1.05  # a fraction of the pool; averaged over a window it may round a little above one
+MAX_POOL_TOKENS = 1e9  # tokens of one pod's KV pool: far beyond any GPU's memory at any model's size
 
 
 # --- what may be shown ----------------------------------------------------------------------------
@@ -707,6 +709,15 @@ def _kv_context(running_rows: list[Row], usage_rows: list[Row], capacity_rows: l
             return Reading.unavailable(f"pod {pod[0]} reports a KV pool but no usage or running series")
         if not (math.isfinite(usage[pod]) and math.isfinite(running[pod]) and math.isfinite(pool_tokens)):
             return Reading.unavailable(f"pod {pod[0]} reports a non-finite KV usage, pool or running value")
+        # finite but impossible (a fraction above one, a pool of 10¹² tokens) is no reading either
+        if not 0 <= usage[pod] <= MAX_KV_USAGE:
+            return Reading.unavailable(
+                f"pod {pod[0]} reports KV usage {usage[pod]:g}, not a fraction of its pool"
+            )
+        if not 0 < pool_tokens <= MAX_POOL_TOKENS:
+            return Reading.unavailable(f"pod {pod[0]} reports a KV pool of {pool_tokens:g} tokens")
+        if running[pod] < 0:
+            return Reading.unavailable(f"pod {pod[0]} reports {running[pod]:g} running sequences")
         tokens += usage[pod] * pool_tokens
         sequences += running[pod]
     if sequences < 0.5:
