@@ -73,7 +73,8 @@ class OperatorSettings(BaseSettings):
     allow_unrestricted_security_context: bool = Field(
         False,
         description="Allow securityContext fields that loosen the restricted Pod Security Standard "
-        "(root, privilege escalation, added capabilities, seccomp Unconfined)",
+        "(root, privilege escalation, added capabilities, seccomp Unconfined, AppArmor or seccomp "
+        "annotations other than runtime/default)",
     )
 
     # --- Prometheus: what tenants may point the operator at, and how results are shared ---

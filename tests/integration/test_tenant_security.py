@@ -126,6 +126,11 @@ GATED = [
     ("secretvol", SECRET_VOLUME, "spec.template.volumes[0].secret"),
     ("secretenv", SECRET_ENV, "spec.template.env[0].valueFrom.secretKeyRef"),
     ("root", ROOT_USER, "spec.template.securityContext.runAsUser"),
+    (
+        "apparmor",
+        {"annotations": {"container.apparmor.security.beta.kubernetes.io/engine": "unconfined"}},
+        "spec.template.annotations[container.apparmor.security.beta.kubernetes.io/engine]",
+    ),
 ]
 
 CLUSTER_WIDE = [

@@ -3,6 +3,7 @@ image allow-list, the bounds on names, args and pinned values, and the restricte
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +106,16 @@ HOSTILE: list[tuple[dict[str, Any], str, str]] = [
         "spec.template.containerSecurityContext.runAsNonRoot",
         "allowUnrestricted",
     ),
+    (  # the kubelet honours it beside securityContext: the same loosening by another road
+        {"annotations": {"container.apparmor.security.beta.kubernetes.io/engine": "unconfined"}},
+        "spec.template.annotations[container.apparmor.security.beta.kubernetes.io/engine]",
+        "allowUnrestricted",
+    ),
+    (
+        {"annotations": {"seccomp.security.alpha.kubernetes.io/pod": "unconfined"}},
+        "spec.template.annotations[seccomp.security.alpha.kubernetes.io/pod]",
+        "allowUnrestricted",
+    ),
 ]
 ALL_ALLOWED = AdmissionRules(
     allow_service_account=True,
@@ -130,6 +141,10 @@ def test_each_gated_field_is_refused_by_default_naming_it_and_the_setting(
 def test_the_allow_list_needs_no_setting() -> None:
     obj = parse(
         template={
+            "annotations": {
+                "container.apparmor.security.beta.kubernetes.io/engine": "runtime/default",
+                "prometheus.io/scrape": "true",
+            },
             "env": [
                 {"name": "HF_HOME", "value": "/cache"},
                 {"name": "CFG", "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": "k"}}},
@@ -407,7 +422,7 @@ def test_the_requester_policy_is_generated_and_checks_every_gated_field() -> Non
     assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
     gated = policy["spec"]["variables"][0]["expression"]
     for _, field, _ in HOSTILE:
-        last = field.split(".")[-1].split("[")[0]
+        last = re.sub(r"\[[^\]]*\]", "", field).split(".")[-1]  # volumes[0].hostPath: hostPath
         assert last in gated, field
     pods, config_maps, target = policy["spec"]["validations"]
     assert "resource('pods')" in pods["expression"] and "check('create')" in pods["expression"]

@@ -139,6 +139,23 @@ def _security_context(
             )
 
 
+# Pod annotations that set a container's confinement, as securityContext does: AppArmor (honoured
+# by the kubelet beside securityContext.appArmorProfile) and the older seccomp annotations.
+CONFINEMENT_ANNOTATION_PREFIXES = (
+    "container.apparmor.security.beta.kubernetes.io/",
+    "container.seccomp.security.alpha.kubernetes.io/",
+)
+CONFINEMENT_ANNOTATIONS = ("seccomp.security.alpha.kubernetes.io/pod",)
+CONFINED = "runtime/default"
+
+
+def loosens_confinement(key: str, value: str) -> bool:
+    """An annotation that sets a profile other than the runtime's default (unconfined, a node's own)."""
+    return (
+        key.startswith(CONFINEMENT_ANNOTATION_PREFIXES) or key in CONFINEMENT_ANNOTATIONS
+    ) and value != CONFINED
+
+
 def gated_uses(spec: LLMServingSpec) -> list[GatedUse]:
     """Every admin-gated field the spec uses, in field order."""
     t, base = spec.pod_template, "spec.template"
@@ -168,6 +185,11 @@ def gated_uses(spec: LLMServingSpec) -> list[GatedUse]:
         uses.append(GatedUse(f"{base}.imagePullSecrets", "image pull Secrets", SECRETS))
     uses.extend(_security_context(t.security_context, f"{base}.securityContext"))
     uses.extend(_security_context(t.container_security_context, f"{base}.containerSecurityContext"))
+    for key, value in sorted((t.annotations or {}).items()):
+        if loosens_confinement(key, value):
+            uses.append(
+                GatedUse(f"{base}.annotations[{key}]", f"the confinement profile {value!r}", SECURITY_CONTEXT)
+            )
     return uses
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from batchknee.api.admission import CONFINED, CONFINEMENT_ANNOTATION_PREFIXES, CONFINEMENT_ANNOTATIONS
 from batchknee.api.models import (
     GROUP,
     KIND,
@@ -414,6 +415,12 @@ GATED_FIELDS_CEL = " || ".join(
         "has(v.persistentVolumeClaim)))",
         _loosened("securityContext", container=False),
         _loosened("containerSecurityContext", container=True),
+        f"({_has('annotations')} && {_T}.annotations.exists(k, ("
+        + " || ".join(
+            [f"k.startsWith('{prefix}')" for prefix in CONFINEMENT_ANNOTATION_PREFIXES]
+            + [f"k == '{key}'" for key in CONFINEMENT_ANNOTATIONS]
+        )
+        + f") && {_T}.annotations[k] != '{CONFINED}'))",
     ]
 )
 

@@ -926,10 +926,13 @@ class TemplateSpec(_Model):
     )
 
     labels: dict[str, Annotated[str, Field(max_length=63)]] | None = Field(
-        None, description="Extra pod labels."
+        None, max_length=64, description="Extra pod labels."
     )
     annotations: dict[str, Annotated[str, Field(max_length=65536)]] | None = Field(
-        None, description="Extra pod annotations."
+        None,
+        max_length=64,
+        description="Extra pod annotations. A confinement profile other than runtime/default (AppArmor, "
+        "seccomp annotations) is admin-gated (allowUnrestrictedSecurityContext).",
     )
     resources: ResourceRequirements | None = Field(
         None,
