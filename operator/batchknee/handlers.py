@@ -103,7 +103,9 @@ class Peering:
 EVALUATIONS_IN_FLIGHT = 16
 ENGINE_WORKERS = 8  # reconciles of Live LLMServings at once
 # ... of those in one namespace at once: a tenant whose engines answer slowly holds a quarter of the
-# Live workers, and as many of the scheduler's slots, however many LLMServings it has
+# Live workers, and as many of the scheduler's slots, however many LLMServings it has. The same
+# lane holds the namespace's LLMServings that read a Prometheus of their own (a slow one holds the
+# slot for its deadline while the evaluation waits on it).
 LIVE_EVALUATIONS_PER_NAMESPACE = ENGINE_WORKERS // 4
 
 
@@ -390,7 +392,7 @@ async def start_scheduler(**kwargs: Any) -> None:
         max_in_flight=rt.max_in_flight,
         paused=lambda: rt.outranked,
         settled=freeze_found_fleet,
-        lane=lambda key: key[0] if key in rt.live else None,
+        lane=lambda key: key[0] if key in rt.live or rt.router.reads_its_own(*key) else None,
         lane_limit=LIVE_EVALUATIONS_PER_NAMESPACE,
     )
     rt.background.append(asyncio.get_running_loop().create_task(rt.scheduler.run(), name="scheduler"))

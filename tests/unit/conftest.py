@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+import urllib3  # noqa: F401  (imported before the guard: it probes for IPv6 with a socket on import)
 from pytest_socket import disable_socket, enable_socket
 
 

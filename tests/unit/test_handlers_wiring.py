@@ -175,8 +175,9 @@ def test_full_collections_are_timed_once_watched() -> None:
 
 
 def test_live_llmservings_are_scheduled_in_lanes_by_namespace() -> None:
-    """A Live LLMServing's evaluations wait on its tenant's engine pods: the scheduler runs at most
-    LIVE_EVALUATIONS_PER_NAMESPACE of one namespace's at once; every other object has no lane."""
+    """A Live LLMServing's evaluations wait on its tenant's engine pods, and one that reads its own
+    Prometheus on that Prometheus: the scheduler runs at most LIVE_EVALUATIONS_PER_NAMESPACE of one
+    namespace's at once; every other object has no lane."""
     import asyncio
 
     from batchknee import handlers
@@ -198,6 +199,11 @@ def test_live_llmservings_are_scheduled_in_lanes_by_namespace() -> None:
             assert rt.scheduler.lane(("team-a", "chat")) == "team-a"
             rt.forget("team-a", "chat")
             assert rt.scheduler.lane(("team-a", "chat")) is None
+            # its own Prometheus, which may be slow: the same lane
+            rt.note("team-a", "own", {"spec": {"prometheus": {"url": "http://prometheus.team-a:9090"}}})
+            assert rt.scheduler.lane(("team-a", "own")) == "team-a"
+            rt.note("team-a", "own", {"spec": {}})
+            assert rt.scheduler.lane(("team-a", "own")) is None
             await rt.scheduler.stop()
             for task in rt.background:
                 task.cancel()

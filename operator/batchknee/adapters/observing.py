@@ -99,6 +99,11 @@ class RoutedObserver:
         if not used and drop is not None:
             drop(url)
 
+    def reads_its_own(self, namespace: str, name: str) -> bool:
+        """Whether the object reads a Prometheus other than the operator's default (its spec's)."""
+        with self.lock:
+            return (namespace, name) in self.urls
+
     def url(self, target: ObservationTarget) -> str:
         with self.lock:
             return self.urls.get(target.key, self.default_url)
