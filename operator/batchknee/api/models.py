@@ -960,7 +960,7 @@ class TemplateSpec(_Model):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
     node_selector: dict[str, Annotated[str, Field(max_length=63)]] | None = Field(
-        None, description="Pod node selector."
+        None, max_length=64, description="Pod node selector."
     )
     tolerations: list[Toleration] | None = Field(
         None,
