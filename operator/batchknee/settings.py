@@ -9,6 +9,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from batchknee.api.admission import (
     DEFAULT_ALLOWED_IMAGES,
+    DEFAULT_ALLOWED_RESOURCES,
     DEFAULT_ALLOWED_RUNTIME_CLASSES,
     DEFAULT_ALLOWED_TOLERATIONS,
     AdmissionRules,
@@ -64,6 +65,11 @@ class OperatorSettings(BaseSettings):
         default_factory=lambda: list(DEFAULT_ALLOWED_RUNTIME_CLASSES),
         description="RuntimeClasses spec.template.runtimeClassName may name: comma-separated shell patterns",
     )
+    allowed_resources: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: list(DEFAULT_ALLOWED_RESOURCES),
+        description="Extended resources spec.template.resources may name (besides cpu, memory, "
+        "ephemeral-storage, hugepages-*): comma-separated shell patterns",
+    )
     allow_service_account: bool = Field(False, description="Allow spec.template.serviceAccountName")
     allow_secret_references: bool = Field(
         False, description="Allow Secret volumes, secretKeyRef, envFrom secretRef and imagePullSecrets"
@@ -107,6 +113,7 @@ class OperatorSettings(BaseSettings):
             allowed_tolerations=tuple(self.allowed_tolerations),
             allowed_priority_classes=tuple(self.allowed_priority_classes),
             allowed_runtime_classes=tuple(self.allowed_runtime_classes),
+            allowed_resources=tuple(self.allowed_resources),
             allow_service_account=self.allow_service_account,
             allow_secret_references=self.allow_secret_references,
             allow_host_paths=self.allow_host_paths,
@@ -120,6 +127,7 @@ class OperatorSettings(BaseSettings):
         "allowed_tolerations",
         "allowed_priority_classes",
         "allowed_runtime_classes",
+        "allowed_resources",
         mode="before",
     )
     @classmethod

@@ -136,6 +136,11 @@ GATED = [
 CLUSTER_WIDE = [
     ("prio", {"priorityClassName": "system-node-critical"}, "spec.template.priorityClassName"),
     ("tolerall", {"tolerations": [{"operator": "Exists"}]}, "spec.template.tolerations[0].key"),
+    (
+        "kvm",
+        {"resources": {"limits": {"devices.kubevirt.io/kvm": "1"}}},
+        "spec.template.resources.limits[devices.kubevirt.io/kvm]",
+    ),
 ]
 
 

@@ -229,6 +229,18 @@ OUTSIDE_THE_ADMINS_PATTERNS: list[tuple[dict[str, Any], str, str, dict[str, tupl
         "allowedRuntimeClasses",
         {"allowed_runtime_classes": ("nvidia", "kata-*")},
     ),
+    (  # the node's /dev/kvm, handed out by a device plugin
+        {"resources": {"limits": {"memory": "64Gi", "devices.kubevirt.io/kvm": "1"}}},
+        "spec.template.resources.limits[devices.kubevirt.io/kvm]",
+        "allowedResources",
+        {"allowed_resources": ("nvidia.com/*", "devices.kubevirt.io/*")},
+    ),
+    (
+        {"resources": {"requests": {"cpu": "8", "smarter-devices/fuse": "1"}}},
+        "spec.template.resources.requests[smarter-devices/fuse]",
+        "allowedResources",
+        {"allowed_resources": ("smarter-devices/*",)},
+    ),
 ]
 
 
@@ -236,8 +248,8 @@ OUTSIDE_THE_ADMINS_PATTERNS: list[tuple[dict[str, Any], str, str, dict[str, tupl
 def test_cluster_wide_names_must_match_the_admins_patterns(
     template: dict[str, Any], field: str, setting: str, allowing: dict[str, tuple[str, ...]]
 ) -> None:
-    """Tolerations, priority classes and runtime classes name what every namespace shares and RBAC
-    guards none of: outside the admin's patterns each is refused, naming the field and the setting."""
+    """Tolerations, priority classes, runtime classes and extended resources name what every
+    namespace shares and RBAC guards none of: outside the admin's patterns each is refused, naming the field and the setting."""
     spec = parse(template=template).spec
     with pytest.raises(Forbidden) as caught:
         check_admission(spec, AdmissionRules())
@@ -261,6 +273,10 @@ def test_the_default_gpu_toleration_and_runtime_class_need_no_setting() -> None:
         template={
             "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
             "runtimeClassName": "nvidia",
+            "resources": {
+                "limits": {"memory": "64Gi", "hugepages-2Mi": "1Gi", "nvidia.com/mig-3g.40gb": "1"},
+                "requests": {"cpu": "8", "ephemeral-storage": "100Gi"},
+            },
         }
     ).spec
     check_admission(spec, AdmissionRules())
@@ -280,6 +296,9 @@ def test_settings_read_the_admission_rules_from_the_environment(monkeypatch: pyt
     assert rules.allow_host_paths and not rules.allow_service_account
     assert rules.allowed_tolerations == () and rules.allowed_runtime_classes == ("nvidia",)
     assert rules.allowed_priority_classes == ("inference-high", "inference-low")
+    assert rules.allowed_resources == ("nvidia.com/*",)
+    monkeypatch.setenv("BATCHKNEE_ALLOWED_RESOURCES", "nvidia.com/*, rdma/*")
+    assert OperatorSettings().admission_rules().allowed_resources == ("nvidia.com/*", "rdma/*")
 
 
 @pytest.mark.parametrize(

@@ -38,6 +38,10 @@ DEFAULT_ALLOWED_IMAGES = (
 DEFAULT_ALLOWED_TOLERATIONS = ("nvidia.com/gpu",)
 # RuntimeClasses engine pods may name by default: NVIDIA's container runtime.
 DEFAULT_ALLOWED_RUNTIME_CLASSES = ("nvidia",)
+# Extended resources are devices the node's plugins hand out (a GPU, a MIG slice, but also
+# /dev/kvm or /dev/fuse): beyond the container's own cpu, memory and storage each is the admin's.
+DEFAULT_ALLOWED_RESOURCES = ("nvidia.com/*",)
+CONTAINER_RESOURCES = ("cpu", "memory", "ephemeral-storage", "hugepages-*")
 # Capabilities the restricted Pod Security Standard lets a container add.
 RESTRICTED_CAPABILITIES = frozenset({"NET_BIND_SERVICE"})
 
@@ -64,6 +68,7 @@ IMAGES = Setting("allowedImages", "BATCHKNEE_ALLOWED_IMAGES")
 TOLERATIONS = Setting("allowedTolerations", "BATCHKNEE_ALLOWED_TOLERATIONS")
 PRIORITY_CLASSES = Setting("allowedPriorityClasses", "BATCHKNEE_ALLOWED_PRIORITY_CLASSES")
 RUNTIME_CLASSES = Setting("allowedRuntimeClasses", "BATCHKNEE_ALLOWED_RUNTIME_CLASSES")
+RESOURCES = Setting("allowedResources", "BATCHKNEE_ALLOWED_RESOURCES")
 
 
 @dataclass(frozen=True)
@@ -74,6 +79,7 @@ class AdmissionRules:
     allowed_tolerations: tuple[str, ...] = DEFAULT_ALLOWED_TOLERATIONS  # taint keys
     allowed_priority_classes: tuple[str, ...] = ()
     allowed_runtime_classes: tuple[str, ...] = DEFAULT_ALLOWED_RUNTIME_CLASSES
+    allowed_resources: tuple[str, ...] = DEFAULT_ALLOWED_RESOURCES  # extended resource names
     allow_service_account: bool = False
     allow_secret_references: bool = False
     allow_host_paths: bool = False
@@ -87,6 +93,7 @@ class AdmissionRules:
             TOLERATIONS: self.allowed_tolerations,
             PRIORITY_CLASSES: self.allowed_priority_classes,
             RUNTIME_CLASSES: self.allowed_runtime_classes,
+            RESOURCES: self.allowed_resources,
         }[setting]
 
     def allows(self, setting: Setting) -> bool:
@@ -222,6 +229,20 @@ def _outside_allowed(spec: LLMServingSpec, rules: AdmissionRules) -> Iterator[Fo
                 f"for others; remove it, or ask the cluster admin to add the key to {TOLERATIONS}",
                 TOLERATIONS,
             )
+    for kind, amounts in (
+        ("limits", t.resources.limits if t.resources else None),
+        ("requests", t.resources.requests if t.resources else None),
+    ):
+        for resource in sorted(amounts or {}):
+            if not matches_any(resource, CONTAINER_RESOURCES + rules.allowed_resources):
+                yield Forbidden(
+                    f"{base}.resources.{kind}[{_short(resource)}]",
+                    f"resource {_short(resource)!r} matches none of the operator's allowed resources "
+                    f"({_listed(rules.allowed_resources)}, besides cpu, memory and storage): a device "
+                    f"plugin would hand the engine pod that device; remove it, or ask the cluster admin to "
+                    f"add it to {RESOURCES}",
+                    RESOURCES,
+                )
     preempts = ": it would let the engine pods preempt others"
     classes = (
         ("priorityClassName", t.priority_class_name, "priority class", preempts, PRIORITY_CLASSES),
