@@ -633,20 +633,16 @@ class _TooLarge(Exception):
 
 
 def _read_within(response: requests.Response, deadline: float, limit: int) -> bytes:
-    """The body of a streamed response, read before `deadline` (time.monotonic()): each read is
-    given only the time left, so a server that trickles bytes cannot stretch the total."""
+    """The body of a streamed response, read before `deadline` (time.monotonic()) and up to `limit`
+    bytes. Each socket read is given only the time left by the connection's own reader (the
+    session's DeadlineAdapter, under `reads_before`), so a trickle cannot stretch the total."""
     raw = response.raw
     chunks: list[bytes] = []
     size = 0
     try:
         while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if deadline - time.monotonic() <= 0:
                 raise _Deadline
-            connection = raw.connection
-            sock = getattr(connection, "sock", None) if connection is not None else None
-            if sock is not None:
-                sock.settimeout(remaining)
             try:
                 chunk = raw.read1(65536, decode_content=True)
             except (TimeoutError, urllib3.exceptions.ReadTimeoutError):
