@@ -70,6 +70,15 @@ class OperatorSettings(BaseSettings):
         description="Extended resources spec.template.resources may name (besides cpu, memory, "
         "ephemeral-storage, hugepages-*): comma-separated shell patterns",
     )
+    allowed_pod_labels: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Label keys spec.template.labels may set: comma-separated shell patterns (none by default)",
+    )
+    allowed_pod_annotations: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Annotation keys spec.template.annotations may set: comma-separated shell patterns "
+        "(none by default; AppArmor and seccomp ones follow allow_unrestricted_security_context)",
+    )
     allow_service_account: bool = Field(False, description="Allow spec.template.serviceAccountName")
     allow_secret_references: bool = Field(
         False, description="Allow Secret volumes, secretKeyRef, envFrom secretRef and imagePullSecrets"
@@ -114,6 +123,8 @@ class OperatorSettings(BaseSettings):
             allowed_priority_classes=tuple(self.allowed_priority_classes),
             allowed_runtime_classes=tuple(self.allowed_runtime_classes),
             allowed_resources=tuple(self.allowed_resources),
+            allowed_pod_labels=tuple(self.allowed_pod_labels),
+            allowed_pod_annotations=tuple(self.allowed_pod_annotations),
             allow_service_account=self.allow_service_account,
             allow_secret_references=self.allow_secret_references,
             allow_host_paths=self.allow_host_paths,
@@ -128,6 +139,8 @@ class OperatorSettings(BaseSettings):
         "allowed_priority_classes",
         "allowed_runtime_classes",
         "allowed_resources",
+        "allowed_pod_labels",
+        "allowed_pod_annotations",
         mode="before",
     )
     @classmethod

@@ -141,6 +141,12 @@ CLUSTER_WIDE = [
         {"resources": {"limits": {"devices.kubevirt.io/kvm": "1"}}},
         "spec.template.resources.limits[devices.kubevirt.io/kvm]",
     ),
+    ("label", {"labels": {"role": "db-client"}}, "spec.template.labels[role]"),
+    (
+        "multus",
+        {"annotations": {"k8s.v1.cni.cncf.io/networks": "payments/payments-net"}},
+        "spec.template.annotations[k8s.v1.cni.cncf.io/networks]",
+    ),
 ]
 
 
@@ -167,6 +173,9 @@ def test_hostile_specs_are_refused_and_nothing_runs(tenant: Harness) -> None:
     assert done.returncode != 0 and "spec.args" in done.stderr, done.stderr
     done = apply_as(world, TENANT, "pinned", tuning={"mode": "Pinned", "pinnedMaxNumSeqs": 4})
     assert done.returncode != 0 and "spec.tuning.pinnedMaxNumSeqs" in done.stderr, done.stderr
+    done = apply_as(world, TENANT, "ownkey", template={"labels": {"batchknee.io/llmserving": "chat"}})
+    assert done.returncode != 0 and "spec.template.labels" in done.stderr, done.stderr
+    assert "batchknee.io/ are the operator's own" in done.stderr, done.stderr
     # host namespaces are not in the schema: a strict client is refused, a lax one is pruned
     done = apply_as(world, TENANT, "hostnet", template={"hostNetwork": True, "hostPID": True})
     assert done.returncode != 0 and "hostNetwork" in done.stderr, done.stderr
@@ -177,8 +186,9 @@ def test_hostile_specs_are_refused_and_nothing_runs(tenant: Harness) -> None:
     # The operator: an image outside the allowed list (the tenant), and the gated fields written by a
     # namespace admin (admitted by the policy, refused by the operator's default settings).
     assert apply_as(world, TENANT, "image", image="evil.example/miner:latest").returncode == 0
-    # Cluster-wide names outside the admin's patterns: a priority class that preempts everyone, a
-    # toleration of every taint (the requester policy admits them; the operator's lists refuse them).
+    # Names outside the admin's patterns: a priority class that preempts everyone, a toleration of every
+    # taint, a device, a pod label or annotation key (the requester policy admits them; the operator's
+    # lists refuse them).
     for name, template, _ in CLUSTER_WIDE:
         assert apply_as(world, TENANT, name, template=template).returncode == 0, name
     for name, template, _ in GATED:

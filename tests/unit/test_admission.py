@@ -141,10 +141,7 @@ def test_each_gated_field_is_refused_by_default_naming_it_and_the_setting(
 def test_the_allow_list_needs_no_setting() -> None:
     obj = parse(
         template={
-            "annotations": {
-                "container.apparmor.security.beta.kubernetes.io/engine": "runtime/default",
-                "prometheus.io/scrape": "true",
-            },
+            "annotations": {"container.apparmor.security.beta.kubernetes.io/engine": "runtime/default"},
             "env": [
                 {"name": "HF_HOME", "value": "/cache"},
                 {"name": "CFG", "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": "k"}}},
@@ -260,6 +257,83 @@ def test_cluster_wide_names_must_match_the_admins_patterns(
     check_admission(spec, AdmissionRules(**allowing))  # type: ignore[arg-type]
 
 
+# (template, the field the refusal names, its setting, the patterns that admit it)
+POD_KEYS_OUTSIDE_THE_ADMINS_PATTERNS: list[tuple[dict[str, Any], str, str, dict[str, tuple[str, ...]]]] = [
+    (  # the label a NetworkPolicy of the namespace allows egress to the database for
+        {"labels": {"team": "ml", "role": "db-client"}},
+        "spec.template.labels[role]",
+        "allowedPodLabels",
+        {"allowed_pod_labels": ("team", "role")},
+    ),
+    (  # a second network interface on another team's network
+        {"annotations": {"k8s.v1.cni.cncf.io/networks": "payments/payments-net"}},
+        "spec.template.annotations[k8s.v1.cni.cncf.io/networks]",
+        "allowedPodAnnotations",
+        {"allowed_pod_annotations": ("k8s.v1.cni.cncf.io/*",)},
+    ),
+    (  # another pod's address
+        {"annotations": {"prometheus.io/scrape": "false", "cni.projectcalico.org/ipAddrs": '["10.1.2.3"]'}},
+        "spec.template.annotations[cni.projectcalico.org/ipAddrs]",
+        "allowedPodAnnotations",
+        {"allowed_pod_annotations": ("prometheus.io/*", "cni.projectcalico.org/*")},
+    ),
+    (  # out of the mesh, and its mTLS-only policies
+        {"annotations": {"sidecar.istio.io/inject": "false"}},
+        "spec.template.annotations[sidecar.istio.io/inject]",
+        "allowedPodAnnotations",
+        {"allowed_pod_annotations": ("*",)},
+    ),
+]
+
+
+@pytest.mark.parametrize(("template", "field", "setting", "allowing"), POD_KEYS_OUTSIDE_THE_ADMINS_PATTERNS)
+def test_pod_label_and_annotation_keys_must_match_the_admins_patterns(
+    template: dict[str, Any], field: str, setting: str, allowing: dict[str, tuple[str, ...]]
+) -> None:
+    """A label can match another pod's selector (a Service, a NetworkPolicy), an annotation can ask a
+    network plugin or a mesh for another network, an address or no sidecar: none by default, each key
+    from the admin's patterns, refused naming the first key outside them and the setting."""
+    spec = parse(template=template).spec
+    with pytest.raises(Forbidden) as caught:
+        check_admission(spec, AdmissionRules())
+    assert caught.value.field == field
+    assert setting in str(caught.value) and "BATCHKNEE_ALLOWED_POD_" in str(caught.value)
+    assert "(none)" in str(caught.value)
+    with pytest.raises(Forbidden):  # the other gates allow everything: these lists are their own
+        check_admission(spec, ALL_ALLOWED)
+    check_admission(spec, AdmissionRules(**allowing))  # type: ignore[arg-type]
+
+
+def test_confinement_annotations_follow_their_own_gate_not_the_annotation_patterns() -> None:
+    """runtime/default needs no pattern; another profile needs allowUnrestrictedSecurityContext even
+    where every annotation key is allowed, and no pattern where it is enabled."""
+    confined = parse(
+        template={"annotations": {"seccomp.security.alpha.kubernetes.io/pod": "runtime/default"}}
+    )
+    check_admission(confined.spec, AdmissionRules())
+    loose = parse(template={"annotations": {"seccomp.security.alpha.kubernetes.io/pod": "unconfined"}}).spec
+    with pytest.raises(Forbidden) as caught:
+        check_admission(loose, AdmissionRules(allowed_pod_annotations=("*",)))
+    assert "allowUnrestrictedSecurityContext" in str(caught.value)
+    check_admission(loose, AdmissionRules(allow_unrestricted_security_context=True))
+
+
+@pytest.mark.parametrize("kind", ["labels", "annotations"])
+def test_the_operators_own_keys_are_refused_in_the_template(kind: str) -> None:
+    """batchknee.io/ keys steer the operator (its selector label, the applied max-num-seqs and
+    max-tokens it reads back): a spec that sets one is invalid, whatever the admin allows."""
+    error = spec_error(template={kind: {"batchknee.io/max-tokens": "1"}})
+    assert error.field == "spec.template" and "batchknee.io/" in error.message and "rename" in error.message
+    rule = next(
+        r
+        for r in crd_manifest()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"][
+            "properties"
+        ]["template"]["x-kubernetes-validations"]
+        if r.get("fieldPath") == f".{kind}"
+    )
+    assert "startsWith('batchknee.io/')" in rule["rule"]
+
+
 def test_a_keyless_toleration_needs_a_pattern_that_matches_every_key() -> None:
     spec = parse(template={"tolerations": [{"operator": "Exists", "effect": "NoSchedule"}]}).spec
     with pytest.raises(Forbidden) as caught:
@@ -299,6 +373,12 @@ def test_settings_read_the_admission_rules_from_the_environment(monkeypatch: pyt
     assert rules.allowed_resources == ("nvidia.com/*",)
     monkeypatch.setenv("BATCHKNEE_ALLOWED_RESOURCES", "nvidia.com/*, rdma/*")
     assert OperatorSettings().admission_rules().allowed_resources == ("nvidia.com/*", "rdma/*")
+    assert rules.allowed_pod_labels == () and rules.allowed_pod_annotations == ()
+    monkeypatch.setenv("BATCHKNEE_ALLOWED_POD_LABELS", "team, cost-center")
+    monkeypatch.setenv("BATCHKNEE_ALLOWED_POD_ANNOTATIONS", "prometheus.io/*")
+    rules = OperatorSettings().admission_rules()
+    assert rules.allowed_pod_labels == ("team", "cost-center")
+    assert rules.allowed_pod_annotations == ("prometheus.io/*",)
 
 
 @pytest.mark.parametrize(

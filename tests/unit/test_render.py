@@ -69,6 +69,7 @@ def test_vllm_deployment() -> None:
     assert "replicas" not in spec  # not in the spec: left to whoever scales the Deployment
     assert spec["selector"]["matchLabels"] == {"batchknee.io/llmserving": "chat"}
     pod = spec["template"]
+    assert pod["metadata"]["labels"]["app.kubernetes.io/instance"] == "chat"  # the operator's own win
     assert pod["metadata"]["labels"]["batchknee.io/llmserving"] == "chat"
     assert pod["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "batchknee"
     assert pod["metadata"]["annotations"]["prometheus.io/path"] == "/metrics"
@@ -91,7 +92,7 @@ def test_template_overrides_are_merged_in() -> None:
                 "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory"}}],
                 "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}],
                 "env": [{"name": "HF_HOME", "value": "/cache"}],
-                "labels": {"team": "ml", "batchknee.io/llmserving": "spoofed"},
+                "labels": {"team": "ml", "app.kubernetes.io/instance": "spoofed"},
                 "annotations": {"prometheus.io/port": "9999"},
                 "drainSeconds": 30,
                 "terminationGracePeriodSeconds": 10,
@@ -109,6 +110,7 @@ def test_template_overrides_are_merged_in() -> None:
     assert pod["spec"]["tolerations"][0]["key"] == "nvidia.com/gpu"
     assert pod["spec"]["volumes"][0]["name"] == "shm"
     assert pod["metadata"]["labels"]["team"] == "ml"
+    assert pod["metadata"]["labels"]["app.kubernetes.io/instance"] == "chat"  # the operator's own win
     assert pod["metadata"]["labels"]["batchknee.io/llmserving"] == "chat"
     assert pod["metadata"]["annotations"]["prometheus.io/port"] == "9999"
     assert pod["spec"]["terminationGracePeriodSeconds"] == 30  # never shorter than the drain

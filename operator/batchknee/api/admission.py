@@ -7,9 +7,12 @@ naming the field and the setting. Nothing is rendered or applied for a refused s
 Admin-gated: a chosen ServiceAccount, Secret references (volumes, env, envFrom, image pull secrets),
 hostPath and PersistentVolumeClaim volumes, a securityContext that loosens the restricted Pod
 Security Standard, and, outside the admin's allowed patterns, an image, a toleration's key, a
-priority class or a runtime class (the last three are cluster-wide and need no RBAC to name: a
-toleration lands the pods on another team's tainted nodes, a priority class preempts their pods,
-and a RuntimeClass can carry tolerations of its own).
+priority class, a runtime class or an extended resource (cluster-wide, and no RBAC guards naming
+them: a toleration lands the pods on another team's tainted nodes, a priority class preempts their
+pods, a RuntimeClass can carry tolerations of its own, a device plugin hands out its device), and a
+pod label or annotation key (a label can match a Service's or a NetworkPolicy's pod selector written
+for other pods of the namespace; an annotation can ask a network plugin or a mesh for another
+network or no sidecar).
 """
 
 from __future__ import annotations
@@ -69,6 +72,8 @@ TOLERATIONS = Setting("allowedTolerations", "BATCHKNEE_ALLOWED_TOLERATIONS")
 PRIORITY_CLASSES = Setting("allowedPriorityClasses", "BATCHKNEE_ALLOWED_PRIORITY_CLASSES")
 RUNTIME_CLASSES = Setting("allowedRuntimeClasses", "BATCHKNEE_ALLOWED_RUNTIME_CLASSES")
 RESOURCES = Setting("allowedResources", "BATCHKNEE_ALLOWED_RESOURCES")
+POD_LABELS = Setting("allowedPodLabels", "BATCHKNEE_ALLOWED_POD_LABELS")
+POD_ANNOTATIONS = Setting("allowedPodAnnotations", "BATCHKNEE_ALLOWED_POD_ANNOTATIONS")
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,8 @@ class AdmissionRules:
     allowed_priority_classes: tuple[str, ...] = ()
     allowed_runtime_classes: tuple[str, ...] = DEFAULT_ALLOWED_RUNTIME_CLASSES
     allowed_resources: tuple[str, ...] = DEFAULT_ALLOWED_RESOURCES  # extended resource names
+    allowed_pod_labels: tuple[str, ...] = ()  # label keys
+    allowed_pod_annotations: tuple[str, ...] = ()  # annotation keys (confinement ones have their gate)
     allow_service_account: bool = False
     allow_secret_references: bool = False
     allow_host_paths: bool = False
@@ -94,6 +101,8 @@ class AdmissionRules:
             PRIORITY_CLASSES: self.allowed_priority_classes,
             RUNTIME_CLASSES: self.allowed_runtime_classes,
             RESOURCES: self.allowed_resources,
+            POD_LABELS: self.allowed_pod_labels,
+            POD_ANNOTATIONS: self.allowed_pod_annotations,
         }[setting]
 
     def allows(self, setting: Setting) -> bool:
@@ -156,11 +165,14 @@ CONFINEMENT_ANNOTATIONS = ("seccomp.security.alpha.kubernetes.io/pod",)
 CONFINED = "runtime/default"
 
 
+def sets_confinement(key: str) -> bool:
+    """An annotation that sets a container's AppArmor or seccomp profile."""
+    return key.startswith(CONFINEMENT_ANNOTATION_PREFIXES) or key in CONFINEMENT_ANNOTATIONS
+
+
 def loosens_confinement(key: str, value: str) -> bool:
     """An annotation that sets a profile other than the runtime's default (unconfined, a node's own)."""
-    return (
-        key.startswith(CONFINEMENT_ANNOTATION_PREFIXES) or key in CONFINEMENT_ANNOTATIONS
-    ) and value != CONFINED
+    return sets_confinement(key) and value != CONFINED
 
 
 def gated_uses(spec: LLMServingSpec) -> list[GatedUse]:
@@ -242,6 +254,35 @@ def _outside_allowed(spec: LLMServingSpec, rules: AdmissionRules) -> Iterator[Fo
                     f"plugin would hand the engine pod that device; remove it, or ask the cluster admin to "
                     f"add it to {RESOURCES}",
                     RESOURCES,
+                )
+    reaches = (
+        (
+            "labels",
+            t.labels,
+            "label",
+            POD_LABELS,
+            "a pod label can match a Service's or a NetworkPolicy's pod selector written for other pods of "
+            "the namespace",
+        ),
+        (
+            "annotations",
+            # a confinement profile is securityContext's: runtime/default always, others by its gate
+            {key: value for key, value in (t.annotations or {}).items() if not sets_confinement(key)},
+            "annotation",
+            POD_ANNOTATIONS,
+            "a pod annotation can ask a network plugin or a mesh for another network, an address or no sidecar",
+        ),
+    )
+    for name, keys, what, setting, why in reaches:
+        patterns = rules.patterns(setting)
+        for key in sorted(keys or {}):
+            if not matches_any(key, patterns):
+                yield Forbidden(
+                    f"{base}.{name}[{_short(key)}]",
+                    f"{what} key {_short(key)!r} matches none of the operator's allowed pod {name} "
+                    f"({_listed(patterns)}): {why}; remove it, or ask the cluster admin to add the key to "
+                    f"{setting}",
+                    setting,
                 )
     preempts = ": it would let the engine pods preempt others"
     classes = (

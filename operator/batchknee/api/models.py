@@ -48,6 +48,8 @@ CONDITION_TYPES = (
 )
 # The env var an adopted workload's args reference: `--max-num-seqs=$(BATCHKNEE_MAX_NUM_SEQS)`.
 TARGET_ENV_VAR = "BATCHKNEE_MAX_NUM_SEQS"
+# Label and annotation keys the operator reads and writes on its objects (a tenant's would steer it).
+OPERATOR_KEY_PREFIX = f"{GROUP}/"
 
 
 def normalise_catalog_name(name: str) -> str:
@@ -921,18 +923,31 @@ class TemplateSpec(_Model):
                 "message": "every spec.template.volumeMounts[].name must name a volume in spec.template.volumes",
                 "fieldPath": ".volumeMounts",
                 "reason": "FieldValueInvalid",
-            }
+            },
+            *(
+                {
+                    "rule": f"!has(self.{name}) || self.{name}.all(k, !k.startsWith('{OPERATOR_KEY_PREFIX}'))",
+                    "message": f"spec.template.{name} keys under {OPERATOR_KEY_PREFIX} are the operator's "
+                    "own; rename the key",
+                    "fieldPath": f".{name}",
+                    "reason": "FieldValueInvalid",
+                }
+                for name in ("labels", "annotations")
+            ),
         )
     )
 
     labels: dict[str, Annotated[str, Field(max_length=63)]] | None = Field(
-        None, max_length=64, description="Extra pod labels."
+        None,
+        max_length=64,
+        description="Extra pod labels; each key must match the admin's allowedPodLabels (none by default).",
     )
     annotations: dict[str, Annotated[str, Field(max_length=65536)]] | None = Field(
         None,
         max_length=64,
-        description="Extra pod annotations. A confinement profile other than runtime/default (AppArmor, "
-        "seccomp annotations) is admin-gated (allowUnrestrictedSecurityContext).",
+        description="Extra pod annotations; each key must match the admin's allowedPodAnnotations (none by "
+        "default). A confinement profile other than runtime/default (AppArmor, seccomp annotations) is "
+        "admin-gated (allowUnrestrictedSecurityContext) instead.",
     )
     resources: ResourceRequirements | None = Field(
         None,
@@ -1006,6 +1021,13 @@ class TemplateSpec(_Model):
 
     @model_validator(mode="after")
     def _rules(self) -> TemplateSpec:
+        for name, keys in (("labels", self.labels), ("annotations", self.annotations)):
+            for key in sorted(keys or {}):
+                if key.startswith(OPERATOR_KEY_PREFIX):
+                    raise ValueError(
+                        f"{name} key {key[:256]!r}: keys under {OPERATOR_KEY_PREFIX} are the operator's own; "
+                        "rename the key"
+                    )
         names = {volume.name for volume in self.volumes or []}
         for mount in self.volume_mounts or []:
             if mount.name not in names:
