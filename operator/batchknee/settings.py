@@ -85,6 +85,9 @@ class OperatorSettings(BaseSettings):
     )
     allow_host_paths: bool = Field(False, description="Allow hostPath volumes")
     allow_persistent_volume_claims: bool = Field(False, description="Allow PersistentVolumeClaim volumes")
+    allow_cross_namespace_pod_affinity: bool = Field(
+        False, description="Allow pod (anti-)affinity terms with namespaces or a namespaceSelector"
+    )
     allow_unrestricted_security_context: bool = Field(
         False,
         description="Allow securityContext fields that loosen the restricted Pod Security Standard "
@@ -129,6 +132,7 @@ class OperatorSettings(BaseSettings):
             allow_secret_references=self.allow_secret_references,
             allow_host_paths=self.allow_host_paths,
             allow_persistent_volume_claims=self.allow_persistent_volume_claims,
+            allow_cross_namespace_pod_affinity=self.allow_cross_namespace_pod_affinity,
             allow_unrestricted_security_context=self.allow_unrestricted_security_context,
         )
 

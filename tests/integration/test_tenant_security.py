@@ -119,6 +119,13 @@ HOST_PATH = {
 }
 SECRET_ENV = {"env": [{"name": "PASSWORD", "valueFrom": {"secretKeyRef": {"name": "db", "key": "password"}}}]}
 ROOT_USER = {"securityContext": {"runAsUser": 0, "runAsNonRoot": False}}
+PAYMENTS_PODS = {"labelSelector": {"matchLabels": {"app": "payments"}}, "topologyKey": "kubernetes.io/os"}
+# no pod labelled app=payments, in any namespace, on any node of the engine's OS (every node)
+KEEP_OUT = {
+    "podAntiAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": [{**PAYMENTS_PODS, "namespaceSelector": {}}]
+    }
+}
 # (name, template, the field the operator names when an admin writes it)
 GATED = [
     ("sa", {"serviceAccountName": "admin"}, "spec.template.serviceAccountName"),
@@ -126,6 +133,11 @@ GATED = [
     ("secretvol", SECRET_VOLUME, "spec.template.volumes[0].secret"),
     ("secretenv", SECRET_ENV, "spec.template.env[0].valueFrom.secretKeyRef"),
     ("root", ROOT_USER, "spec.template.securityContext.runAsUser"),
+    (
+        "keepout",
+        {"affinity": KEEP_OUT},
+        "spec.template.affinity.podAntiAffinity.requiredDuringSchedulingIgnoredDuringExecution[0].namespaceSelector",
+    ),
     (
         "apparmor",
         {"annotations": {"container.apparmor.security.beta.kubernetes.io/engine": "unconfined"}},
@@ -161,6 +173,11 @@ def test_hostile_specs_are_refused_and_nothing_runs(tenant: Harness) -> None:
         done = apply_as(world, TENANT, f"t-{name}", template=template)
         assert done.returncode != 0, name
         assert "must be allowed to create pods" in done.stderr and TENANT in done.stderr, done.stderr
+
+    # ...and the same anti-affinity within the namespace is the tenant's to write
+    within = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [PAYMENTS_PODS]}}
+    done = apply_as(world, TENANT, "within", "--dry-run=server", template={"affinity": within})
+    assert done.returncode == 0, done.stderr
 
     # The schema and CEL: never expressible, for anyone.
     done = apply_as(world, TENANT, "priv", template={"containerSecurityContext": {"privileged": True}})

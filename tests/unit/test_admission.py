@@ -53,6 +53,11 @@ def spec_error(**spec: Any) -> SpecError:
     return caught.value
 
 
+SAME_NAMESPACE = {
+    "labelSelector": {"matchLabels": {"app": "payments"}},
+    "topologyKey": "topology.kubernetes.io/zone",
+}
+CROSS_NAMESPACE = {**SAME_NAMESPACE, "namespaceSelector": {}}
 # The hostile specs of the issue, each with the field the refusal must name and the setting that allows it.
 HOSTILE: list[tuple[dict[str, Any], str, str]] = [
     ({"serviceAccountName": "admin"}, "spec.template.serviceAccountName", "allowServiceAccount"),
@@ -86,6 +91,29 @@ HOSTILE: list[tuple[dict[str, Any], str, str]] = [
         "allowPersistentVolumeClaims",
     ),
     ({"securityContext": {"runAsUser": 0}}, "spec.template.securityContext.runAsUser", "allowUnrestricted"),
+    (  # no payments pod may start in the engine's zone: the scheduler honours the term both ways
+        {
+            "affinity": {
+                "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [CROSS_NAMESPACE]}
+            }
+        },
+        "spec.template.affinity.podAntiAffinity.requiredDuringSchedulingIgnoredDuringExecution[0].namespaceSelector",
+        "allowCrossNamespacePodAffinity",
+    ),
+    (  # where another team's pods run, by where the engine lands
+        {
+            "affinity": {
+                "podAffinity": {
+                    "preferredDuringSchedulingIgnoredDuringExecution": [
+                        {"weight": 100, "podAffinityTerm": {**SAME_NAMESPACE, "namespaces": ["payments"]}}
+                    ]
+                }
+            }
+        },
+        "spec.template.affinity.podAffinity.preferredDuringSchedulingIgnoredDuringExecution[0]"
+        ".podAffinityTerm.namespaces",
+        "allowCrossNamespacePodAffinity",
+    ),
     (
         {"securityContext": {"seccompProfile": {"type": "Unconfined"}}},
         "spec.template.securityContext.seccompProfile.type",
@@ -123,6 +151,7 @@ ALL_ALLOWED = AdmissionRules(
     allow_host_paths=True,
     allow_persistent_volume_claims=True,
     allow_unrestricted_security_context=True,
+    allow_cross_namespace_pod_affinity=True,
 )
 
 
@@ -167,6 +196,43 @@ def test_the_allow_list_needs_no_setting() -> None:
     )
     assert gated_uses(obj.spec) == []
     check_admission(obj.spec, AdmissionRules())
+
+
+def test_affinity_within_the_namespace_needs_no_setting() -> None:
+    """Node affinity and pod terms without namespaces or a namespaceSelector (the pod's own namespace)
+    place only the engine pods; a malformed affinity is left to the apiserver, not an exception here."""
+    within = {
+        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}},
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [SAME_NAMESPACE],
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 1, "podAffinityTerm": SAME_NAMESPACE}
+            ],
+        },
+    }
+    for affinity in (
+        within,
+        {"podAffinity": "x"},
+        {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"namespaces": ["a"]}}},
+        {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1}, 7, None]}},
+    ):
+        spec = parse(template={"affinity": affinity}).spec
+        assert gated_uses(spec) == [], affinity
+        check_admission(spec, AdmissionRules())
+    both = parse(
+        template={
+            "affinity": {
+                "podAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": [
+                        SAME_NAMESPACE,
+                        {**CROSS_NAMESPACE, "namespaces": ["payments"]},
+                    ]
+                }
+            }
+        }
+    ).spec
+    fields = [use.field.rsplit(".", 1)[-1] for use in gated_uses(both)]
+    assert fields == ["namespaces", "namespaceSelector"]
 
 
 def test_an_image_outside_the_allowed_patterns_is_refused_naming_spec_image() -> None:
@@ -363,11 +429,13 @@ def test_settings_read_the_admission_rules_from_the_environment(monkeypatch: pyt
     assert OperatorSettings().admission_rules() == AdmissionRules()
     monkeypatch.setenv("BATCHKNEE_ALLOWED_IMAGES", "registry.local/*, vllm/vllm-openai:*")
     monkeypatch.setenv("BATCHKNEE_ALLOW_HOST_PATHS", "true")
+    monkeypatch.setenv("BATCHKNEE_ALLOW_CROSS_NAMESPACE_POD_AFFINITY", "true")
     monkeypatch.setenv("BATCHKNEE_ALLOWED_TOLERATIONS", "")
     monkeypatch.setenv("BATCHKNEE_ALLOWED_PRIORITY_CLASSES", "inference-high, inference-low")
     rules = OperatorSettings().admission_rules()
     assert rules.allowed_images == ("registry.local/*", "vllm/vllm-openai:*")
     assert rules.allow_host_paths and not rules.allow_service_account
+    assert rules.allow_cross_namespace_pod_affinity
     assert rules.allowed_tolerations == () and rules.allowed_runtime_classes == ("nvidia",)
     assert rules.allowed_priority_classes == ("inference-high", "inference-low")
     assert rules.allowed_resources == ("nvidia.com/*",)

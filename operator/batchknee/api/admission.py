@@ -6,7 +6,7 @@ naming the field and the setting. Nothing is rendered or applied for a refused s
 
 Admin-gated: a chosen ServiceAccount, Secret references (volumes, env, envFrom, image pull secrets),
 hostPath and PersistentVolumeClaim volumes, a securityContext that loosens the restricted Pod
-Security Standard, and, outside the admin's allowed patterns, an image, a toleration's key, a
+Security Standard, a pod (anti-)affinity term that reaches other namespaces, and, outside the admin's allowed patterns, an image, a toleration's key, a
 priority class, a runtime class or an extended resource (cluster-wide, and no RBAC guards naming
 them: a toleration lands the pods on another team's tainted nodes, a priority class preempts their
 pods, a RuntimeClass can carry tolerations of its own, a device plugin hands out its device), and a
@@ -17,9 +17,10 @@ network or no sidecar).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
+from typing import Any
 
 from batchknee.api.models import ContainerSecurityContext, LLMServingSpec, PodSecurityContext
 from batchknee.api.resolve import SpecError
@@ -64,6 +65,9 @@ SERVICE_ACCOUNT = Setting("allowServiceAccount", "BATCHKNEE_ALLOW_SERVICE_ACCOUN
 SECRETS = Setting("allowSecretReferences", "BATCHKNEE_ALLOW_SECRET_REFERENCES")
 HOST_PATHS = Setting("allowHostPaths", "BATCHKNEE_ALLOW_HOST_PATHS")
 CLAIMS = Setting("allowPersistentVolumeClaims", "BATCHKNEE_ALLOW_PERSISTENT_VOLUME_CLAIMS")
+CROSS_NAMESPACE_AFFINITY = Setting(
+    "allowCrossNamespacePodAffinity", "BATCHKNEE_ALLOW_CROSS_NAMESPACE_POD_AFFINITY"
+)
 SECURITY_CONTEXT = Setting(
     "allowUnrestrictedSecurityContext", "BATCHKNEE_ALLOW_UNRESTRICTED_SECURITY_CONTEXT"
 )
@@ -91,6 +95,7 @@ class AdmissionRules:
     allow_secret_references: bool = False
     allow_host_paths: bool = False
     allow_persistent_volume_claims: bool = False
+    allow_cross_namespace_pod_affinity: bool = False
     allow_unrestricted_security_context: bool = False
 
     def patterns(self, setting: Setting) -> tuple[str, ...]:
@@ -111,6 +116,7 @@ class AdmissionRules:
             SECRETS: self.allow_secret_references,
             HOST_PATHS: self.allow_host_paths,
             CLAIMS: self.allow_persistent_volume_claims,
+            CROSS_NAMESPACE_AFFINITY: self.allow_cross_namespace_pod_affinity,
             SECURITY_CONTEXT: self.allow_unrestricted_security_context,
         }.get(setting, False)
 
@@ -175,6 +181,32 @@ def loosens_confinement(key: str, value: str) -> bool:
     return sets_confinement(key) and value != CONFINED
 
 
+# Pod (anti-)affinity terms: without namespaces or a namespaceSelector a term looks only at pods of
+# the pod's own namespace; with them, at other teams' pods too, and a required anti-affinity term
+# keeps every pod it selects off the engine's topology domain (the scheduler honours it both ways).
+POD_AFFINITY_KINDS = ("podAffinity", "podAntiAffinity")
+REQUIRED_TERMS = "requiredDuringSchedulingIgnoredDuringExecution"
+PREFERRED_TERMS = "preferredDuringSchedulingIgnoredDuringExecution"
+NAMESPACE_FIELDS = ("namespaces", "namespaceSelector")
+
+
+def cross_namespace_affinity(affinity: Mapping[str, Any] | None) -> Iterator[str]:
+    """The path (under affinity) of each pod affinity term field that reaches other namespaces.
+    Malformed parts are skipped: the apiserver refuses them with the Deployment."""
+    for kind in POD_AFFINITY_KINDS:
+        rules = (affinity or {}).get(kind)
+        if not isinstance(rules, dict):
+            continue
+        for when in (REQUIRED_TERMS, PREFERRED_TERMS):
+            terms = rules.get(when)
+            for i, term in enumerate(terms if isinstance(terms, list) else []):
+                path = f"{kind}.{when}[{i}]"
+                if when == PREFERRED_TERMS and isinstance(term, dict):
+                    term, path = term.get("podAffinityTerm"), f"{path}.podAffinityTerm"
+                if isinstance(term, dict):
+                    yield from (f"{path}.{field}" for field in NAMESPACE_FIELDS if field in term)
+
+
 def gated_uses(spec: LLMServingSpec) -> list[GatedUse]:
     """Every admin-gated field the spec uses, in field order."""
     t, base = spec.pod_template, "spec.template"
@@ -204,6 +236,15 @@ def gated_uses(spec: LLMServingSpec) -> list[GatedUse]:
         uses.append(GatedUse(f"{base}.imagePullSecrets", "image pull Secrets", SECRETS))
     uses.extend(_security_context(t.security_context, f"{base}.securityContext"))
     uses.extend(_security_context(t.container_security_context, f"{base}.containerSecurityContext"))
+    for path in cross_namespace_affinity(t.affinity):
+        uses.append(
+            GatedUse(
+                f"{base}.affinity.{path}",
+                "a pod affinity term reaching other namespaces (a required anti-affinity term keeps the "
+                "pods it selects off every node of the engine's topology domain)",
+                CROSS_NAMESPACE_AFFINITY,
+            )
+        )
     for key, value in sorted((t.annotations or {}).items()):
         if loosens_confinement(key, value):
             uses.append(

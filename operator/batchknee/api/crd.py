@@ -12,7 +12,15 @@ from typing import Any
 
 import yaml
 
-from batchknee.api.admission import CONFINED, CONFINEMENT_ANNOTATION_PREFIXES, CONFINEMENT_ANNOTATIONS
+from batchknee.api.admission import (
+    CONFINED,
+    CONFINEMENT_ANNOTATION_PREFIXES,
+    CONFINEMENT_ANNOTATIONS,
+    NAMESPACE_FIELDS,
+    POD_AFFINITY_KINDS,
+    PREFERRED_TERMS,
+    REQUIRED_TERMS,
+)
 from batchknee.api.models import (
     GROUP,
     KIND,
@@ -404,6 +412,18 @@ def _loosened(context: str, container: bool) -> str:
     return f"({_has(context)} && ({' || '.join(terms)}))"
 
 
+# affinity is free-form (dyn): the same walk as admission.cross_namespace_affinity.
+_AFFINITY = f"{_T}.affinity"
+_CROSS_NAMESPACE_AFFINITY_CEL = (
+    f"({_has('affinity')} && {list(POD_AFFINITY_KINDS)}.exists(k, k in {_AFFINITY} && ("
+    f"('{REQUIRED_TERMS}' in {_AFFINITY}[k] && {_AFFINITY}[k]['{REQUIRED_TERMS}'].exists(t, "
+    + " || ".join(f"'{field}' in t" for field in NAMESPACE_FIELDS)
+    + f")) || ('{PREFERRED_TERMS}' in {_AFFINITY}[k] && {_AFFINITY}[k]['{PREFERRED_TERMS}'].exists(w, "
+    "'podAffinityTerm' in w && ("
+    + " || ".join(f"'{field}' in w.podAffinityTerm" for field in NAMESPACE_FIELDS)
+    + "))))))"
+)
+
 # The same fields as batchknee.api.admission.gated_uses, in CEL.
 GATED_FIELDS_CEL = " || ".join(
     [
@@ -421,6 +441,7 @@ GATED_FIELDS_CEL = " || ".join(
             + [f"k == '{key}'" for key in CONFINEMENT_ANNOTATIONS]
         )
         + f") && {_T}.annotations[k] != '{CONFINED}'))",
+        _CROSS_NAMESPACE_AFFINITY_CEL,
     ]
 )
 
@@ -486,7 +507,7 @@ def requester_policy() -> list[dict[str, Any]]:
                     "expression": "!variables.gated || "
                     "authorizer.group('').resource('pods').namespace(request.namespace).check('create').allowed()",
                     "messageExpression": "'spec.template asks for admin-gated pod fields (a ServiceAccount, Secrets, "
-                    "host paths, claims or a loosened securityContext): whoever writes such an LLMServing must be "
+                    "host paths, claims, a loosened securityContext or cross-namespace pod affinity): whoever writes such an LLMServing must be "
                     "allowed to create pods in namespace ' + request.namespace + ' themselves, and ' + "
                     "request.userInfo.username + ' is not; remove those fields or ask an admin of the namespace'",
                     "reason": "Forbidden",

@@ -983,7 +983,10 @@ class TemplateSpec(_Model):
         description="Pod tolerations; each key must match the admin's allowedTolerations (default nvidia.com/gpu).",
     )
     affinity: Opaque | None = Field(
-        None, description="Pod affinity (a Kubernetes Affinity: node, pod and anti-affinity terms)."
+        None,
+        description="Pod affinity (a Kubernetes Affinity: node, pod and anti-affinity terms). A pod "
+        "(anti-)affinity term with namespaces or a namespaceSelector is admin-gated "
+        "(allowCrossNamespacePodAffinity); without them a term sees the pod's own namespace only.",
     )
     service_account_name: DnsLabel | None = Field(
         None,
