@@ -98,8 +98,8 @@ class OperatorSettings(BaseSettings):
     # --- Prometheus: what tenants may point the operator at, and how results are shared ---
     prometheus_allowed_urls: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
-        description="Prometheus URLs an LLMServing may name in spec.prometheus.url, comma-separated; "
-        "empty: any (the default URL is always allowed)",
+        description="Prometheus URLs an LLMServing may name in spec.prometheus.url, comma-separated "
+        "(the default URL always may); empty: none, `*`: any",
     )
     prometheus_cache_seconds: float = Field(
         5.0, gt=0, description="How long one refresh of the engine metrics serves every LLMServing"

@@ -189,7 +189,7 @@ class UrlRecorder:
 
 def test_the_runtime_frees_an_objects_state_when_it_is_gone(world: World) -> None:
     recorder = UrlRecorder(world.observer)
-    router = RoutedObserver(recorder, "http://127.0.0.1:9090")
+    router = RoutedObserver(recorder, "http://127.0.0.1:9090", ["*"])
     metrics = OperatorMetrics()
     runtime = Runtime(Ports(world.kube, router), router, metrics)
     body: dict[str, Any] = world.kube.create(llmserving(prometheus={"url": "http://127.0.0.2:9090"}))

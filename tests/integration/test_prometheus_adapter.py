@@ -263,7 +263,7 @@ def test_a_trickling_prometheus_never_delays_objects_of_another(prometheus: Loca
 
     with FakePrometheus("trickle") as slow:
         cache = CachedObserver(lambda url: PrometheusObserver(url, timeout_s=5), ttl_s=60)
-        router = RoutedObserver(cache, prometheus.url)
+        router = RoutedObserver(cache, prometheus.url, [slow.url])
         router.route("prod", "stuck", slow.url)
         stuck, llama = target("stuck"), target("llama")
 

@@ -87,7 +87,7 @@ class Recording:
 
 def test_objects_are_routed_to_their_own_prometheus() -> None:
     inner = Recording()
-    routed = RoutedObserver(inner, "http://127.0.0.1:9090")
+    routed = RoutedObserver(inner, "http://127.0.0.1:9090", ["http://127.0.0.1:9191"])
     a = ObservationTarget("ml", "a", "VLLM", 300)
     b = ObservationTarget("ml", "b", "VLLM", 300)
     routed.route("ml", "b", "http://127.0.0.1:9191")
@@ -186,7 +186,7 @@ def test_live_llmservings_are_scheduled_in_lanes_by_namespace() -> None:
     async def scenario() -> None:
         rt = handlers.Runtime(
             Ports(kube=None, observer=Recording()),  # type: ignore[arg-type]
-            RoutedObserver(Recording(), "http://127.0.0.1:9090"),
+            RoutedObserver(Recording(), "http://127.0.0.1:9090", ["http://prometheus.team-a:9090"]),
             OperatorMetrics(),
         )
         handlers.RUNTIME = rt

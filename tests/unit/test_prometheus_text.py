@@ -47,7 +47,12 @@ def test_the_admin_allow_list() -> None:
     refusal = router.refusal("http://admin:pw@metadata.internal/")
     assert refusal is not None
     assert "http://metadata.internal/" in refusal and "pw" not in refusal
-    open_router = RoutedObserver(object(), "http://127.0.0.1:9090")  # type: ignore[arg-type]
+    assert not router.allows("http://prom-a:9090/api/v1/query?x=")  # exactly the URL, nothing under it
+    assert not router.allows("http://x@prom-a:9090")
+    by_default = RoutedObserver(object(), "http://127.0.0.1:9090")  # type: ignore[arg-type]
+    assert by_default.refusal("http://metadata.internal/") is not None  # none but the default
+    assert by_default.allows("http://127.0.0.1:9090") and by_default.allows(None)
+    open_router = RoutedObserver(object(), "http://127.0.0.1:9090", ["*"])  # type: ignore[arg-type]
     assert open_router.refusal("http://anything:1") is None
 
 

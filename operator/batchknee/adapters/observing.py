@@ -30,6 +30,9 @@ def normalise_url(url: str) -> str:
     return url.strip().rstrip("/")
 
 
+ANY_URL = "*"
+
+
 def redact_url(url: str) -> str:
     """The URL as it may appear in status, Events and logs: no userinfo (credentials), no query."""
     try:
@@ -46,17 +49,18 @@ class RoutedObserver:
     def __init__(self, inner: UrlObserver, default_url: str, allowed_urls: Iterable[str] = ()) -> None:
         self.inner = inner
         self.default_url = default_url
-        # Empty: any URL may be named; else only these (and the default) are ever fetched.
-        self.allowed_urls = frozenset(normalise_url(u) for u in allowed_urls)
+        # Only these and the default are ever fetched (`*`: any URL). A tenant's URL is the
+        # operator's request, from its network, with its answer excerpted into the tenant's status.
+        allowed = list(allowed_urls)
+        self.any_url = ANY_URL in allowed
+        self.allowed_urls = frozenset(normalise_url(u) for u in [*allowed, default_url] if u != ANY_URL)
         self.urls: dict[tuple[str, str], str] = {}
         self.lock = threading.Lock()
         self._preparing: dict[str, asyncio.Lock] = {}
 
     def allows(self, url: str | None) -> bool:
         """May an LLMServing name `url` as its Prometheus?"""
-        if not url or not self.allowed_urls:
-            return True
-        return normalise_url(url) in self.allowed_urls | {normalise_url(self.default_url)}
+        return not url or self.any_url or normalise_url(url) in self.allowed_urls
 
     def refusal(self, url: str) -> str | None:
         """Why an LLMServing may not name `url` (None: it may)."""
