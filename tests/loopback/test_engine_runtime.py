@@ -229,3 +229,20 @@ def test_a_huge_answer_is_refused_after_its_bound(pod: Pod) -> None:
 def test_a_cap_is_patched_as_json(pod: Pod) -> None:
     HttpEngineRuntime(timeout_s=TIMEOUT_S).set_cap(pod.address, "runtime-config", 32)
     assert [json.loads(body) for body in pod.patched] == [{"max_num_running_seqs": 32}]
+
+
+def test_an_answer_nested_past_the_interpreters_limit_is_not_json(pod: Pod) -> None:
+    """60 KiB of `[` parse to nothing the recursion limit allows: the call fails with what the pod
+    answered, like any answer that is not JSON, rather than a RecursionError out of the reconcile."""
+
+    def nested(handler: Handler) -> None:
+        body = b"[" * 60_000 + b"]" * 1_000
+        handler.send_response(200)
+        handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        handler.wfile.write(body)
+
+    pod.answer = nested
+    _, message = timed_failure(HttpEngineRuntime(timeout_s=TIMEOUT_S), pod.address)
+    assert message.startswith("GET /v1/runtime_config answered 200: [[["), message
+    assert len(message) < 1024, message

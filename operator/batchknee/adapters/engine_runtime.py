@@ -123,7 +123,7 @@ class HttpEngineRuntime:
         text = data.decode(errors="replace")
         try:
             return status, json.loads(text) if text.strip() else None
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or JSON nested past the interpreter's limit
             return status, _excerpt(text)
 
     def _fell_silent(self, address: str, before: _Silence | None, started: float) -> None:
