@@ -98,6 +98,7 @@ def test_default_objects(render: Render) -> None:
             ("ClusterRoleBinding", FULLNAME),
             ("Deployment", FULLNAME),
             ("Service", f"{FULLNAME}-metrics"),
+            ("NetworkPolicy", FULLNAME),
             ("ConfigMap", f"{FULLNAME}-dashboard"),
             ("CustomResourceDefinition", "llmservings.batchknee.io"),
             ("ValidatingAdmissionPolicy", "llmservings.batchknee.io-requester"),
@@ -291,6 +292,33 @@ def test_no_rbac_and_an_existing_service_account(render: Render, helm: Helm) -> 
 
 
 # --- monitors and dashboard ------------------------------------------------------------------------
+
+
+def test_only_the_monitoring_namespaces_reach_the_operators_metrics(render: Render) -> None:
+    """/metrics names every LLMServing of every namespace with its figures: by default only
+    kube-prometheus-stack's namespace may scrape it; /healthz stays open for the kubelet; no other
+    port of the operator pods takes traffic."""
+    objects = render()
+    policy, deployment = one(objects, "NetworkPolicy"), one(objects, "Deployment")
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert matches(policy["spec"]["podSelector"], pod_labels)
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    metrics_rule, health_rule = policy["spec"]["ingress"]
+    assert metrics_rule["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+    [source] = metrics_rule["from"]
+    assert source == {
+        "namespaceSelector": {
+            "matchExpressions": [
+                {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["monitoring"]}
+            ]
+        }
+    }
+    assert health_rule == {"ports": [{"port": "health", "protocol": "TCP"}]}
+    ports = {p["name"] for p in deployment["spec"]["template"]["spec"]["containers"][0]["ports"]}
+    assert ports == {"metrics", "health"}
+    closed = render({"metrics": {"networkPolicy": {"metricsFromNamespaces": []}}})
+    assert one(closed, "NetworkPolicy")["spec"]["ingress"] == [health_rule]
+    assert not kinds(render({"metrics": {"networkPolicy": {"enabled": False}}}), "NetworkPolicy")
 
 
 def test_monitors_only_when_enabled(render: Render) -> None:
