@@ -27,6 +27,7 @@ import logging
 import os
 import random
 import socket
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -52,6 +53,7 @@ from batchknee.render import LABEL, RenderDefaults
 from batchknee.scheduling import Key, Scheduler
 from batchknee.settings import OperatorSettings
 
+APISERVER_MAX_JSON_DEPTH = 10_000  # encoding/json's nesting limit, which the apiserver decodes with
 log = logging.getLogger("batchknee")
 
 
@@ -82,7 +84,7 @@ def _target(body: Any) -> ObservationTarget | None:
         wanted["metadata"] = {k: meta.get(k) for k in ("name", "namespace", "uid", "generation") if k in meta}
         plain = json.loads(json.dumps(wanted, default=dict))
         return observation_target(parse_llmserving(plain))
-    except (SpecError, ValueError, TypeError, KeyError):
+    except (SpecError, ValueError, TypeError, KeyError, RecursionError):
         return None
 
 
@@ -588,6 +590,10 @@ def run(settings: OperatorSettings) -> int:
     liveness = (
         f"http://{settings.health_address}:{settings.health_port}/healthz" if settings.health_port else None
     )
+    # kopf parses each watch event with json.loads, which recurses once per level: an object the
+    # apiserver accepts (any free-form field nested up to its 10,000 levels) must parse, not stop
+    # every watch (the spec is then refused, InvalidSpec, by parse_llmserving's depth bound).
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), APISERVER_MAX_JSON_DEPTH + 2_000))
     kopf.run(
         settings=kopf_settings(settings),
         standalone=True if settings.peering == "standalone" else None,

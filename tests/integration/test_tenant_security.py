@@ -12,6 +12,8 @@ The tenant is the user "tenant", reached through impersonation (`kubectl --as`).
 from __future__ import annotations
 
 import json
+import sys
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -356,3 +358,37 @@ def test_adopting_a_workload_needs_a_requester_who_may_patch_it(tenant: Harness)
     # the grant is for the Deployment only, not a StatefulSet of the same name; the admin may
     assert apply_as(world, TENANT, "adopt-sts", args=[], targetRef=same_name).returncode != 0
     assert apply_as(world, None, "adopt-sts", args=[], targetRef=same_name).returncode == 0
+
+
+@pytest.fixture
+def deep_json() -> Iterator[None]:
+    """This test's own reads of the namespace's objects (kubectl -o json) parse the deep one too."""
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(12_000)
+    yield
+    sys.setrecursionlimit(limit)
+
+
+def test_a_spec_nested_past_pythons_recursion_limit_stops_no_watch(tenant: Harness, deep_json: None) -> None:
+    """Free-form JSON (extraLlmApiOptions, affinity) nested 5,000 levels: the apiserver stores it,
+    and kopf's json.loads of that watch event used to raise RecursionError, which ended every
+    watch — no LLMServing of any tenant reconciled, and the restarted operator failed again on its
+    first list. Now the tenant's spec is InvalidSpec naming the field, and the others run."""
+    world = tenant
+    levels = 5_000
+    deep = '{"a":' * levels + "1" + "}" * levels  # (json.dumps would recurse past the limit here)
+    text = manifest(world, "deep", extraLlmApiOptions="@deep@").replace('"@deep@"', deep)
+    done = world.kubectl("apply", f"--as={TENANT}", "-f", "-", input=text, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    world.start_operator()
+    assert apply_as(world, TENANT, "chat").returncode == 0
+    wait_for(lambda: world.get("deployment", "chat"), 60, "the other LLMServing's Deployment", world.log)
+    invalid = wait_for(
+        lambda: (c := world.condition("deep", "Degraded")).get("reason") == "InvalidSpec" and c,
+        60,
+        "deep Degraded/InvalidSpec",
+        world.log,
+    )
+    assert invalid["message"].startswith("spec.extraLlmApiOptions: nested 5001 levels deep"), invalid
+    assert world.get("deployment", "deep") is None
+    assert world.operator is not None and world.operator.poll() is None  # still running

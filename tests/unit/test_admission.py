@@ -27,7 +27,14 @@ from batchknee.api.crd import (
     requester_policy_yaml,
 )
 from batchknee.api.models import MAX_ARGS, MAX_NAME_LENGTH, LLMServing
-from batchknee.api.resolve import SpecError, kv_pool_bytes, parse_llmserving, resolve_roofline
+from batchknee.api.resolve import (
+    MAX_SPEC_DEPTH,
+    SpecError,
+    deepest,
+    kv_pool_bytes,
+    parse_llmserving,
+    resolve_roofline,
+)
 from batchknee.core.engine_args import ENGINE_CONFIG_FILE
 from batchknee.render import (
     Desired,
@@ -464,6 +471,41 @@ def test_unknown_pod_fields_are_not_rendered() -> None:
     obj = parse(template={"hostNetwork": True, "hostPID": True, "nodeName": "control-plane"})
     pod = deployment(obj, Desired(64, 0), RenderDefaults())["spec"]["template"]["spec"]
     assert not {"hostNetwork", "hostPID", "nodeName"} & pod.keys()
+
+
+def nested(levels: int, leaf: Any = 1) -> Any:
+    """{"a": {"a": … leaf}} built without recursion."""
+    value = leaf
+    for _ in range(levels):
+        value = {"a": value}
+    return value
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ({"engine": "TensorRTLLM", "extraLlmApiOptions": nested(10_000)}, "spec.extraLlmApiOptions"),
+        ({"template": {"affinity": {"podAffinity": [nested(2_000)]}}}, "spec.template"),
+    ],
+)
+def test_a_free_form_field_nested_past_the_bound_is_invalid_not_a_recursion_error(
+    spec: dict[str, Any], field: str
+) -> None:
+    """The apiserver stores free-form JSON nested up to 10,000 levels; Python's json and pydantic
+    recurse once per level. The operator measures the depth first, without recursing, and refuses it
+    naming the field; at the bound it parses."""
+    error = spec_error(**spec)
+    assert (
+        error.field == field and f"at most {MAX_SPEC_DEPTH}" in error.message and "flatten" in error.message
+    )
+    # spec(1) template(2) affinity(3) … : the whole spec within the bound parses
+    fits = nested(MAX_SPEC_DEPTH - 3, leaf="x")
+    parse(template={"affinity": {"nodeAffinity": fits}})
+    assert deepest({"template": {"affinity": {"nodeAffinity": fits}}})[0] == MAX_SPEC_DEPTH
+    with pytest.raises(SpecError):
+        parse(template={"affinity": {"nodeAffinity": {"b": fits}}})
+    assert deepest({"a": [1, {"b": [[]]}], "c": 2}) == (5, "a[1].b[0]")
+    assert deepest("scalar") == (0, "")
 
 
 def test_bounds_on_name_args_and_pinned() -> None:

@@ -28,6 +28,10 @@ TRTLLM_MAX_TOKENS_LIMIT = 2**31 - 1  # kv_cache_config.max_tokens is a 32-bit in
 _KV_OPTIONS = "spec.extraLlmApiOptions.kv_cache_config"
 UNKNOWN_PEAK_FLOPS = 1e18  # outside the catalog without peakTeraflops: the compute roof never binds
 MAX_GPUS = 64  # spec.gpu.count's maximum
+# The free-form fields (affinity, extraLlmApiOptions) take any JSON, which the apiserver stores
+# nested up to 10,000 levels; nothing a pod or an engine reads goes deeper than a dozen, and much
+# of Python (json, pydantic, the operator's own walks) recurses once per level.
+MAX_SPEC_DEPTH = 32
 
 
 class SpecError(ValueError):
@@ -46,9 +50,36 @@ def _location(loc: tuple[int | str, ...]) -> str:
     return path
 
 
+def deepest(value: Any) -> tuple[int, str]:
+    """How many maps and lists `value` nests, and the path to the deepest (without recursion:
+    the value may be nested past Python's recursion limit)."""
+    depth, path = 0, ""
+    stack: list[tuple[Any, int, str]] = [(value, 0, "")]
+    while stack:
+        node, level, where = stack.pop()
+        if isinstance(node, Mapping):
+            children = [(child, f"{where}.{key}" if where else str(key)) for key, child in node.items()]
+        elif isinstance(node, list):
+            children = [(child, f"{where}[{i}]") for i, child in enumerate(node)]
+        else:
+            continue
+        if level + 1 > depth:
+            depth, path = level + 1, where
+        stack.extend((child, level + 1, at) for child, at in children)
+    return depth, path
+
+
 def parse_llmserving(obj: Mapping[str, Any]) -> LLMServing:
     """Validate a raw LLMServing's metadata and spec (the status is the operator's own, read apart);
     the first problem becomes a SpecError naming its field."""
+    depth, path = deepest(obj.get("spec"))
+    if depth > MAX_SPEC_DEPTH:
+        field = "spec." + path.split(".", 1)[0].split("[", 1)[0]
+        raise SpecError(
+            field,
+            f"nested {depth} levels deep (at most {MAX_SPEC_DEPTH} in spec); flatten it — nothing an engine or a "
+            "pod reads goes that deep",
+        )
     try:
         return LLMServing.model_validate({k: v for k, v in obj.items() if k != "status"})
     except ValidationError as error:
