@@ -43,7 +43,7 @@ from batchknee.adapters import allocator
 from batchknee.adapters.engine_runtime import HttpEngineRuntime
 from batchknee.adapters.kubernetes import KubernetesAdapter, WatchCache, load_config, pooled_client
 from batchknee.adapters.observing import RoutedObserver
-from batchknee.api.models import GROUP, PLURAL, VERSION
+from batchknee.api.models import DEFAULT_WINDOW_SECONDS, GROUP, PLURAL, VERSION
 from batchknee.api.resolve import SpecError, observation_target, parse_llmserving
 from batchknee.core.observation import ObservationTarget
 from batchknee.operator_metrics import OperatorMetrics
@@ -181,6 +181,23 @@ class Runtime:
             self.live.add((namespace, name))
         else:
             self.live.discard((namespace, name))
+
+    def in_lane(self, key: tuple[str, str]) -> bool:
+        """Whether the evaluation may wait long on what the object's own spec chose — Live engine
+        calls, its own Prometheus, or a refresh of a scope of its own making (a selector, adopted
+        pods or a window other than the default) that is not fresh: one URL's refreshes run one at
+        a time, so many such scopes would queue every other object's behind them. Such evaluations
+        of one namespace run at most LIVE_EVALUATIONS_PER_NAMESPACE at once; a fleet sharing one
+        window finds its scope fresh after the first and is not held back."""
+        target = self.targets.get(key)
+        own_refresh = (
+            target is not None
+            and (
+                bool(target.selector) or target.pods is not None or target.window_s != DEFAULT_WINDOW_SECONDS
+            )
+            and not self.router.is_fresh(target)
+        )
+        return key in self.live or self.router.reads_its_own(*key) or own_refresh
 
     def reconcile(self, namespace: str, name: str) -> Outcome:
         started = time.perf_counter()
@@ -394,7 +411,7 @@ async def start_scheduler(**kwargs: Any) -> None:
         max_in_flight=rt.max_in_flight,
         paused=lambda: rt.outranked,
         settled=freeze_found_fleet,
-        lane=lambda key: key[0] if key in rt.live or rt.router.reads_its_own(*key) else None,
+        lane=lambda key: key[0] if rt.in_lane(key) else None,
         lane_limit=LIVE_EVALUATIONS_PER_NAMESPACE,
     )
     rt.background.append(asyncio.get_running_loop().create_task(rt.scheduler.run(), name="scheduler"))

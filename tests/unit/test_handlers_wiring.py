@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
+from typing import Any
 
 from prometheus_client import generate_latest
 
@@ -211,3 +213,68 @@ def test_live_llmservings_are_scheduled_in_lanes_by_namespace() -> None:
             handlers.RUNTIME = None
 
     asyncio.run(scenario())
+
+
+class SlowPrometheus:
+    """A PrometheusObserver whose every scope refresh takes 0.3 s (a shared, busy Prometheus)."""
+
+    def __init__(self, url: str) -> None:
+        self.url, self.fetched = url, 0
+
+    def fetch(self, scope: Any, now: datetime) -> Any:
+        from batchknee.adapters.prometheus import ScopeData
+
+        time.sleep(0.3)
+        self.fetched += 1
+        return ScopeData(scope, now, 3)
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_fresh_scope_waits_behind_no_other_scopes_refresh() -> None:
+    """One URL's refreshes run one at a time. A tenant's objects, each with a window of its own, each
+    need one; another team's object whose (shared) scope is fresh reads it at once instead of
+    queueing behind them all."""
+    import asyncio
+
+    from batchknee.adapters.prometheus import CachedObserver
+
+    router = RoutedObserver(CachedObserver(SlowPrometheus, ttl_s=60), "http://prometheus:9090")
+    victim = ObservationTarget("team-b", "llama", "VLLM", 300)
+    tenant = [ObservationTarget("team-a", f"x{i}", "VLLM", 31 + i) for i in range(6)]
+
+    async def scenario() -> float:
+        await router.prepare(victim, NOW)  # its scope is fresh from here
+        refreshes = [asyncio.create_task(router.prepare(t, NOW)) for t in tenant]
+        await asyncio.sleep(0.05)  # the first of six 0.3-s refreshes is in flight
+        started = time.monotonic()
+        await router.prepare(victim, NOW)
+        waited = time.monotonic() - started
+        await asyncio.gather(*refreshes)
+        return waited
+
+    assert asyncio.run(scenario()) < 0.25  # less than one refresh (behind the six: 1.8 s)
+    assert all(router.is_fresh(t) for t in [victim, *tenant])
+
+
+def test_objects_with_a_stale_scope_of_their_own_share_their_namespaces_lane() -> None:
+    """A scope of the object's own making (a window other than the default, a selector, adopted
+    pods) that needs a refresh puts its evaluation in the namespace's lane (two at once); once fresh,
+    or with the default scope, it runs free."""
+    import asyncio
+
+    from batchknee import handlers
+    from batchknee.adapters.prometheus import CachedObserver
+    from batchknee.reconcile import Ports
+
+    router = RoutedObserver(CachedObserver(SlowPrometheus, ttl_s=60), "http://prometheus:9090")
+    rt = handlers.Runtime(Ports(kube=None, observer=router), router, OperatorMetrics())  # type: ignore[arg-type]
+    own = ObservationTarget("team-a", "own", "VLLM", 61)
+    chosen = ObservationTarget("team-a", "sel", "VLLM", 300, selector={"model_name": "m"})
+    rt.targets.update({own.key: own, chosen.key: chosen})
+    rt.targets[("team-a", "plain")] = ObservationTarget("team-a", "plain", "VLLM", 300)
+    assert rt.in_lane(own.key) and rt.in_lane(chosen.key)
+    assert not rt.in_lane(("team-a", "plain"))  # the default scope is everyone's
+    asyncio.run(router.prepare(own, NOW))
+    assert not rt.in_lane(own.key) and rt.in_lane(chosen.key)

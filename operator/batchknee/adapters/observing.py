@@ -108,6 +108,12 @@ class RoutedObserver:
         with self.lock:
             return (namespace, name) in self.urls
 
+    def is_fresh(self, target: ObservationTarget) -> bool:
+        """Whether the cache holds a fresh refresh of the target's scope (an observer without a
+        cache: always)."""
+        is_fresh = getattr(self.inner, "is_fresh", None)
+        return is_fresh is None or bool(is_fresh(self.url(target), target))
+
     def url(self, target: ObservationTarget) -> str:
         with self.lock:
             return self.urls.get(target.key, self.default_url)
@@ -123,6 +129,8 @@ class RoutedObserver:
         if is_fresh is None or refresh is None:
             return
         url = self.url(target)
+        if is_fresh(url, target):
+            return  # not behind the refreshes of other scopes (other objects', other tenants')
         with self.lock:
             gate = self._preparing.setdefault(url, asyncio.Lock())
         async with gate:

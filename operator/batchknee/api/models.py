@@ -48,6 +48,7 @@ CONDITION_TYPES = (
 )
 # The env var an adopted workload's args reference: `--max-num-seqs=$(BATCHKNEE_MAX_NUM_SEQS)`.
 TARGET_ENV_VAR = "BATCHKNEE_MAX_NUM_SEQS"
+DEFAULT_WINDOW_SECONDS = 300  # spec.tuning.windowSeconds
 # Label and annotation keys the operator reads and writes on its objects (a tenant's would steer it).
 OPERATOR_KEY_PREFIX = f"{GROUP}/"
 
@@ -410,7 +411,7 @@ class TuningSpec(_Model):
         30, ge=5, le=3600, description="How often the operator re-evaluates this object."
     )
     window_seconds: int = Field(
-        300,
+        DEFAULT_WINDOW_SECONDS,
         ge=30,
         le=3600,
         description="Metrics window (rates and quantiles), and how long to wait after a rollout before "
