@@ -184,20 +184,19 @@ class Runtime:
 
     def in_lane(self, key: tuple[str, str]) -> bool:
         """Whether the evaluation may wait long on what the object's own spec chose — Live engine
-        calls, its own Prometheus, or a refresh of a scope of its own making (a selector, adopted
-        pods or a window other than the default) that is not fresh: one URL's refreshes run one at
-        a time, so many such scopes would queue every other object's behind them. Such evaluations
-        of one namespace run at most LIVE_EVALUATIONS_PER_NAMESPACE at once; a fleet sharing one
-        window finds its scope fresh after the first and is not held back."""
+        calls, its own Prometheus, an adopted workload's pods (a scope of their own, refreshed in
+        the reconcile), or a refresh of a scope of its own making (a selector or a window other than
+        the default) that is not fresh: one URL's refreshes run one at a time, so many such scopes
+        would queue every other object's behind them. Such evaluations of one namespace run at most
+        LIVE_EVALUATIONS_PER_NAMESPACE at once; a fleet sharing one window finds its scope fresh
+        after the first and is not held back."""
         target = self.targets.get(key)
         own_refresh = (
             target is not None
-            and (
-                bool(target.selector) or target.pods is not None or target.window_s != DEFAULT_WINDOW_SECONDS
-            )
+            and (bool(target.selector) or target.window_s != DEFAULT_WINDOW_SECONDS)
             and not self.router.is_fresh(target)
         )
-        return key in self.live or self.router.reads_its_own(*key) or own_refresh
+        return key in self.live or key in self.adopting or self.router.reads_its_own(*key) or own_refresh
 
     def reconcile(self, namespace: str, name: str) -> Outcome:
         started = time.perf_counter()
@@ -611,6 +610,16 @@ def run(settings: OperatorSettings) -> int:
     # apiserver accepts (any free-form field nested up to its 10,000 levels) must parse, not stop
     # every watch (the spec is then refused, InvalidSpec, by parse_llmserving's depth bound).
     sys.setrecursionlimit(max(sys.getrecursionlimit(), APISERVER_MAX_JSON_DEPTH + 2_000))
+    try:  # from CPython 3.12 the C code's own limit does not follow setrecursionlimit
+        json.loads("[" * APISERVER_MAX_JSON_DEPTH + "]" * APISERVER_MAX_JSON_DEPTH)
+    except RecursionError:
+        log.warning(
+            "this Python (%s) cannot parse JSON nested %d levels deep, which the apiserver stores: one "
+            "LLMServing nested that deep would stop kopf's watches; run the operator on CPython 3.11, as "
+            "its image does",
+            sys.version.split()[0],
+            APISERVER_MAX_JSON_DEPTH,
+        )
     kopf.run(
         settings=kopf_settings(settings),
         standalone=True if settings.peering == "standalone" else None,

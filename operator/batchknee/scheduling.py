@@ -134,13 +134,22 @@ class Scheduler:
             self._schedule(key, interval, asyncio.get_running_loop().time())
         self._wake.set()
 
+    def _lane_of(self, key: Key) -> Hashable | None:
+        """The key's lane; one whose lane cannot be told is laned by its namespace (the loop goes on
+        for every other key)."""
+        try:
+            return self.lane(key)
+        except Exception:
+            log.exception("%s/%s: no lane could be told; evaluated in its namespace's lane", *key)
+            return key[0]
+
     def _launch_due(self, now: float) -> None:
         while self._heap and self._heap[0][0] <= now and len(self.in_flight) < self.max_in_flight:
             when, key = heapq.heappop(self._heap)
             scheduled = self.due.get(key)
             if scheduled is None or scheduled[0] != when:
                 continue  # superseded by a newer entry
-            lane = self.lane(key)
+            lane = self._lane_of(key)
             if lane is not None and list(self._lanes.values()).count(lane) >= self.lane_limit:
                 self._parked.setdefault(lane, []).append((when, key))
                 continue

@@ -504,8 +504,23 @@ def test_a_free_form_field_nested_past_the_bound_is_invalid_not_a_recursion_erro
     assert deepest({"template": {"affinity": {"nodeAffinity": fits}}})[0] == MAX_SPEC_DEPTH
     with pytest.raises(SpecError):
         parse(template={"affinity": {"nodeAffinity": {"b": fits}}})
-    assert deepest({"a": [1, {"b": [[]]}], "c": 2}) == (5, "a[1].b[0]")
+    assert deepest({"c": 2, "a": [1, {"b": [[]]}], "d": {}}) == (5, "a")
     assert deepest("scalar") == (0, "")
+
+
+def test_measuring_a_wide_spec_holds_no_path_per_node() -> None:
+    """A long key over a long list (110 KB of JSON) made the walk hold a 20,000-character path for
+    each of 30,000 entries (612 MB); now it holds the nodes it has yet to visit, and no scalar."""
+    import tracemalloc
+
+    spec = {"template": {"affinity": {"k" * 20_000: [[0]] * 30_000}}}
+    tracemalloc.start()
+    try:
+        assert deepest(spec) == (5, "template")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * 2**20, peak
 
 
 def test_bounds_on_name_args_and_pinned() -> None:

@@ -259,9 +259,10 @@ def test_a_fresh_scope_waits_behind_no_other_scopes_refresh() -> None:
 
 
 def test_objects_with_a_stale_scope_of_their_own_share_their_namespaces_lane() -> None:
-    """A scope of the object's own making (a window other than the default, a selector, adopted
-    pods) that needs a refresh puts its evaluation in the namespace's lane (two at once); once fresh,
-    or with the default scope, it runs free."""
+    """A scope of the object's own making (a window other than the default, a selector) that needs
+    a refresh puts its evaluation in the namespace's lane (two at once); once fresh, or with the
+    default scope, it runs free. An adopted workload's pods are a scope of their own, refreshed in
+    its reconcile: always in the lane."""
     import asyncio
 
     from batchknee import handlers
@@ -278,3 +279,5 @@ def test_objects_with_a_stale_scope_of_their_own_share_their_namespaces_lane() -
     assert not rt.in_lane(("team-a", "plain"))  # the default scope is everyone's
     asyncio.run(router.prepare(own, NOW))
     assert not rt.in_lane(own.key) and rt.in_lane(chosen.key)
+    rt.note("team-a", "plain", {"spec": {"targetRef": {"kind": "Deployment", "name": "vllm"}}})
+    assert rt.in_lane(("team-a", "plain"))

@@ -54,6 +54,9 @@ def test_the_admin_allow_list() -> None:
     assert by_default.allows("http://127.0.0.1:9090") and by_default.allows(None)
     open_router = RoutedObserver(object(), "http://127.0.0.1:9090", ["*"])  # type: ignore[arg-type]
     assert open_router.refusal("http://anything:1") is None
+    for hostless in ("http://[oops", "http://", "https://:9090/"):  # even with `*`: nothing to fetch
+        refused = open_router.refusal(hostless)
+        assert refused is not None and "is not a URL with a host" in refused, hostless
 
 
 def test_an_echoed_request_shows_no_credential() -> None:

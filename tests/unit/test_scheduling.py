@@ -233,3 +233,29 @@ def test_one_lane_holds_at_most_its_limit_and_its_waiting_objects_hold_no_slot()
         await task
 
     asyncio.run(scenario())
+
+
+def test_a_lane_that_cannot_be_told_stops_no_other_evaluation() -> None:
+    """The lane is asked of the object's spec and caches (its Prometheus URL, its scope): an error
+    there lanes that object by its namespace and the loop goes on for every other object."""
+
+    async def scenario() -> None:
+        keys = [("tenant-a", "odd"), ("tenant-b", "chat"), ("tenant-c", "chat")]
+        fleet = Fleet(dict.fromkeys(keys, 3600.0))
+
+        def lane(key: Key) -> str | None:
+            if key == ("tenant-a", "odd"):
+                raise ValueError("Invalid IPv6 URL")
+            return None
+
+        scheduler = fleet.scheduler(lane=lane)
+        task = asyncio.create_task(scheduler.run())
+        for key in keys:
+            scheduler.soon(key)
+        await until(lambda: all(fleet.evaluated[key] == 1 for key in keys))
+        assert all(fleet.evaluated[key] == 1 for key in keys)
+        assert not task.done()
+        await scheduler.stop()
+        await task
+
+    asyncio.run(scenario())

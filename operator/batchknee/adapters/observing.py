@@ -33,6 +33,13 @@ def normalise_url(url: str) -> str:
 ANY_URL = "*"
 
 
+def _has_host(url: str) -> bool:
+    try:
+        return bool(urllib.parse.urlsplit(url).hostname)
+    except ValueError:  # such as an unclosed IPv6 bracket
+        return False
+
+
 def redact_url(url: str) -> str:
     """The URL as it may appear in status, Events and logs: no userinfo (credentials), no query."""
     try:
@@ -59,13 +66,15 @@ class RoutedObserver:
         self._preparing: dict[str, asyncio.Lock] = {}
 
     def allows(self, url: str | None) -> bool:
-        """May an LLMServing name `url` as its Prometheus?"""
-        return not url or self.any_url or normalise_url(url) in self.allowed_urls
+        """May an LLMServing name `url` as its Prometheus? (Never one without a host.)"""
+        return not url or (_has_host(url) and (self.any_url or normalise_url(url) in self.allowed_urls))
 
     def refusal(self, url: str) -> str | None:
         """Why an LLMServing may not name `url` (None: it may)."""
         if self.allows(url):
             return None
+        if not _has_host(url):
+            return f"{redact_url(url)} is not a URL with a host; write it as http(s)://host[:port][/path]"
         return (
             f"{redact_url(url)} is not among the Prometheus URLs the operator allows "
             "(its prometheusAllowedUrls setting, BATCHKNEE_PROMETHEUS_ALLOWED_URLS): name one of "

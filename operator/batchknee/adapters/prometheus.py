@@ -777,7 +777,9 @@ class CachedObserver:
             return cache
 
     def is_fresh(self, url: str, target: ObservationTarget) -> bool:
-        return self._cache(url).fresh(scope_for(target), self.ttl_s) is not None
+        with self._guard:
+            cache = self._urls.get(url)  # (asking creates nothing: no session for a URL yet unused)
+        return cache is not None and cache.fresh(scope_for(target), self.ttl_s) is not None
 
     def refresh(self, url: str, target: ObservationTarget, now: datetime) -> ScopeData:
         """The scope of `target`, refreshed unless another caller just did (then theirs)."""

@@ -51,30 +51,28 @@ def _location(loc: tuple[int | str, ...]) -> str:
 
 
 def deepest(value: Any) -> tuple[int, str]:
-    """How many maps and lists `value` nests, and the path to the deepest (without recursion:
-    the value may be nested past Python's recursion limit)."""
-    depth, path = 0, ""
-    stack: list[tuple[Any, int, str]] = [(value, 0, "")]
+    """How many maps and lists `value` nests, and the top-level key (or index) it is deepest under.
+    Without recursion (the value may be nested past Python's recursion limit), and holding nothing
+    per node but the node: a spec of 1.5 MB may hold a million of them."""
+    depth, top = 0, ""
+    stack: list[tuple[Any, int, str]] = [(value, 1, "")] if isinstance(value, Mapping | list) else []
     while stack:
-        node, level, where = stack.pop()
-        if isinstance(node, Mapping):
-            children = [(child, f"{where}.{key}" if where else str(key)) for key, child in node.items()]
-        elif isinstance(node, list):
-            children = [(child, f"{where}[{i}]") for i, child in enumerate(node)]
-        else:
-            continue
-        if level + 1 > depth:
-            depth, path = level + 1, where
-        stack.extend((child, level + 1, at) for child, at in children)
-    return depth, path
+        node, level, under = stack.pop()
+        if level > depth:
+            depth, top = level, under
+        children = node.items() if isinstance(node, Mapping) else enumerate(node)
+        for key, child in children:
+            if isinstance(child, Mapping | list):
+                stack.append((child, level + 1, under or str(key)))
+    return depth, top
 
 
 def parse_llmserving(obj: Mapping[str, Any]) -> LLMServing:
     """Validate a raw LLMServing's metadata and spec (the status is the operator's own, read apart);
     the first problem becomes a SpecError naming its field."""
-    depth, path = deepest(obj.get("spec"))
+    depth, top = deepest(obj.get("spec"))
     if depth > MAX_SPEC_DEPTH:
-        field = "spec." + path.split(".", 1)[0].split("[", 1)[0]
+        field = f"spec.{top}" if top else "spec"
         raise SpecError(
             field,
             f"nested {depth} levels deep (at most {MAX_SPEC_DEPTH} in spec); flatten it — nothing an engine or a "
