@@ -6,13 +6,13 @@ naming the field and the setting. Nothing is rendered or applied for a refused s
 
 Admin-gated: a chosen ServiceAccount, Secret references (volumes, env, envFrom, image pull secrets),
 hostPath and PersistentVolumeClaim volumes, a securityContext that loosens the restricted Pod
-Security Standard, a pod (anti-)affinity term that reaches other namespaces, and, outside the admin's allowed patterns, an image, a toleration's key, a
-priority class, a runtime class or an extended resource (cluster-wide, and no RBAC guards naming
-them: a toleration lands the pods on another team's tainted nodes, a priority class preempts their
-pods, a RuntimeClass can carry tolerations of its own, a device plugin hands out its device), and a
-pod label or annotation key (a label can match a Service's or a NetworkPolicy's pod selector written
-for other pods of the namespace; an annotation can ask a network plugin or a mesh for another
-network or no sidecar).
+Security Standard, a pod (anti-)affinity term that reaches other namespaces, and, outside the
+admin's allowed patterns, an image, a toleration's key, a priority class, a runtime class or an
+extended resource (cluster-wide, and no RBAC guards naming them: a toleration lands the pods on
+another team's tainted nodes, a priority class preempts their pods, a RuntimeClass can carry
+tolerations of its own, a device plugin hands out its device), and a pod label or annotation key (a
+label can match a Service's or a NetworkPolicy's pod selector written for other pods of the
+namespace; an annotation can ask a network plugin or a mesh for another network or no sidecar).
 """
 
 from __future__ import annotations
