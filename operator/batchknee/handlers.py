@@ -189,11 +189,12 @@ class Runtime:
         the default) that is not fresh: one URL's refreshes run one at a time, so many such scopes
         would queue every other object's behind them. Such evaluations of one namespace run at most
         LIVE_EVALUATIONS_PER_NAMESPACE at once; a fleet sharing one window finds its scope fresh
-        after the first and is not held back."""
+        after the first and is not held back, and an object without engines yet refreshes nothing."""
         target = self.targets.get(key)
         own_refresh = (
             target is not None
             and (bool(target.selector) or target.window_s != DEFAULT_WINDOW_SECONDS)
+            and self.cache.has("Deployment", *key)  # (what `run` asks before it refreshes)
             and not self.router.is_fresh(target)
         )
         return key in self.live or key in self.adopting or self.router.reads_its_own(*key) or own_refresh

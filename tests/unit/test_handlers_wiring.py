@@ -275,6 +275,9 @@ def test_objects_with_a_stale_scope_of_their_own_share_their_namespaces_lane() -
     chosen = ObservationTarget("team-a", "sel", "VLLM", 300, selector={"model_name": "m"})
     rt.targets.update({own.key: own, chosen.key: chosen})
     rt.targets[("team-a", "plain")] = ObservationTarget("team-a", "plain", "VLLM", 300)
+    assert not rt.in_lane(own.key) and not rt.in_lane(chosen.key)  # no engines yet: no refresh
+    for name in ("own", "sel", "plain"):
+        rt.cache.seen("Deployment", {"metadata": {"namespace": "team-a", "name": name}})
     assert rt.in_lane(own.key) and rt.in_lane(chosen.key)
     assert not rt.in_lane(("team-a", "plain"))  # the default scope is everyone's
     asyncio.run(router.prepare(own, NOW))
