@@ -401,7 +401,7 @@ def deployment(obj: LLMServing, desired: Desired, defaults: RenderDefaults) -> d
         ("volumes", volumes),
         ("nodeSelector", template.node_selector),
         ("tolerations", [toleration.dump() for toleration in template.tolerations or []]),
-        ("affinity", template.affinity),
+        ("affinity", template.affinity.dump() if template.affinity else None),
         ("serviceAccountName", template.service_account_name),
         ("imagePullSecrets", [secret.dump() for secret in template.image_pull_secrets or []]),
         ("priorityClassName", template.priority_class_name),

@@ -141,6 +141,20 @@ GATED = [
         "spec.template.affinity.podAntiAffinity.requiredDuringSchedulingIgnoredDuringExecution[0].namespaceSelector",
     ),
     (
+        "nearpay",
+        {
+            "affinity": {
+                "podAffinity": {
+                    "preferredDuringSchedulingIgnoredDuringExecution": [
+                        {"weight": 1, "podAffinityTerm": {**PAYMENTS_PODS, "namespaces": ["payments"]}}
+                    ]
+                }
+            }
+        },
+        "spec.template.affinity.podAffinity.preferredDuringSchedulingIgnoredDuringExecution[0]"
+        ".podAffinityTerm.namespaces",
+    ),
+    (
         "apparmor",
         {"annotations": {"container.apparmor.security.beta.kubernetes.io/engine": "unconfined"}},
         "spec.template.annotations[container.apparmor.security.beta.kubernetes.io/engine]",
@@ -195,6 +209,15 @@ def test_hostile_specs_are_refused_and_nothing_runs(tenant: Harness) -> None:
     done = apply_as(world, TENANT, "ownkey", template={"labels": {"batchknee.io/llmserving": "chat"}})
     assert done.returncode != 0 and "spec.template.labels" in done.stderr, done.stderr
     assert "batchknee.io/ are the operator's own" in done.stderr, done.stderr
+    # affinity is typed like Kubernetes' own: a malformed term is refused where it is
+    no_domain = {
+        "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{"labelSelector": {}}]}
+    }
+    done = apply_as(world, TENANT, "nodomain", template={"affinity": no_domain})
+    assert (
+        done.returncode != 0
+        and "requiredDuringSchedulingIgnoredDuringExecution[0].topologyKey" in done.stderr
+    )
     # host namespaces are not in the schema: a strict client is refused, a lax one is pruned
     done = apply_as(world, TENANT, "hostnet", template={"hostNetwork": True, "hostPID": True})
     assert done.returncode != 0 and "hostNetwork" in done.stderr, done.stderr
@@ -370,7 +393,7 @@ def deep_json() -> Iterator[None]:
 
 
 def test_a_spec_nested_past_pythons_recursion_limit_stops_no_watch(tenant: Harness, deep_json: None) -> None:
-    """Free-form JSON (extraLlmApiOptions, affinity) nested 5,000 levels: the apiserver stores it,
+    """Free-form JSON (extraLlmApiOptions) nested 5,000 levels: the apiserver stores it,
     and kopf's json.loads of that watch event used to raise RecursionError, which ended every
     watch — no LLMServing of any tenant reconciled, and the restarted operator failed again on its
     first list. Now the tenant's spec is InvalidSpec naming the field, and the others run."""

@@ -17,12 +17,11 @@ namespace; an annotation can ask a network plugin or a mesh for another network 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
-from typing import Any
 
-from batchknee.api.models import ContainerSecurityContext, LLMServingSpec, PodSecurityContext
+from batchknee.api.models import Affinity, ContainerSecurityContext, LLMServingSpec, PodSecurityContext
 from batchknee.api.resolve import SpecError
 
 # The repositories of the default engine images, any tag or digest.
@@ -184,27 +183,34 @@ def loosens_confinement(key: str, value: str) -> bool:
 # Pod (anti-)affinity terms: without namespaces or a namespaceSelector a term looks only at pods of
 # the pod's own namespace; with them, at other teams' pods too, and a required anti-affinity term
 # keeps every pod it selects off the engine's topology domain (the scheduler honours it both ways).
+# The names as the CRD spells them, for the requester policy's CEL.
 POD_AFFINITY_KINDS = ("podAffinity", "podAntiAffinity")
 REQUIRED_TERMS = "requiredDuringSchedulingIgnoredDuringExecution"
 PREFERRED_TERMS = "preferredDuringSchedulingIgnoredDuringExecution"
 NAMESPACE_FIELDS = ("namespaces", "namespaceSelector")
 
 
-def cross_namespace_affinity(affinity: Mapping[str, Any] | None) -> Iterator[str]:
-    """The path (under affinity) of each pod affinity term field that reaches other namespaces.
-    Malformed parts are skipped: the apiserver refuses them with the Deployment."""
-    for kind in POD_AFFINITY_KINDS:
-        rules = (affinity or {}).get(kind)
-        if not isinstance(rules, dict):
+def cross_namespace_affinity(affinity: Affinity | None) -> Iterator[str]:
+    """The path (under affinity) of each pod affinity term field that reaches other namespaces
+    (present at all: an empty list or selector is where a tenant starts)."""
+    if affinity is None:
+        return
+    for kind, rules in zip(
+        POD_AFFINITY_KINDS, (affinity.pod_affinity, affinity.pod_anti_affinity), strict=True
+    ):
+        if rules is None:
             continue
-        for when in (REQUIRED_TERMS, PREFERRED_TERMS):
-            terms = rules.get(when)
-            for i, term in enumerate(terms if isinstance(terms, list) else []):
-                path = f"{kind}.{when}[{i}]"
-                if when == PREFERRED_TERMS and isinstance(term, dict):
-                    term, path = term.get("podAffinityTerm"), f"{path}.podAffinityTerm"
-                if isinstance(term, dict):
-                    yield from (f"{path}.{field}" for field in NAMESPACE_FIELDS if field in term)
+        required = rules.required_during_scheduling_ignored_during_execution or []
+        preferred = rules.preferred_during_scheduling_ignored_during_execution or []
+        terms = [(f"{kind}.{REQUIRED_TERMS}[{i}]", term) for i, term in enumerate(required)] + [
+            (f"{kind}.{PREFERRED_TERMS}[{i}].podAffinityTerm", weighted.pod_affinity_term)
+            for i, weighted in enumerate(preferred)
+        ]
+        for path, term in terms:
+            if term.namespaces is not None:
+                yield f"{path}.namespaces"
+            if term.namespace_selector is not None:
+                yield f"{path}.namespaceSelector"
 
 
 def gated_uses(spec: LLMServingSpec) -> list[GatedUse]:

@@ -412,16 +412,22 @@ def _loosened(context: str, container: bool) -> str:
     return f"({_has(context)} && ({' || '.join(terms)}))"
 
 
-# affinity is free-form (dyn): the same walk as admission.cross_namespace_affinity.
-_AFFINITY = f"{_T}.affinity"
+def _reaches_other_namespaces(term: str) -> str:
+    return " || ".join(f"has({term}.{field})" for field in NAMESPACE_FIELDS)
+
+
+# The same terms as admission.cross_namespace_affinity.
 _CROSS_NAMESPACE_AFFINITY_CEL = (
-    f"({_has('affinity')} && {list(POD_AFFINITY_KINDS)}.exists(k, k in {_AFFINITY} && ("
-    f"('{REQUIRED_TERMS}' in {_AFFINITY}[k] && {_AFFINITY}[k]['{REQUIRED_TERMS}'].exists(t, "
-    + " || ".join(f"'{field}' in t" for field in NAMESPACE_FIELDS)
-    + f")) || ('{PREFERRED_TERMS}' in {_AFFINITY}[k] && {_AFFINITY}[k]['{PREFERRED_TERMS}'].exists(w, "
-    "'podAffinityTerm' in w && ("
-    + " || ".join(f"'{field}' in w.podAffinityTerm" for field in NAMESPACE_FIELDS)
-    + "))))))"
+    f"({_has('affinity')} && ("
+    + " || ".join(
+        f"({_has(f'affinity.{kind}')} && ("
+        f"({_has(f'affinity.{kind}.{REQUIRED_TERMS}')} && "
+        f"{_T}.affinity.{kind}.{REQUIRED_TERMS}.exists(t, {_reaches_other_namespaces('t')})) || "
+        f"({_has(f'affinity.{kind}.{PREFERRED_TERMS}')} && "
+        f"{_T}.affinity.{kind}.{PREFERRED_TERMS}.exists(w, {_reaches_other_namespaces('w.podAffinityTerm')}))))"
+        for kind in POD_AFFINITY_KINDS
+    )
+    + "))"
 )
 
 # The same fields as batchknee.api.admission.gated_uses, in CEL.

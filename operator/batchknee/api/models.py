@@ -823,6 +823,137 @@ class Toleration(_Model):
     )
 
 
+# Affinity, typed like Kubernetes' own (its field names, enums and required fields), so a malformed
+# or deeply nested term is refused at admission and the cross-namespace gate reads fields, not JSON.
+LabelKey = Annotated[str, Field(min_length=1, max_length=317)]
+LabelValue = Annotated[str, Field(max_length=63)]
+MAX_AFFINITY_TERMS = 16
+MAX_MATCH_EXPRESSIONS = 16
+MAX_MATCH_VALUES = 128
+
+
+class NodeSelectorRequirement(_Model):
+    """A node label (or field) compared with values."""
+
+    key: LabelKey = Field(description="The node label key (matchFields: metadata.name).")
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"] = Field(
+        description="In, NotIn, Exists, DoesNotExist, Gt or Lt."
+    )
+    values: list[Annotated[str, Field(max_length=253)]] | None = Field(
+        None, max_length=MAX_MATCH_VALUES, description="Values (In, NotIn: some; Gt, Lt: one integer)."
+    )
+
+
+class NodeSelectorTerm(_Model):
+    """Node requirements, all of which must hold."""
+
+    match_expressions: list[NodeSelectorRequirement] | None = Field(
+        None, max_length=MAX_MATCH_EXPRESSIONS, description="Requirements on node labels."
+    )
+    match_fields: list[NodeSelectorRequirement] | None = Field(
+        None, max_length=MAX_MATCH_EXPRESSIONS, description="Requirements on node fields."
+    )
+
+
+class NodeSelector(_Model):
+    """Node selector terms, any one of which must match."""
+
+    node_selector_terms: list[NodeSelectorTerm] = Field(
+        min_length=1, max_length=MAX_AFFINITY_TERMS, description="The terms (ORed)."
+    )
+
+
+class PreferredSchedulingTerm(_Model):
+    """A node preference and its weight."""
+
+    weight: int = Field(ge=1, le=100, description="Weight, 1 to 100.")
+    preference: NodeSelectorTerm = Field(description="The nodes preferred.")
+
+
+class NodeAffinity(_Model):
+    """Which nodes the engine pods go to."""
+
+    required_during_scheduling_ignored_during_execution: NodeSelector | None = Field(
+        None, description="Nodes the pods must run on."
+    )
+    preferred_during_scheduling_ignored_during_execution: list[PreferredSchedulingTerm] | None = Field(
+        None, max_length=MAX_AFFINITY_TERMS, description="Nodes the pods prefer."
+    )
+
+
+class LabelSelectorRequirement(_Model):
+    """A label compared with values."""
+
+    key: LabelKey = Field(description="The label key.")
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"] = Field(
+        description="In, NotIn, Exists or DoesNotExist."
+    )
+    values: list[LabelValue] | None = Field(
+        None, max_length=MAX_MATCH_VALUES, description="Values (In, NotIn)."
+    )
+
+
+class LabelSelector(_Model):
+    """Labels to select by (empty: everything)."""
+
+    match_labels: dict[LabelKey, LabelValue] | None = Field(
+        None, max_length=MAX_MATCH_EXPRESSIONS, description="Labels that must be equal."
+    )
+    match_expressions: list[LabelSelectorRequirement] | None = Field(
+        None, max_length=MAX_MATCH_EXPRESSIONS, description="Requirements on labels."
+    )
+
+
+class PodAffinityTerm(_Model):
+    """Pods the engine pods should (or should not) share a topology domain with."""
+
+    label_selector: LabelSelector | None = Field(None, description="The pods (none: no pods).")
+    namespaces: list[DnsLabel] | None = Field(
+        None,
+        max_length=MAX_MATCH_VALUES,
+        description="Namespaces to look in (admin-gated: allowCrossNamespacePodAffinity; default: the pod's own).",
+    )
+    namespace_selector: LabelSelector | None = Field(
+        None,
+        description="Namespaces to look in by label (admin-gated: allowCrossNamespacePodAffinity; {} is all).",
+    )
+    topology_key: LabelKey = Field(description="The node label whose value is the domain (e.g. a zone).")
+    match_label_keys: list[LabelKey] | None = Field(
+        None, max_length=MAX_MATCH_EXPRESSIONS, description="Pod label keys whose values the pods must share."
+    )
+    mismatch_label_keys: list[LabelKey] | None = Field(
+        None,
+        max_length=MAX_MATCH_EXPRESSIONS,
+        description="Pod label keys whose values the pods must not share.",
+    )
+
+
+class WeightedPodAffinityTerm(_Model):
+    """A pod affinity term and its weight."""
+
+    weight: int = Field(ge=1, le=100, description="Weight, 1 to 100.")
+    pod_affinity_term: PodAffinityTerm = Field(description="The term.")
+
+
+class PodAffinity(_Model):
+    """Pod (anti-)affinity terms."""
+
+    required_during_scheduling_ignored_during_execution: list[PodAffinityTerm] | None = Field(
+        None, max_length=MAX_AFFINITY_TERMS, description="Terms that must hold."
+    )
+    preferred_during_scheduling_ignored_during_execution: list[WeightedPodAffinityTerm] | None = Field(
+        None, max_length=MAX_AFFINITY_TERMS, description="Terms preferred, by weight."
+    )
+
+
+class Affinity(_Model):
+    """Scheduling constraints of the engine pods."""
+
+    node_affinity: NodeAffinity | None = Field(None, description="Node affinity.")
+    pod_affinity: PodAffinity | None = Field(None, description="Pods to be near.")
+    pod_anti_affinity: PodAffinity | None = Field(None, description="Pods to be away from.")
+
+
 class ResourceRequirements(_Model):
     """CPU, memory and extended resources of the engine container."""
 
@@ -983,9 +1114,9 @@ class TemplateSpec(_Model):
         max_length=32,
         description="Pod tolerations; each key must match the admin's allowedTolerations (default nvidia.com/gpu).",
     )
-    affinity: Opaque | None = Field(
+    affinity: Affinity | None = Field(
         None,
-        description="Pod affinity (a Kubernetes Affinity: node, pod and anti-affinity terms). A pod "
+        description="Pod affinity (Kubernetes' Affinity: node, pod and anti-affinity terms). A pod "
         "(anti-)affinity term with namespaces or a namespaceSelector is admin-gated "
         "(allowCrossNamespacePodAffinity); without them a term sees the pod's own namespace only.",
     )
