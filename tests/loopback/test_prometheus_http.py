@@ -5,10 +5,12 @@ credentials that work but never show."""
 from __future__ import annotations
 
 import base64
+import json
 import logging
 import urllib.parse
 from collections import Counter
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from fake_prometheus import FakePrometheus, Mode
@@ -105,6 +107,52 @@ def test_an_answer_of_the_wrong_shape_is_no_reading(payload: bytes) -> None:
     reason = seen.avg_context_tokens.reason or ""
     assert seen.avg_context_tokens.value is None
     assert reason.startswith(f"Prometheus at {prom.url} answered something that is not a query result: ")
+
+
+def vector_of(sample: list[Any]) -> bytes:
+    """Every query answered with one series of the target's pod, carrying `sample`."""
+    labels = {"namespace": "prod", "llmserving": "llama", "pod": "llama-0", "engine": "0"}
+    return json.dumps(
+        {
+            "status": "success",
+            "data": {"resultType": "vector", "result": [{"metric": labels, "value": sample}]},
+        }
+    ).encode()
+
+
+@pytest.mark.parametrize(
+    ("sample", "reason"),
+    [
+        ([NOW.timestamp(), True], 'answered a sample that is not [time, "value"]'),
+        ([NOW.timestamp(), 0.02], 'answered a sample that is not [time, "value"]'),
+        ([str(NOW.timestamp()), "0.02"], 'answered a sample that is not [time, "value"]'),
+        ([NOW.timestamp() - 3600, "0.02"], "answered for -3600s from the time asked: a cache"),
+        ([10**400, "0.02"], "answered series of an unexpected shape"),
+        ([NOW.timestamp(), "0.02", "x"], "answered series of an unexpected shape"),
+    ],
+    ids=["json-true", "a-number", "time-as-text", "an-hour-old", "time-past-float", "three-items"],
+)
+def test_a_sample_not_as_prometheus_writes_it_is_no_reading(sample: list[Any], reason: str) -> None:
+    """float() reads JSON's true as 1.0 and 0.02 as 0.02: a proxy's or a fake's answer of that shape
+    would become a TPOT of a second or a context of one token. And an answer for another time than
+    asked (a cache in between) is the past, not the window the operator asked about."""
+    with FakePrometheus("answer", payload=vector_of(sample)) as prom:
+        observer = PrometheusObserver(prom.url, timeout_s=2.0)
+        seen = observer.observe([target("llama")], NOW)[("prod", "llama")]
+        observer.close()
+    for reading in (seen.avg_context_tokens, seen.tpot_p99_s, seen.running):
+        assert reading.value is None and (reading.reason or "").startswith(
+            f"Prometheus at {prom.url} {reason}"
+        )
+
+
+def test_a_sample_as_prometheus_writes_it_is_read() -> None:
+    """The same answer with the time asked and the value as text: a reading (the contrast above)."""
+    with FakePrometheus("answer", payload=vector_of([NOW.timestamp(), "5"])) as prom:
+        observer = PrometheusObserver(prom.url, timeout_s=2.0)
+        seen = observer.observe([target("llama")], NOW)[("prod", "llama")]
+        observer.close()
+    assert seen.running.value == 5 and seen.tpot_p99_s.value == 5
 
 
 def test_an_error_page_becomes_a_status_code_and_a_short_excerpt(caplog: pytest.LogCaptureFixture) -> None:

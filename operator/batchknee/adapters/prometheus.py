@@ -58,6 +58,7 @@ Key = tuple[str, str]
 Row = tuple[dict[str, str], float]  # one series: its labels and its value
 LLMSERVING_LABEL = "llmserving"  # target label carrying the pod's batchknee.io/llmserving label
 MAX_BODY_BYTES = 64 * 1024 * 1024  # a query answer larger than this is refused, not buffered
+SAMPLE_TIME_TOLERANCE_S = 1.0  # Prometheus answers an instant query for the very time it was asked
 ERROR_BODY_BYTES = 8 * 1024  # of an error answer, only this much is read
 EXCERPT_CHARS = 200
 MAX_KV_USAGE = 1.05  # a fraction of the pool; averaged over a window it may round a little above one
@@ -571,14 +572,32 @@ class PrometheusObserver:
         """One query's answer by target, shaped in the worker: the parsed answer is dropped before
         the next query's arrives, and the rows keep only the labels the observation reads."""
         result = self._query(promql, now, deadline)
+        asked_at = round(now.timestamp(), 3)
         if name not in POD_QUERIES:
-            return {_owner(scope, series["metric"]): float(series["value"][1]) for series in result}
+            return {_owner(scope, series["metric"]): self._sample(series, asked_at) for series in result}
         by_key: dict[Key, list[Row]] = defaultdict(list)
         for series in result:
             labels = series["metric"]
             kept = {k: sys.intern(labels[k]) for k in ROW_LABELS if k in labels}
-            by_key[_owner(scope, labels)].append((kept, float(series["value"][1])))
+            by_key[_owner(scope, labels)].append((kept, self._sample(series, asked_at)))
         return dict(by_key)
+
+    def _sample(self, series: dict[str, Any], asked_at: float) -> float:
+        """A sample as Prometheus writes one, [evaluation time, "value"], for the time asked. A
+        number where the string belongs (float() reads JSON's true as 1.0) or another time (a cache
+        between the operator and Prometheus answering an older query) is no reading."""
+        at, text = series["value"]
+        if not isinstance(text, str) or isinstance(at, bool) or not isinstance(at, int | float):
+            raise PrometheusUnavailable(
+                f'Prometheus at {self.shown_url} answered a sample that is not [time, "value"]'
+            )
+        offset = float(at) - asked_at
+        if not abs(offset) <= SAMPLE_TIME_TOLERANCE_S:
+            raise PrometheusUnavailable(
+                f"Prometheus at {self.shown_url} answered for {offset:+g}s from the time asked: a cache "
+                "between the operator and Prometheus? Give the URL of Prometheus itself"
+            )
+        return float(text)
 
     # --- one scope ----------------------------------------------------------------------------------
 
@@ -607,7 +626,7 @@ class PrometheusObserver:
             data.error = str(error)
         except FutureTimeout:
             data.error = str(self._timed_out())
-        except (KeyError, IndexError, TypeError, ValueError):
+        except (KeyError, IndexError, TypeError, ValueError, OverflowError):
             data.error = f"Prometheus at {self.shown_url} answered series of an unexpected shape"
         finally:
             for future in futures.values():
