@@ -153,11 +153,8 @@ class Runtime:
             self.evaluated[key] = asyncio.get_running_loop().time()
             if body is not None:
                 self.note(namespace, name, body)
-            target = self.targets.get(key)
-            # An engine Deployment not yet created has no series to read: a thousand objects'
-            # first evaluations would otherwise refresh every engine's series each cache period
-            # for nobody. (One the watch has not brought yet is read in the reconcile's thread.)
-            if target is not None and (key in self.adopting or self.cache.has("Deployment", *key)):
+            target = self.prepared_target(key)
+            if target is not None:
                 await self.router.prepare(target, datetime.now(UTC))
             loop = asyncio.get_running_loop()
             executor = self.engine_executor if key in self.live else self.executor
@@ -182,6 +179,17 @@ class Runtime:
         else:
             self.live.discard((namespace, name))
 
+    def prepared_target(self, key: tuple[str, str]) -> ObservationTarget | None:
+        """The target whose scope the event loop refreshes before the reconcile, if any: a managed
+        engine Deployment's. One not yet created has no series to read (a thousand objects' first
+        evaluations would otherwise refresh every engine's series each cache period for nobody;
+        one the watch has not brought yet is read in the reconcile's thread). An adopted
+        workload's pods are a scope of their own, known only to its reconcile, which refreshes it."""
+        target = self.targets.get(key)
+        if target is None or key in self.adopting or not self.cache.has("Deployment", *key):
+            return None
+        return target
+
     def in_lane(self, key: tuple[str, str]) -> bool:
         """Whether the evaluation may wait long on what the object's own spec chose — Live engine
         calls, its own Prometheus, an adopted workload's pods (a scope of their own, refreshed in
@@ -190,11 +198,10 @@ class Runtime:
         would queue every other object's behind them. Such evaluations of one namespace run at most
         LIVE_EVALUATIONS_PER_NAMESPACE at once; a fleet sharing one window finds its scope fresh
         after the first and is not held back, and an object without engines yet refreshes nothing."""
-        target = self.targets.get(key)
+        target = self.prepared_target(key)
         own_refresh = (
             target is not None
             and (bool(target.selector) or target.window_s != DEFAULT_WINDOW_SECONDS)
-            and self.cache.has("Deployment", *key)  # (what `run` asks before it refreshes)
             and not self.router.is_fresh(target)
         )
         return key in self.live or key in self.adopting or self.router.reads_its_own(*key) or own_refresh

@@ -282,5 +282,8 @@ def test_objects_with_a_stale_scope_of_their_own_share_their_namespaces_lane() -
     assert not rt.in_lane(("team-a", "plain"))  # the default scope is everyone's
     asyncio.run(router.prepare(own, NOW))
     assert not rt.in_lane(own.key) and rt.in_lane(chosen.key)
+    assert rt.prepared_target(("team-a", "plain")) == rt.targets[("team-a", "plain")]
     rt.note("team-a", "plain", {"spec": {"targetRef": {"kind": "Deployment", "name": "vllm"}}})
     assert rt.in_lane(("team-a", "plain"))
+    # its reconcile reads its pods by name: refreshing the fleet's default scope first reads nothing it uses
+    assert rt.prepared_target(("team-a", "plain")) is None

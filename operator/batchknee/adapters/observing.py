@@ -133,15 +133,12 @@ class RoutedObserver:
     async def prepare(self, target: ObservationTarget, now: datetime) -> None:
         """Make the cache fresh for `target` without holding a thread while waiting: one refresh
         per URL runs in a thread, and every other object of that URL awaits it as a coroutine."""
-        is_fresh = getattr(self.inner, "is_fresh", None)
         refresh = getattr(self.inner, "refresh", None)
-        if is_fresh is None or refresh is None:
-            return
-        url = self.url(target)
-        if is_fresh(url, target):
+        if refresh is None or self.is_fresh(target):
             return  # not behind the refreshes of other scopes (other objects', other tenants')
+        url = self.url(target)
         with self.lock:
             gate = self._preparing.setdefault(url, asyncio.Lock())
         async with gate:
-            if not is_fresh(url, target):
+            if not self.is_fresh(target):
                 await asyncio.to_thread(refresh, url, target, now)
