@@ -59,14 +59,19 @@ log = logging.getLogger("batchknee")
 
 def prometheus_observer(settings: OperatorSettings) -> RoutedObserver:
     """The Prometheus adapter: one PrometheusObserver per URL behind a cache that serves every
-    object of a tick with one batch of queries (one refresh in flight per URL), routed per object."""
-    from batchknee.adapters.prometheus import CachedObserver, PrometheusObserver
+    object of a tick with one batch of queries (one refresh in flight per URL), routed per object.
+    Every URL an LLMServing chose shares one memory budget for answers; the operator's own
+    Prometheus is bounded by its query threads alone."""
+    from batchknee.adapters.prometheus import AnswerBudget, CachedObserver, PrometheusObserver
+
+    chosen = AnswerBudget()
 
     def observer_for(url: str) -> PrometheusObserver:
         return PrometheusObserver(
             url,
             timeout_s=settings.prometheus_timeout_seconds,
             min_samples=settings.prometheus_min_samples,
+            budget=None if url == settings.prometheus_url else chosen,
         )
 
     cache = CachedObserver(observer_for, ttl_s=settings.prometheus_cache_seconds)

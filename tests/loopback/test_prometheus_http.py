@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import time
 import urllib.parse
 from collections import Counter
 from datetime import UTC, datetime
@@ -15,7 +16,16 @@ from typing import Any
 import pytest
 from fake_prometheus import FakePrometheus, Mode
 
-from batchknee.adapters.prometheus import EXCERPT_CHARS, PrometheusObserver, queries, scope_for
+from batchknee.adapters.prometheus import (
+    ANSWER_BYTES_IN_FLIGHT,
+    EXCERPT_CHARS,
+    MAX_ANSWER_VALUES,
+    MAX_BODY_BYTES,
+    AnswerBudget,
+    PrometheusObserver,
+    queries,
+    scope_for,
+)
 from batchknee.core.observation import ObservationTarget
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -153,6 +163,67 @@ def test_a_sample_as_prometheus_writes_it_is_read() -> None:
         seen = observer.observe([target("llama")], NOW)[("prod", "llama")]
         observer.close()
     assert seen.running.value == 5 and seen.tpot_p99_s.value == 5
+
+
+def test_an_answer_of_many_small_values_is_refused_before_it_is_parsed() -> None:
+    """json.loads of `[{},{},...]` takes 25 bytes of memory per byte: 8 MiB of it parsed to 200 MiB
+    (under the old 64-MiB limit, one answer took 1.6 GiB: the operator's whole memory, and with it
+    every tenant's loop). The values are counted in the raw bytes first: refused unparsed."""
+    import tracemalloc
+
+    head = b'{"status":"success","data":{"resultType":"vector","result":['
+    body = head + b"{}," * ((MAX_BODY_BYTES - len(head) - 16) // 3) + b"{}]}}"
+    assert len(body) <= MAX_BODY_BYTES
+    with FakePrometheus("answer", payload=body) as prom:
+        observer = PrometheusObserver(prom.url, timeout_s=10.0, max_concurrent_queries=1)
+        tracemalloc.start()
+        try:
+            seen = observer.observe([target("llama")], NOW)[("prod", "llama")]
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+            observer.close()
+    reason = seen.avg_context_tokens.reason or ""
+    assert reason == (
+        f"Prometheus at {prom.url} answered {body.count(b',') + body.count(b'{') + body.count(b'['):,} "
+        f"JSON values (at most {MAX_ANSWER_VALUES:,}, about {MAX_ANSWER_VALUES // 11:,} series, are parsed)"
+    )
+    assert peak < 5 * MAX_BODY_BYTES, peak  # the answer, its read pieces and the server's copy
+
+
+def test_the_urls_specs_chose_share_one_budget_and_the_operators_has_its_own() -> None:
+    """A tenant's Prometheus answering its largest to every query holds at most the shared budget:
+    the next answer past it is refused at once (the next evaluation asks again) and nothing stays
+    held. The operator's own Prometheus is bounded by its query threads, never by a tenant's."""
+    from batchknee.handlers import prometheus_observer
+    from batchknee.settings import OperatorSettings
+
+    router = prometheus_observer(
+        OperatorSettings(prometheus_url="http://127.0.0.1:9", prometheus_allowed_urls=["*"])
+    )
+    cache = router.inner._cache  # type: ignore[attr-defined]
+    own, first, second = (
+        cache(url).observer for url in ("http://127.0.0.1:9", "http://127.0.0.2:9", "http://127.0.0.3:9")
+    )
+    assert first.budget is second.budget and first.budget.limit == ANSWER_BYTES_IN_FLIGHT
+    assert own.budget is not first.budget and own.budget.limit == 8 * MAX_BODY_BYTES  # its 8 threads
+    for observer in (own, first, second):
+        observer.close()
+
+    budget = AnswerBudget(limit=2**20)
+    with FakePrometheus("answer", payload=b"[" + b"0," * 2**20 + b"0]") as prom:
+        observer = PrometheusObserver(prom.url, timeout_s=5.0, budget=budget)
+        seen = observer.observe([target("llama")], NOW)[("prod", "llama")]
+        observer.close()
+    assert seen.avg_context_tokens.reason == (
+        f"Prometheus at {prom.url}: the answers being read at once passed 1 MiB; asking again at the "
+        "next evaluation"
+    )
+    # the queries still reading when the first was refused end within their deadline, giving back all
+    deadline = time.monotonic() + 6.0
+    while budget.held and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert budget.held == 0
 
 
 def test_an_error_page_becomes_a_status_code_and_a_short_excerpt(caplog: pytest.LogCaptureFixture) -> None:

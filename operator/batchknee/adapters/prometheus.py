@@ -57,7 +57,12 @@ from batchknee.engines.contract import DCGM_DRAM_ACTIVE, EngineMetrics
 Key = tuple[str, str]
 Row = tuple[dict[str, str], float]  # one series: its labels and its value
 LLMSERVING_LABEL = "llmserving"  # target label carrying the pod's batchknee.io/llmserving label
-MAX_BODY_BYTES = 64 * 1024 * 1024  # a query answer larger than this is refused, not buffered
+# What one answer may cost. A fleet's largest (one series per engine pod, ~230 bytes and ~11 JSON
+# values each) fits 36,000 pods in both; json.loads of `[{},{},...]`, though, takes 25 bytes of
+# memory per byte, so the values are counted (cheaply, in the raw bytes) before anything is parsed.
+MAX_BODY_BYTES = 8 * 1024 * 1024  # a query answer larger than this is refused, not buffered
+MAX_ANSWER_VALUES = 400_000  # JSON values (',' '{' '[' counted) of one answer: about 100 MiB parsed
+ANSWER_BYTES_IN_FLIGHT = 32 * 1024 * 1024  # answers read and not yet parsed, of the URLs specs chose
 SAMPLE_TIME_TOLERANCE_S = 1.0  # Prometheus answers an instant query for the very time it was asked
 ERROR_BODY_BYTES = 8 * 1024  # of an error answer, only this much is read
 EXCERPT_CHARS = 200
@@ -327,6 +332,36 @@ def _kv_capacity_query(scope: _Scope, by_pod: str) -> str:
     return f"{blocks} * on ({by}) {per_block}"
 
 
+class AnswerBudget:
+    """The bytes of answers being read or parsed at once by the observers that share it. A query
+    that would take more is refused at once (the next evaluation asks again): one that waited while
+    holding part of its answer could wait on others doing the same. The operator gives its own
+    Prometheus a budget its query threads cannot pass and every other URL one shared budget, so a
+    tenant's Prometheus answering its largest to every query spends only that, never the operator's
+    memory (and with it every tenant's loop)."""
+
+    def __init__(self, limit: int = ANSWER_BYTES_IN_FLIGHT) -> None:
+        self.limit = limit
+        self.held = 0
+        self._lock = threading.Lock()
+
+    def take(self, size: int) -> bool:
+        with self._lock:
+            if self.held + size > self.limit:
+                return False
+            self.held += size
+            return True
+
+    def give(self, size: int) -> None:
+        with self._lock:
+            self.held -= size
+
+
+# One answer parsed and shaped at a time, process-wide: json.loads holds the GIL anyway, and a
+# parsed answer (several times its size) is dropped before the next is made.
+_PARSING = threading.Lock()
+
+
 class PrometheusUnavailable(Exception):
     """Prometheus could not be reached or refused a query; every target is unavailable."""
 
@@ -465,9 +500,17 @@ class PrometheusObserver:
     """Batched observation of many LLMServings through one Prometheus URL."""
 
     def __init__(
-        self, url: str, *, timeout_s: float = 5.0, min_samples: int = 3, max_concurrent_queries: int = 8
+        self,
+        url: str,
+        *,
+        timeout_s: float = 5.0,
+        min_samples: int = 3,
+        max_concurrent_queries: int = 8,
+        budget: AnswerBudget | None = None,
     ) -> None:
         self.url = url.rstrip("/")
+        # alone, its threads bound what it holds: a budget they cannot pass
+        self.budget = budget or AnswerBudget(max_concurrent_queries * MAX_BODY_BYTES)
         self.shown_url = redact_url(self.url)
         self._secrets = _credentials(self.url)  # masked in whatever an answer echoes
         self.timeout_s = timeout_s
@@ -509,8 +552,9 @@ class PrometheusObserver:
             f"Prometheus at {self.shown_url} did not answer within {self.timeout_s:g}s"
         )
 
-    def _query(self, promql: str, now: datetime, deadline: float) -> list[dict[str, Any]]:
-        """One instant query, POSTed, its whole answer read before `deadline` (time.monotonic)."""
+    def _query(self, promql: str, now: datetime, deadline: float, take: Callable[[int], bool]) -> bytes:
+        """One instant query, POSTed, its whole answer read before `deadline` (time.monotonic),
+        each piece as `take` allows."""
         body = urllib.parse.urlencode({"query": promql, "time": f"{now.timestamp():.3f}"})
         with self._counter_lock:
             self.queries_sent += 1
@@ -529,12 +573,17 @@ class PrometheusObserver:
                     allow_redirects=False,  # a tenant's URL must not choose where the operator reads
                 )
                 limit = MAX_BODY_BYTES if response.status_code == 200 else ERROR_BODY_BYTES
-                content = _read_within(response, deadline, limit)
+                content = _read_within(response, deadline, limit, take)
         except (_Deadline, requests.Timeout):
             raise self._timed_out() from None
         except _TooLarge:
             raise PrometheusUnavailable(
                 f"Prometheus at {self.shown_url} answered more than {MAX_BODY_BYTES // 2**20} MiB"
+            ) from None
+        except _OverBudget:
+            raise PrometheusUnavailable(
+                f"Prometheus at {self.shown_url}: the answers being read at once passed "
+                f"{self.budget.limit // 2**20} MiB; asking again at the next evaluation"
             ) from None
         except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as error:
             raise PrometheusUnavailable(
@@ -549,6 +598,16 @@ class PrometheusObserver:
             raise PrometheusUnavailable(
                 f"Prometheus at {self.shown_url} answered HTTP {response.status_code}: "
                 f"{excerpt(content, secrets=self._secrets)}"
+            )
+        return content
+
+    def _result(self, content: bytes) -> list[dict[str, Any]]:
+        """The series of an answer, counted before it is parsed (see MAX_ANSWER_VALUES)."""
+        values = content.count(b",") + content.count(b"{") + content.count(b"[")
+        if values > MAX_ANSWER_VALUES:
+            raise PrometheusUnavailable(
+                f"Prometheus at {self.shown_url} answered {values:,} JSON values (at most "
+                f"{MAX_ANSWER_VALUES:,}, about {MAX_ANSWER_VALUES // 11:,} series, are parsed)"
             )
         try:
             answer = json.loads(content)
@@ -569,9 +628,32 @@ class PrometheusObserver:
     def _shaped(
         self, scope: _Scope, name: str, promql: str, now: datetime, deadline: float
     ) -> dict[Key, list[Row]] | dict[Key, float]:
-        """One query's answer by target, shaped in the worker: the parsed answer is dropped before
-        the next query's arrives, and the rows keep only the labels the observation reads."""
-        result = self._query(promql, now, deadline)
+        """One query's answer by target, shaped in the worker: its bytes are held in the budget
+        until it is parsed, one answer is parsed at a time and dropped before the next, and the rows
+        keep only the labels the observation reads."""
+        held = 0
+
+        def take(size: int) -> bool:
+            nonlocal held
+            if not self.budget.take(size):
+                return False
+            held += size
+            return True
+
+        try:
+            content = self._query(promql, now, deadline, take)
+            if not _PARSING.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                raise self._timed_out()
+            try:
+                return self._shape(scope, name, self._result(content), now)
+            finally:
+                _PARSING.release()
+        finally:
+            self.budget.give(held)
+
+    def _shape(
+        self, scope: _Scope, name: str, result: list[dict[str, Any]], now: datetime
+    ) -> dict[Key, list[Row]] | dict[Key, float]:
         asked_at = round(now.timestamp(), 3)
         if name not in POD_QUERIES:
             return {_owner(scope, series["metric"]): self._sample(series, asked_at) for series in result}
@@ -651,10 +733,17 @@ class _TooLarge(Exception):
     pass
 
 
-def _read_within(response: requests.Response, deadline: float, limit: int) -> bytes:
-    """The body of a streamed response, read before `deadline` (time.monotonic()) and up to `limit`
-    bytes. Each socket read is given only the time left by the connection's own reader (the
-    session's DeadlineAdapter, under `reads_before`), so a trickle cannot stretch the total."""
+class _OverBudget(Exception):
+    pass
+
+
+def _read_within(
+    response: requests.Response, deadline: float, limit: int, take: Callable[[int], bool]
+) -> bytes:
+    """The body of a streamed response, read before `deadline` (time.monotonic()), up to `limit`
+    bytes and as `take` allows each piece. Each socket read is given only the time left by the
+    connection's own reader (the session's DeadlineAdapter, under `reads_before`), so a trickle
+    cannot stretch the total."""
     raw = response.raw
     chunks: list[bytes] = []
     size = 0
@@ -668,6 +757,8 @@ def _read_within(response: requests.Response, deadline: float, limit: int) -> by
                 raise _Deadline from None
             if not chunk:
                 return b"".join(chunks)
+            if not take(len(chunk)):
+                raise _OverBudget
             size += len(chunk)
             if size > limit:
                 if limit < MAX_BODY_BYTES:  # an error page: its head is all we show
