@@ -214,9 +214,13 @@ def test_hostile_specs_are_refused_and_nothing_runs(tenant: Harness) -> None:
         "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{"labelSelector": {}}]}
     }
     done = apply_as(world, TENANT, "nodomain", template={"affinity": no_domain})
-    assert (
-        done.returncode != 0
-        and "requiredDuringSchedulingIgnoredDuringExecution[0].topologyKey" in done.stderr
+    assert done.returncode != 0
+    assert "requiredDuringSchedulingIgnoredDuringExecution[0].topologyKey" in done.stderr, done.stderr
+    no_values = {**PAYMENTS_PODS, "labelSelector": {"matchExpressions": [{"key": "app", "operator": "In"}]}}
+    near = {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [no_values]}}
+    done = apply_as(world, TENANT, "novalues", template={"affinity": near})
+    assert done.returncode != 0 and "operators In and NotIn need at least one value" in done.stderr, (
+        done.stderr
     )
     # host namespaces are not in the schema: a strict client is refused, a lax one is pruned
     done = apply_as(world, TENANT, "hostnet", template={"hostNetwork": True, "hostPID": True})

@@ -230,6 +230,27 @@ def test_affinity_within_the_namespace_needs_no_setting() -> None:
     assert spec.pod_template.affinity.dump() == within  # what the Deployment gets: nothing lost
 
 
+def preferred_nodes(term: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "nodeAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1, "preference": term}]
+        }
+    }
+
+
+def required_pods(selector: dict[str, Any]) -> dict[str, Any]:
+    term = {**SAME_NAMESPACE, "labelSelector": selector}
+    return {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
+
+
+PREFERENCE = (
+    "spec.template.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution[0].preference"
+)
+SELECTOR = (
+    "spec.template.affinity.podAffinity.requiredDuringSchedulingIgnoredDuringExecution[0].labelSelector"
+)
+
+
 @pytest.mark.parametrize(
     ("affinity", "field"),
     [
@@ -259,12 +280,58 @@ def test_affinity_within_the_namespace_needs_no_setting() -> None:
             },
             "spec.template.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution[0].weight",
         ),
+        # Kubernetes' rules for each operator's values, for matchFields and for label keys
+        (
+            required_pods({"matchExpressions": [{"key": "app", "operator": "In"}]}),
+            f"{SELECTOR}.matchExpressions[0]",
+        ),
+        (
+            preferred_nodes({"matchExpressions": [{"key": "gpu", "operator": "Exists", "values": ["h100"]}]}),
+            f"{PREFERENCE}.matchExpressions[0]",
+        ),
+        (
+            preferred_nodes({"matchExpressions": [{"key": "gpus", "operator": "Gt", "values": ["four"]}]}),
+            f"{PREFERENCE}.matchExpressions[0]",
+        ),
+        (
+            preferred_nodes({"matchFields": [{"key": "metadata.labels", "operator": "In", "values": ["x"]}]}),
+            PREFERENCE,
+        ),
+        (required_pods({"matchLabels": {"k" * 318: "v"}}), SELECTOR),
     ],
 )
 def test_a_malformed_affinity_is_invalid_naming_its_field(affinity: dict[str, Any], field: str) -> None:
     """Affinity is typed like Kubernetes' own: a malformed term is refused where it is (the CRD
     schema at admission, the operator for anything stored before), not passed to the Deployment."""
     assert spec_error(template={"affinity": affinity}).field == field
+
+
+def test_the_crd_and_the_operator_check_the_same_operator_values() -> None:
+    """Each operator's rule is in the CRD (CEL, at admission) and in the model (for what was stored
+    before); value lists each accepts parse."""
+    schema = crd_manifest()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    affinity = schema["properties"]["spec"]["properties"]["template"]["properties"]["affinity"]["properties"]
+    required = affinity["nodeAffinity"]["properties"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    term = required["properties"]["nodeSelectorTerms"]["items"]
+    rules = [r["rule"] for r in term["properties"]["matchExpressions"]["items"]["x-kubernetes-validations"]]
+    assert len(rules) == 3 and any("matches('^-?[0-9]+$')" in r for r in rules)
+    assert "metadata.name" in term["x-kubernetes-validations"][0]["rule"]
+    fine = [
+        {"key": "gpu", "operator": "In", "values": ["h100", "h200"]},
+        {"key": "gpu", "operator": "DoesNotExist"},
+        {"key": "gpus", "operator": "Lt", "values": ["-4"]},
+    ]
+    parse(template={"affinity": preferred_nodes({"matchExpressions": fine})})
+
+
+def test_the_crd_schema_uses_only_fields_a_crd_schema_has() -> None:
+    """pydantic writes propertyNames for a constrained dict key; a CRD schema has no such field (a
+    strict client refuses the CRD, a lax one drops the constraint): generation refuses it."""
+    from batchknee.api.crd import _check_structural
+
+    labels = {"type": "object", "description": "Labels.", "propertyNames": {"maxLength": 63}}
+    with pytest.raises(ValueError, match=r"\.labels: propertyNames is not a field of a CRD schema"):
+        _check_structural({"type": "object", "properties": {"labels": labels}}, "")
     both = parse(
         template={
             "affinity": {

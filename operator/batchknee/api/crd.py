@@ -202,11 +202,55 @@ def structural_schema(model: type[Any]) -> dict[str, Any]:
     return resolved
 
 
+# The fields of apiextensions.k8s.io/v1 JSONSchemaProps that a generated schema may use: anything
+# else (pydantic's propertyNames for a constrained dict key) is an unknown field, which a strict
+# client refuses and a lax one drops with its constraint.
+SCHEMA_KEYS = frozenset(
+    {
+        "description",
+        "type",
+        "format",
+        "enum",
+        "default",
+        "minimum",
+        "maximum",
+        "exclusiveMinimum",
+        "exclusiveMaximum",
+        "multipleOf",
+        "minLength",
+        "maxLength",
+        "pattern",
+        "minItems",
+        "maxItems",
+        "uniqueItems",
+        "minProperties",
+        "maxProperties",
+        "required",
+        "properties",
+        "items",
+        "additionalProperties",
+        "nullable",
+        "example",
+        "x-kubernetes-preserve-unknown-fields",
+        "x-kubernetes-int-or-string",
+        "x-kubernetes-embedded-resource",
+        "x-kubernetes-list-type",
+        "x-kubernetes-list-map-keys",
+        "x-kubernetes-map-type",
+        "x-kubernetes-validations",
+    }
+)
+
+
 def _check_structural(node: dict[str, Any], path: str) -> None:
-    """Every node has a type (or is int-or-string / preserve-unknown); no anyOf/oneOf/$ref left."""
+    """Every node has a type (or is int-or-string / preserve-unknown) and only the keys a CRD schema
+    has; no anyOf/oneOf/$ref left."""
     for forbidden in ("$ref", "anyOf", "oneOf", "allOf"):
         if forbidden in node:
             raise ValueError(f"{path or '<root>'}: {forbidden} left in a structural schema")
+    unknown = sorted(set(node) - SCHEMA_KEYS)
+    if unknown:
+        raise ValueError(f"{path or '<root>'}: {', '.join(unknown)} is not a field of a CRD schema")
     if (
         "type" not in node
         and not node.get("x-kubernetes-int-or-string")

@@ -823,17 +823,63 @@ class Toleration(_Model):
     )
 
 
-# Affinity, typed like Kubernetes' own (its field names, enums and required fields), so a malformed
-# or deeply nested term is refused at admission and the cross-namespace gate reads fields, not JSON.
+# Affinity, typed like Kubernetes' own (its field names, enums, required fields and the values each
+# operator takes), so a malformed or deeply nested term is refused at admission and the
+# cross-namespace gate reads fields, not JSON. The bounds are far above any scheduler's use.
 LabelKey = Annotated[str, Field(min_length=1, max_length=317)]
 LabelValue = Annotated[str, Field(max_length=63)]
-MAX_AFFINITY_TERMS = 16
-MAX_MATCH_EXPRESSIONS = 16
-MAX_MATCH_VALUES = 128
+MAX_LABEL_KEY_LENGTH = 317  # a DNS-subdomain prefix (253), '/', a name (63)
+MAX_AFFINITY_TERMS = 32
+MAX_MATCH_EXPRESSIONS = 32
+MAX_MATCH_LABELS = 64
+MAX_MATCH_VALUES = 1024  # e.g. kubernetes.io/hostname In [every node of a pool]
+_REQUIREMENT_VALUES = {
+    # operator → (what its values must be, the CEL that says so)
+    ("In", "NotIn"): ("need at least one value", "has(self.values) && size(self.values) > 0"),
+    ("Exists", "DoesNotExist"): (
+        "take no values; remove them",
+        "!has(self.values) || size(self.values) == 0",
+    ),
+    ("Gt", "Lt"): (
+        "need exactly one value, an integer",
+        "has(self.values) && size(self.values) == 1 && self.values[0].matches('^-?[0-9]+$')",
+    ),
+}
+
+
+def _requirement_rules(operators: tuple[str, ...]) -> dict[str, Any]:
+    return _validations(
+        *(
+            {
+                "rule": f"!(self.operator in {list(ops)}) || ({rule})",
+                "message": f"operators {' and '.join(ops)} {need}",
+                "fieldPath": ".values",
+            }
+            for ops, (need, rule) in _REQUIREMENT_VALUES.items()
+            if ops[0] in operators
+        )
+    )
+
+
+def _check_requirement(operator: str, values: list[str] | None) -> None:
+    """The pydantic side of _requirement_rules (an object stored before them is parsed too)."""
+    count = len(values or [])
+    for ops, (need, _) in _REQUIREMENT_VALUES.items():
+        if operator in ops:
+            wrong = {"In": count == 0, "Exists": count > 0, "Gt": count != 1}[ops[0]]
+            if ops[0] == "Gt" and not wrong:
+                wrong = re.fullmatch(r"-?[0-9]+", (values or [""])[0]) is None
+            if wrong:
+                raise ValueError(f"operators {' and '.join(ops)} {need}")
+
+
+FIELD_REQUIREMENT = "a matchFields requirement is key metadata.name, operator In or NotIn and one node name"
 
 
 class NodeSelectorRequirement(_Model):
     """A node label (or field) compared with values."""
+
+    model_config = ConfigDict(json_schema_extra=_requirement_rules(("In", "Exists", "Gt")))
 
     key: LabelKey = Field(description="The node label key (matchFields: metadata.name).")
     operator: Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"] = Field(
@@ -843,9 +889,25 @@ class NodeSelectorRequirement(_Model):
         None, max_length=MAX_MATCH_VALUES, description="Values (In, NotIn: some; Gt, Lt: one integer)."
     )
 
+    @model_validator(mode="after")
+    def _rules(self) -> NodeSelectorRequirement:
+        _check_requirement(self.operator, self.values)
+        return self
+
 
 class NodeSelectorTerm(_Model):
     """Node requirements, all of which must hold."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_validations(
+            {
+                "rule": "!has(self.matchFields) || self.matchFields.all(r, r.key == 'metadata.name' && "
+                "r.operator in ['In', 'NotIn'] && has(r.values) && size(r.values) == 1)",
+                "message": FIELD_REQUIREMENT,
+                "fieldPath": ".matchFields",
+            }
+        )
+    )
 
     match_expressions: list[NodeSelectorRequirement] | None = Field(
         None, max_length=MAX_MATCH_EXPRESSIONS, description="Requirements on node labels."
@@ -853,6 +915,17 @@ class NodeSelectorTerm(_Model):
     match_fields: list[NodeSelectorRequirement] | None = Field(
         None, max_length=MAX_MATCH_EXPRESSIONS, description="Requirements on node fields."
     )
+
+    @model_validator(mode="after")
+    def _rules(self) -> NodeSelectorTerm:
+        for field in self.match_fields or []:
+            if (
+                field.key != "metadata.name"
+                or field.operator not in ("In", "NotIn")
+                or len(field.values or []) != 1
+            ):
+                raise ValueError(FIELD_REQUIREMENT)
+        return self
 
 
 class NodeSelector(_Model):
@@ -884,6 +957,8 @@ class NodeAffinity(_Model):
 class LabelSelectorRequirement(_Model):
     """A label compared with values."""
 
+    model_config = ConfigDict(json_schema_extra=_requirement_rules(("In", "Exists")))
+
     key: LabelKey = Field(description="The label key.")
     operator: Literal["In", "NotIn", "Exists", "DoesNotExist"] = Field(
         description="In, NotIn, Exists or DoesNotExist."
@@ -892,16 +967,36 @@ class LabelSelectorRequirement(_Model):
         None, max_length=MAX_MATCH_VALUES, description="Values (In, NotIn)."
     )
 
+    @model_validator(mode="after")
+    def _rules(self) -> LabelSelectorRequirement:
+        _check_requirement(self.operator, self.values)
+        return self
+
 
 class LabelSelector(_Model):
     """Labels to select by (empty: everything)."""
 
-    match_labels: dict[LabelKey, LabelValue] | None = Field(
-        None, max_length=MAX_MATCH_EXPRESSIONS, description="Labels that must be equal."
+    # (keys as plain strings: a CRD schema bounds map keys only in CEL)
+    match_labels: dict[str, LabelValue] | None = Field(
+        None,
+        max_length=MAX_MATCH_LABELS,
+        description="Labels that must be equal.",
+        json_schema_extra=_validations(
+            {
+                "rule": f"self.all(k, size(k) > 0 && size(k) <= {MAX_LABEL_KEY_LENGTH})",
+                "message": f"a label key has 1 to {MAX_LABEL_KEY_LENGTH} characters",
+            }
+        ),
     )
     match_expressions: list[LabelSelectorRequirement] | None = Field(
         None, max_length=MAX_MATCH_EXPRESSIONS, description="Requirements on labels."
     )
+
+    @model_validator(mode="after")
+    def _rules(self) -> LabelSelector:
+        if any(not 0 < len(key) <= MAX_LABEL_KEY_LENGTH for key in self.match_labels or {}):
+            raise ValueError(f"a matchLabels key has 1 to {MAX_LABEL_KEY_LENGTH} characters")
+        return self
 
 
 class PodAffinityTerm(_Model):
