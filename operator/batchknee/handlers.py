@@ -60,9 +60,9 @@ log = logging.getLogger("batchknee")
 def prometheus_observer(settings: OperatorSettings) -> RoutedObserver:
     """The Prometheus adapter: one PrometheusObserver per URL behind a cache that serves every
     object of a tick with one batch of queries (one refresh in flight per URL), routed per object.
-    Every URL an LLMServing chose shares one memory budget for answers; the operator's own
-    Prometheus is bounded by its query threads alone."""
-    from batchknee.adapters.prometheus import AnswerBudget, CachedObserver, PrometheusObserver
+    Each URL an LLMServing chose holds one answer's worth of memory at most, under one budget
+    they share; the operator's own Prometheus is bounded by its query threads alone."""
+    from batchknee.adapters.prometheus import MAX_BODY_BYTES, AnswerBudget, CachedObserver, PrometheusObserver
 
     chosen = AnswerBudget()
 
@@ -71,7 +71,7 @@ def prometheus_observer(settings: OperatorSettings) -> RoutedObserver:
             url,
             timeout_s=settings.prometheus_timeout_seconds,
             min_samples=settings.prometheus_min_samples,
-            budget=None if url == settings.prometheus_url else chosen,
+            budget=None if url == settings.prometheus_url else AnswerBudget(MAX_BODY_BYTES, parent=chosen),
         )
 
     cache = CachedObserver(observer_for, ttl_s=settings.prometheus_cache_seconds)

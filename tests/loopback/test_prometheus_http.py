@@ -157,12 +157,15 @@ def test_a_sample_not_as_prometheus_writes_it_is_no_reading(sample: list[Any], r
 
 
 def test_a_sample_as_prometheus_writes_it_is_read() -> None:
-    """The same answer with the time asked and the value as text: a reading (the contrast above)."""
-    with FakePrometheus("answer", payload=vector_of([NOW.timestamp(), "5"])) as prom:
-        observer = PrometheusObserver(prom.url, timeout_s=2.0)
-        seen = observer.observe([target("llama")], NOW)[("prod", "llama")]
-        observer.close()
-    assert seen.running.value == 5 and seen.tpot_p99_s.value == 5
+    """The same answer with the time asked and the value as text: a reading (the contrast above);
+    at whole seconds Prometheus writes the time as an integer, and VictoriaMetrics answers a query
+    near now for up to its latency offset (30 s by default) earlier."""
+    for at in (NOW.timestamp(), int(NOW.timestamp()), NOW.timestamp() - 30):
+        with FakePrometheus("answer", payload=vector_of([at, "5"])) as prom:
+            observer = PrometheusObserver(prom.url, timeout_s=2.0)
+            seen = observer.observe([target("llama")], NOW)[("prod", "llama")]
+            observer.close()
+        assert seen.running.value == 5 and seen.tpot_p99_s.value == 5, at
 
 
 def test_an_answer_of_many_small_values_is_refused_before_it_is_parsed() -> None:
@@ -192,23 +195,42 @@ def test_an_answer_of_many_small_values_is_refused_before_it_is_parsed() -> None
 
 
 def test_the_urls_specs_chose_share_one_budget_and_the_operators_has_its_own() -> None:
-    """A tenant's Prometheus answering its largest to every query holds at most the shared budget:
-    the next answer past it is refused at once (the next evaluation asks again) and nothing stays
-    held. The operator's own Prometheus is bounded by its query threads, never by a tenant's."""
+    """Each URL a spec chose holds one answer's worth under one budget they share, and parses under
+    their shared lock; the operator's own Prometheus has its own budget (its query threads' worth)
+    and lock. So a tenant's Prometheus whose answers hold the shared lock (parsing 400,000 values
+    takes most of a second) delays the chosen URLs, never the operator's own reads. A budget past
+    its limit refuses the next piece at once (the next evaluation asks again) and keeps nothing."""
     from batchknee.handlers import prometheus_observer
     from batchknee.settings import OperatorSettings
 
-    router = prometheus_observer(
-        OperatorSettings(prometheus_url="http://127.0.0.1:9", prometheus_allowed_urls=["*"])
+    answer = vector_of([NOW.timestamp(), "5"])
+    with (
+        FakePrometheus("answer", payload=answer) as own_prom,
+        FakePrometheus("answer", payload=answer) as chosen,
+    ):
+        router = prometheus_observer(
+            OperatorSettings(
+                prometheus_url=own_prom.url, prometheus_allowed_urls=["*"], prometheus_timeout_seconds=1
+            )
+        )
+        cache = router.inner._cache  # type: ignore[attr-defined]
+        own, first, second = (cache(url).observer for url in (own_prom.url, chosen.url, "http://127.0.0.3:9"))
+        assert own.budget.parent is None and own.budget.limit == 8 * MAX_BODY_BYTES  # its 8 threads
+        shared = first.budget.parent
+        assert (
+            shared is not None and shared is second.budget.parent and shared.limit == ANSWER_BYTES_IN_FLIGHT
+        )
+        assert first.budget.limit == MAX_BODY_BYTES and first.budget is not second.budget
+        with shared.parsing:  # a tenant's answer being parsed, for longer than a deadline
+            mine = own.observe([target("llama")], NOW)[("prod", "llama")]
+            theirs = first.observe([target("llama")], NOW)[("prod", "llama")]
+        for observer in (own, first, second):
+            observer.close()
+    assert mine.running.value == 5
+    assert (
+        theirs.running.value is None
+        and theirs.running.reason == f"Prometheus at {chosen.url} did not answer within 1s"
     )
-    cache = router.inner._cache  # type: ignore[attr-defined]
-    own, first, second = (
-        cache(url).observer for url in ("http://127.0.0.1:9", "http://127.0.0.2:9", "http://127.0.0.3:9")
-    )
-    assert first.budget is second.budget and first.budget.limit == ANSWER_BYTES_IN_FLIGHT
-    assert own.budget is not first.budget and own.budget.limit == 8 * MAX_BODY_BYTES  # its 8 threads
-    for observer in (own, first, second):
-        observer.close()
 
     budget = AnswerBudget(limit=2**20)
     with FakePrometheus("answer", payload=b"[" + b"0," * 2**20 + b"0]") as prom:

@@ -62,8 +62,10 @@ LLMSERVING_LABEL = "llmserving"  # target label carrying the pod's batchknee.io/
 # memory per byte, so the values are counted (cheaply, in the raw bytes) before anything is parsed.
 MAX_BODY_BYTES = 8 * 1024 * 1024  # a query answer larger than this is refused, not buffered
 MAX_ANSWER_VALUES = 400_000  # JSON values (',' '{' '[' counted) of one answer: about 100 MiB parsed
-ANSWER_BYTES_IN_FLIGHT = 32 * 1024 * 1024  # answers read and not yet parsed, of the URLs specs chose
-SAMPLE_TIME_TOLERANCE_S = 1.0  # Prometheus answers an instant query for the very time it was asked
+ANSWER_BYTES_IN_FLIGHT = 32 * 1024 * 1024  # answers held at once, of all the URLs specs chose
+# Prometheus answers an instant query for the very time it was asked; VictoriaMetrics, for a time
+# near now, up to its -search.latencyOffset (30 s by default) earlier. Older is a cache's answer.
+SAMPLE_TIME_TOLERANCE_S = 60.0
 ERROR_BODY_BYTES = 8 * 1024  # of an error answer, only this much is read
 EXCERPT_CHARS = 200
 MAX_KV_USAGE = 1.05  # a fraction of the pool; averaged over a window it may round a little above one
@@ -333,16 +335,23 @@ def _kv_capacity_query(scope: _Scope, by_pod: str) -> str:
 
 
 class AnswerBudget:
-    """The bytes of answers being read or parsed at once by the observers that share it. A query
-    that would take more is refused at once (the next evaluation asks again): one that waited while
-    holding part of its answer could wait on others doing the same. The operator gives its own
-    Prometheus a budget its query threads cannot pass and every other URL one shared budget, so a
-    tenant's Prometheus answering its largest to every query spends only that, never the operator's
-    memory (and with it every tenant's loop)."""
+    """The bytes of answers being read or parsed at once by the observers that share it, and the
+    lock under which they parse one answer at a time (json.loads holds the GIL anyway; a parsed
+    answer, several times its size, is dropped before the next is made). A query that would take
+    more is refused at once (the next evaluation asks again): one that waited while holding part of
+    its answer could wait on others doing the same. A budget with a `parent` takes from both and
+    parses under the parent's lock.
 
-    def __init__(self, limit: int = ANSWER_BYTES_IN_FLIGHT) -> None:
+    The operator's own Prometheus gets a budget its query threads cannot pass, and its own lock;
+    each URL an LLMServing chose gets one answer's worth, under one budget they all share. So a
+    tenant's Prometheus answering its largest to every query holds one answer of the shared budget,
+    and never the operator's memory (and with it every tenant's loop) or its own reads."""
+
+    def __init__(self, limit: int = ANSWER_BYTES_IN_FLIGHT, parent: AnswerBudget | None = None) -> None:
         self.limit = limit
+        self.parent = parent
         self.held = 0
+        self.parsing: threading.Lock = parent.parsing if parent is not None else threading.Lock()
         self._lock = threading.Lock()
 
     def take(self, size: int) -> bool:
@@ -350,16 +359,16 @@ class AnswerBudget:
             if self.held + size > self.limit:
                 return False
             self.held += size
-            return True
+        if self.parent is not None and not self.parent.take(size):
+            self.give(size, alone=True)
+            return False
+        return True
 
-    def give(self, size: int) -> None:
+    def give(self, size: int, alone: bool = False) -> None:
         with self._lock:
             self.held -= size
-
-
-# One answer parsed and shaped at a time, process-wide: json.loads holds the GIL anyway, and a
-# parsed answer (several times its size) is dropped before the next is made.
-_PARSING = threading.Lock()
+        if self.parent is not None and not alone:
+            self.parent.give(size)
 
 
 class PrometheusUnavailable(Exception):
@@ -642,12 +651,12 @@ class PrometheusObserver:
 
         try:
             content = self._query(promql, now, deadline, take)
-            if not _PARSING.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            if not self.budget.parsing.acquire(timeout=max(0.0, deadline - time.monotonic())):
                 raise self._timed_out()
             try:
                 return self._shape(scope, name, self._result(content), now)
             finally:
-                _PARSING.release()
+                self.budget.parsing.release()
         finally:
             self.budget.give(held)
 
@@ -757,15 +766,14 @@ def _read_within(
                 raise _Deadline from None
             if not chunk:
                 return b"".join(chunks)
+            size += len(chunk)
+            if size > limit and limit >= MAX_BODY_BYTES:
+                raise _TooLarge  # (before taking: a query refused for its size holds nothing more)
             if not take(len(chunk)):
                 raise _OverBudget
-            size += len(chunk)
-            if size > limit:
-                if limit < MAX_BODY_BYTES:  # an error page: its head is all we show
-                    chunks.append(chunk)
-                    return b"".join(chunks)[:limit]
-                raise _TooLarge
             chunks.append(chunk)
+            if size > limit:  # an error page: its head is all we show
+                return b"".join(chunks)[:limit]
     finally:
         response.close()
 
