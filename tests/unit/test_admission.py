@@ -314,12 +314,13 @@ def test_the_crd_and_the_operator_check_the_same_operator_values() -> None:
     required = affinity["nodeAffinity"]["properties"]["requiredDuringSchedulingIgnoredDuringExecution"]
     term = required["properties"]["nodeSelectorTerms"]["items"]
     rules = [r["rule"] for r in term["properties"]["matchExpressions"]["items"]["x-kubernetes-validations"]]
-    assert len(rules) == 3 and any("matches('^-?[0-9]+$')" in r for r in rules)
+    assert len(rules) == 3 and any("matches('^[-+]?[0-9]{1,18}$')" in r for r in rules)
     assert "metadata.name" in term["x-kubernetes-validations"][0]["rule"]
     fine = [
         {"key": "gpu", "operator": "In", "values": ["h100", "h200"]},
         {"key": "gpu", "operator": "DoesNotExist"},
         {"key": "gpus", "operator": "Lt", "values": ["-4"]},
+        {"key": "gpus", "operator": "Gt", "values": ["+4"]},  # strconv.ParseInt's, as the scheduler reads it
     ]
     parse(template={"affinity": preferred_nodes({"matchExpressions": fine})})
 
@@ -332,6 +333,9 @@ def test_the_crd_schema_uses_only_fields_a_crd_schema_has() -> None:
     labels = {"type": "object", "description": "Labels.", "propertyNames": {"maxLength": 63}}
     with pytest.raises(ValueError, match=r"\.labels: propertyNames is not a field of a CRD schema"):
         _check_structural({"type": "object", "properties": {"labels": labels}}, "")
+
+
+def test_each_term_field_that_reaches_other_namespaces_is_named() -> None:
     both = parse(
         template={
             "affinity": {

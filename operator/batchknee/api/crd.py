@@ -204,7 +204,9 @@ def structural_schema(model: type[Any]) -> dict[str, Any]:
 
 # The fields of apiextensions.k8s.io/v1 JSONSchemaProps that a generated schema may use: anything
 # else (pydantic's propertyNames for a constrained dict key) is an unknown field, which a strict
-# client refuses and a lax one drops with its constraint.
+# client refuses and a lax one drops with its constraint. (Not exclusiveMinimum/Maximum, which
+# pydantic writes as numbers and a CRD takes as booleans, nor uniqueItems, which a structural
+# schema forbids.)
 SCHEMA_KEYS = frozenset(
     {
         "description",
@@ -214,15 +216,12 @@ SCHEMA_KEYS = frozenset(
         "default",
         "minimum",
         "maximum",
-        "exclusiveMinimum",
-        "exclusiveMaximum",
         "multipleOf",
         "minLength",
         "maxLength",
         "pattern",
         "minItems",
         "maxItems",
-        "uniqueItems",
         "minProperties",
         "maxProperties",
         "required",

@@ -841,8 +841,8 @@ _REQUIREMENT_VALUES = {
         "!has(self.values) || size(self.values) == 0",
     ),
     ("Gt", "Lt"): (
-        "need exactly one value, an integer",
-        "has(self.values) && size(self.values) == 1 && self.values[0].matches('^-?[0-9]+$')",
+        "need exactly one value, an integer (the scheduler reads 64 bits)",
+        "has(self.values) && size(self.values) == 1 && self.values[0].matches('^[-+]?[0-9]{1,18}$')",
     ),
 }
 
@@ -868,7 +868,7 @@ def _check_requirement(operator: str, values: list[str] | None) -> None:
         if operator in ops:
             wrong = {"In": count == 0, "Exists": count > 0, "Gt": count != 1}[ops[0]]
             if ops[0] == "Gt" and not wrong:
-                wrong = re.fullmatch(r"-?[0-9]+", (values or [""])[0]) is None
+                wrong = re.fullmatch(r"[-+]?[0-9]{1,18}", (values or [""])[0]) is None
             if wrong:
                 raise ValueError(f"operators {' and '.join(ops)} {need}")
 
