@@ -42,7 +42,7 @@ from batchknee import logs
 from batchknee.adapters import allocator
 from batchknee.adapters.engine_runtime import HttpEngineRuntime
 from batchknee.adapters.kubernetes import KubernetesAdapter, WatchCache, load_config, pooled_client
-from batchknee.adapters.observing import RoutedObserver
+from batchknee.adapters.observing import RoutedObserver, normalise_url
 from batchknee.api.models import DEFAULT_WINDOW_SECONDS, GROUP, PLURAL, VERSION
 from batchknee.api.resolve import SpecError, observation_target, parse_llmserving
 from batchknee.core.observation import ObservationTarget
@@ -71,7 +71,9 @@ def prometheus_observer(settings: OperatorSettings) -> RoutedObserver:
             url,
             timeout_s=settings.prometheus_timeout_seconds,
             min_samples=settings.prometheus_min_samples,
-            budget=None if url == settings.prometheus_url else AnswerBudget(MAX_BODY_BYTES, parent=chosen),
+            budget=None
+            if url == normalise_url(settings.prometheus_url)
+            else AnswerBudget(MAX_BODY_BYTES, parent=chosen),
         )
 
     cache = CachedObserver(observer_for, ttl_s=settings.prometheus_cache_seconds)

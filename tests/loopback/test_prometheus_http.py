@@ -194,6 +194,18 @@ def test_an_answer_of_many_small_values_is_refused_before_it_is_parsed() -> None
     assert peak < 5 * MAX_BODY_BYTES, peak  # the answer, its read pieces and the server's copy
 
 
+def test_an_answer_past_the_limit_is_refused_for_its_size_holding_nothing() -> None:
+    """Its size is told before its last piece would be taken from the budget: the reason is the
+    size (not a full budget), and nothing stays held."""
+    budget = AnswerBudget(MAX_BODY_BYTES)
+    with FakePrometheus("answer", payload=b" " * (MAX_BODY_BYTES + 100_000)) as prom:
+        observer = PrometheusObserver(prom.url, timeout_s=5.0, max_concurrent_queries=1, budget=budget)
+        seen = observer.observe([target("llama")], NOW)[("prod", "llama")]
+        observer.close()
+    assert seen.running.reason == f"Prometheus at {prom.url} answered more than 8 MiB"
+    assert budget.held == 0
+
+
 def test_the_urls_specs_chose_share_one_budget_and_the_operators_has_its_own() -> None:
     """Each URL a spec chose holds one answer's worth under one budget they share, and parses under
     their shared lock; the operator's own Prometheus has its own budget (its query threads' worth)

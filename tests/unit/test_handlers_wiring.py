@@ -104,6 +104,26 @@ def test_objects_are_routed_to_their_own_prometheus() -> None:
     ]
     routed.forget("ml", "a")
     assert inner.forgotten == [("ml", "a")]
+    # one spelling per Prometheus: a trailing slash is the same URL (one observer, one budget)
+    routed.route("ml", "b", "http://127.0.0.1:9191//")
+    routed.route("ml", "c", " http://127.0.0.1:9090/")
+    assert routed.url(b) == "http://127.0.0.1:9191"
+    assert (
+        routed.url(ObservationTarget("ml", "c", "VLLM", 300)) == routed.default_url == "http://127.0.0.1:9090"
+    )
+
+
+def test_a_budget_takes_from_its_parent_too_and_a_refusal_holds_nothing() -> None:
+    from batchknee.adapters.prometheus import AnswerBudget
+
+    shared = AnswerBudget(10)
+    mine, theirs = AnswerBudget(8, parent=shared), AnswerBudget(8, parent=shared)
+    assert mine.parsing is theirs.parsing is shared.parsing
+    assert mine.take(6) is None and theirs.take(6) is shared  # 12 > the 10 they share
+    assert (mine.held, theirs.held, shared.held) == (6, 0, 6)
+    assert mine.take(3) is mine  # 9 > its own 8
+    mine.give(6)
+    assert (mine.held, shared.held) == (0, 0)
 
 
 def test_operator_metrics() -> None:

@@ -55,7 +55,8 @@ class RoutedObserver:
 
     def __init__(self, inner: UrlObserver, default_url: str, allowed_urls: Iterable[str] = ()) -> None:
         self.inner = inner
-        self.default_url = default_url
+        # URLs as one spelling (a trailing slash, blanks): one observer, one budget, per Prometheus
+        self.default_url = normalise_url(default_url)
         # Only these and the default are ever fetched (`*`: any URL). A tenant's URL is the
         # operator's request, from its network, with its answer excerpted into the tenant's status.
         allowed = list(allowed_urls)
@@ -84,6 +85,7 @@ class RoutedObserver:
     def route(self, namespace: str, name: str, url: str | None) -> None:
         if url and not self.allows(url):
             url = None  # reconcile refuses the spec before observing; never fetch a refused URL
+        url = normalise_url(url) if url else None
         with self.lock:
             previous = self.urls.get((namespace, name))
             if url:

@@ -354,15 +354,17 @@ class AnswerBudget:
         self.parsing: threading.Lock = parent.parsing if parent is not None else threading.Lock()
         self._lock = threading.Lock()
 
-    def take(self, size: int) -> bool:
+    def take(self, size: int) -> AnswerBudget | None:
+        """Take `size` bytes from this budget and its parent; None if taken, else the budget that
+        refused (and nothing is held)."""
         with self._lock:
             if self.held + size > self.limit:
-                return False
+                return self
             self.held += size
-        if self.parent is not None and not self.parent.take(size):
+        refused = self.parent.take(size) if self.parent is not None else None
+        if refused is not None:
             self.give(size, alone=True)
-            return False
-        return True
+        return refused
 
     def give(self, size: int, alone: bool = False) -> None:
         with self._lock:
@@ -561,9 +563,9 @@ class PrometheusObserver:
             f"Prometheus at {self.shown_url} did not answer within {self.timeout_s:g}s"
         )
 
-    def _query(self, promql: str, now: datetime, deadline: float, take: Callable[[int], bool]) -> bytes:
+    def _query(self, promql: str, now: datetime, deadline: float, take: Callable[[int], None]) -> bytes:
         """One instant query, POSTed, its whole answer read before `deadline` (time.monotonic),
-        each piece as `take` allows."""
+        each piece taken from the budget (`take` raises _OverBudget)."""
         body = urllib.parse.urlencode({"query": promql, "time": f"{now.timestamp():.3f}"})
         with self._counter_lock:
             self.queries_sent += 1
@@ -589,10 +591,10 @@ class PrometheusObserver:
             raise PrometheusUnavailable(
                 f"Prometheus at {self.shown_url} answered more than {MAX_BODY_BYTES // 2**20} MiB"
             ) from None
-        except _OverBudget:
+        except _OverBudget as over:
             raise PrometheusUnavailable(
                 f"Prometheus at {self.shown_url}: the answers being read at once passed "
-                f"{self.budget.limit // 2**20} MiB; asking again at the next evaluation"
+                f"{over.limit / 2**20:g} MiB; asking again at the next evaluation"
             ) from None
         except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as error:
             raise PrometheusUnavailable(
@@ -642,12 +644,12 @@ class PrometheusObserver:
         keep only the labels the observation reads."""
         held = 0
 
-        def take(size: int) -> bool:
+        def take(size: int) -> None:
             nonlocal held
-            if not self.budget.take(size):
-                return False
+            refused = self.budget.take(size)
+            if refused is not None:
+                raise _OverBudget(refused.limit)
             held += size
-            return True
 
         try:
             content = self._query(promql, now, deadline, take)
@@ -743,14 +745,16 @@ class _TooLarge(Exception):
 
 
 class _OverBudget(Exception):
-    pass
+    def __init__(self, limit: int) -> None:
+        super().__init__(limit)
+        self.limit = limit
 
 
 def _read_within(
-    response: requests.Response, deadline: float, limit: int, take: Callable[[int], bool]
+    response: requests.Response, deadline: float, limit: int, take: Callable[[int], None]
 ) -> bytes:
     """The body of a streamed response, read before `deadline` (time.monotonic()), up to `limit`
-    bytes and as `take` allows each piece. Each socket read is given only the time left by the
+    bytes, each piece taken from a budget (`take` raises _OverBudget past it). Each socket read is given only the time left by the
     connection's own reader (the session's DeadlineAdapter, under `reads_before`), so a trickle
     cannot stretch the total."""
     raw = response.raw
@@ -769,8 +773,7 @@ def _read_within(
             size += len(chunk)
             if size > limit and limit >= MAX_BODY_BYTES:
                 raise _TooLarge  # (before taking: a query refused for its size holds nothing more)
-            if not take(len(chunk)):
-                raise _OverBudget
+            take(len(chunk))
             chunks.append(chunk)
             if size > limit:  # an error page: its head is all we show
                 return b"".join(chunks)[:limit]
