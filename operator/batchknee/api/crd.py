@@ -208,26 +208,11 @@ def structural_schema(model: type[Any]) -> dict[str, Any]:
 # pydantic writes as numbers and a CRD takes as booleans, nor uniqueItems, which a structural
 # schema forbids.)
 SCHEMA_KEYS = frozenset(
-    {
-        "description",
-        "type",
-        "format",
-        "enum",
-        "default",
-        "minimum",
-        "maximum",
+    [
+        *_KEY_ORDER,
         "multipleOf",
-        "minLength",
-        "maxLength",
-        "pattern",
-        "minItems",
-        "maxItems",
         "minProperties",
         "maxProperties",
-        "required",
-        "properties",
-        "items",
-        "additionalProperties",
         "nullable",
         "example",
         "x-kubernetes-preserve-unknown-fields",
@@ -237,7 +222,7 @@ SCHEMA_KEYS = frozenset(
         "x-kubernetes-list-map-keys",
         "x-kubernetes-map-type",
         "x-kubernetes-validations",
-    }
+    ]
 )
 
 
