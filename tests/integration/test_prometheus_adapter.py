@@ -182,6 +182,33 @@ def test_a_stale_pod_drops_out_after_the_window(fleet: Fleet, prometheus: LocalP
     assert gone.avg_context_tokens.reason == f"no VLLM engine metrics in the last {WINDOW_S}s"
 
 
+def test_a_pod_scraped_by_two_jobs_is_named_not_counted_twice(
+    fleet: Fleet, prometheus: LocalPrometheus
+) -> None:
+    """A second scrape config over the same pods (a ServiceMonitor beside the PodMonitor) stores
+    each engine's series twice; every sum by pod would count it twice. The observation says so,
+    naming the pod, instead of a doubled reading (the module's one-job Prometheus reads them all)."""
+    again = {
+        "job_name": "pods-again",
+        "file_sd_configs": [{"files": [str(fleet.file_sd)], "refresh_interval": "1s"}],
+    }
+    with LocalPrometheus(fleet.file_sd, scrape_interval_s=1, extra_scrape_configs=[again]) as twice:
+        observer = PrometheusObserver(twice.url)
+        deadline = time.monotonic() + 60
+        while True:  # until both jobs have scraped the pods
+            seen = observer.observe([target("llama")], datetime.now(UTC))[("prod", "llama")]
+            if "targets" in (seen.running.reason or "") or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        observer.close()
+    reason = seen.running.reason or ""
+    assert reason.startswith("pod llama-7c9f8b6d5-") and reason.endswith(
+        f"'s engine metrics were scraped through 2 targets (job, instance) in the last {WINDOW_S}s: "
+        "every figure would count 2 times; keep one scrape config for it"
+    ), reason
+    assert observe(prometheus, "llama")["llama"].running.value == pytest.approx(48)  # one job: read
+
+
 def test_prometheus_down_makes_everything_unavailable(prometheus: LocalPrometheus) -> None:
     prometheus.stop()
     try:

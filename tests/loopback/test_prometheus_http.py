@@ -161,11 +161,11 @@ def test_a_sample_as_prometheus_writes_it_is_read() -> None:
     at whole seconds Prometheus writes the time as an integer, and VictoriaMetrics answers a query
     near now for up to its latency offset (30 s by default) earlier."""
     for at in (NOW.timestamp(), int(NOW.timestamp()), NOW.timestamp() - 30):
-        with FakePrometheus("answer", payload=vector_of([at, "5"])) as prom:
-            observer = PrometheusObserver(prom.url, timeout_s=2.0)
+        with FakePrometheus("answer", payload=vector_of([at, "1"])) as prom:  # (one scrape target)
+            observer = PrometheusObserver(prom.url, timeout_s=2.0, min_samples=1)
             seen = observer.observe([target("llama")], NOW)[("prod", "llama")]
             observer.close()
-        assert seen.running.value == 5 and seen.tpot_p99_s.value == 5, at
+        assert seen.running.value == 1 and seen.tpot_p99_s.value == 1, at
 
 
 def test_an_answer_of_many_small_values_is_refused_before_it_is_parsed() -> None:
@@ -215,14 +215,17 @@ def test_the_urls_specs_chose_share_one_budget_and_the_operators_has_its_own() -
     from batchknee.handlers import prometheus_observer
     from batchknee.settings import OperatorSettings
 
-    answer = vector_of([NOW.timestamp(), "5"])
+    answer = vector_of([NOW.timestamp(), "1"])  # every query: 1 (one scrape target, one sample)
     with (
         FakePrometheus("answer", payload=answer) as own_prom,
         FakePrometheus("answer", payload=answer) as chosen,
     ):
         router = prometheus_observer(
             OperatorSettings(
-                prometheus_url=own_prom.url, prometheus_allowed_urls=["*"], prometheus_timeout_seconds=1
+                prometheus_url=own_prom.url,
+                prometheus_allowed_urls=["*"],
+                prometheus_timeout_seconds=1,
+                prometheus_min_samples=1,
             )
         )
         cache = router.inner._cache  # type: ignore[attr-defined]
@@ -238,7 +241,7 @@ def test_the_urls_specs_chose_share_one_budget_and_the_operators_has_its_own() -
             theirs = first.observe([target("llama")], NOW)[("prod", "llama")]
         for observer in (own, first, second):
             observer.close()
-    assert mine.running.value == 5
+    assert mine.running.value == 1
     assert (
         theirs.running.value is None
         and theirs.running.reason == f"Prometheus at {chosen.url} did not answer within 1s"

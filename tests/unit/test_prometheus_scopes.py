@@ -57,3 +57,33 @@ def test_query_text_does_not_depend_on_the_fleet() -> None:
             assert long_name not in promql
             body = urllib.parse.urlencode({"query": promql, "time": "1767225600.000"})
             assert len(body) < 8 * 1024, promql
+
+
+def test_an_engine_read_through_two_scrape_targets_is_no_observation() -> None:
+    """Two scrape configs selecting one pod (a PodMonitor and a ServiceMonitor, say) store its
+    series twice, and every sum by pod counts it twice (a KV pool "used" 1.2 times over, twice the
+    tokens per second). The scrape targets (job, instance) per engine are counted: more than one is
+    the reason, naming the pod; TP ranks labelled apart behind one target count once."""
+    from datetime import UTC, datetime
+
+    from batchknee.adapters.prometheus import ScopeData
+
+    key = ("prod", "llama")
+    promql = queries(scope_for(ObservationTarget(*key, "VLLM", 60)))["scrapes"]
+    assert "count by (namespace, llmserving, pod, engine, job, instance) (last_over_time(" in promql
+
+    def seen(scrapes: list[float]) -> str:
+        found = ScopeData(scope_for(ObservationTarget(*key, "VLLM", 60)), datetime.now(UTC), min_samples=3)
+        pods = [{"namespace": "prod", "llmserving": "llama", "pod": f"llama-{i}"} for i in range(2)]
+        found.pod_rows = {
+            "running": {key: [(p, 16.0) for p in pods]},
+            "samples": {key: [(p, 10.0) for p in pods]},
+            "scrapes": {key: [(p, n) for p, n in zip(pods, scrapes, strict=True)]},
+        }
+        return found.observation(key).running.reason
+
+    assert seen([1, 2]) == (
+        "pod llama-1's engine metrics were scraped through 2 targets (job, instance) in the last 60s: "
+        "every figure would count 2 times; keep one scrape config for it"
+    )
+    assert seen([1, 1]) == ""  # one target each: read

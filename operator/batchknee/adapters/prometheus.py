@@ -198,6 +198,7 @@ POD_QUERIES = (
     "recent_running",
     "recent_usage",
     "samples",
+    "scrapes",
     "capacity",
     "read_bytes",
 )
@@ -259,6 +260,13 @@ def queries(scope: _Scope) -> dict[str, str]:
         "recent_usage": gauge_by_pod(metrics.kv_usage, scope.recent_window),
         "samples": _first_of(
             f"min by ({by_pod}) (count_over_time({scope.select(n)}[{window}]))" for n in metrics.running
+        ),
+        # the scrape targets (job, instance) each engine was read through: two scrape configs that
+        # select one pod would make every sum here count it twice
+        "scrapes": _first_of(
+            f"count by ({by_pod}) (count by ({by_pod}, job, instance) "
+            f"(last_over_time({scope.select(n)}[{window}])))"
+            for n in metrics.running
         ),
         "capacity": _kv_capacity_query(scope, by_pod),
         "tpot_p99": quantile(metrics.tpot, 0.99),
@@ -414,6 +422,14 @@ class ScopeData:
         pods = {labels.get("pod") for labels, _ in running_rows}
         if not pods:
             return Observation.unavailable(now, f"no {scope.engine} engine metrics {window_text}")
+        doubled = sorted((labels.get("pod", ""), n) for labels, n in rows("scrapes") if n > 1)
+        if doubled:
+            pod, n = doubled[0]
+            return Observation.unavailable(
+                now,
+                f"pod {pod}'s engine metrics were scraped through {n:g} targets (job, instance) "
+                f"{window_text}: every figure would count {n:g} times; keep one scrape config for it",
+            )
         samples = [v for _, v in rows("samples")]
         thin = min(samples, default=0) < self.min_samples
         # a pod scraped for part of the window (drained or started by a rollout) counts by that part
