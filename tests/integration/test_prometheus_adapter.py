@@ -194,17 +194,20 @@ def test_a_pod_scraped_by_two_jobs_is_named_not_counted_twice(
     }
     with LocalPrometheus(fleet.file_sd, scrape_interval_s=1, extra_scrape_configs=[again]) as twice:
         observer = PrometheusObserver(twice.url)
-        deadline = time.monotonic() + 60
-        while True:  # until both jobs have scraped the pods
-            seen = observer.observe([target("llama")], datetime.now(UTC))[("prod", "llama")]
-            if "targets" in (seen.running.reason or "") or time.monotonic() > deadline:
-                break
-            time.sleep(1)
-        observer.close()
+        try:
+            deadline = time.monotonic() + 60
+            while True:  # until both jobs have scraped the pods
+                seen = observer.observe([target("llama")], datetime.now(UTC))[("prod", "llama")]
+                if "scrape targets" in (seen.running.reason or "") or time.monotonic() > deadline:
+                    break
+                time.sleep(1)
+        finally:
+            observer.close()
     reason = seen.running.reason or ""
     assert reason.startswith("pod llama-7c9f8b6d5-") and reason.endswith(
-        f"'s engine metrics were scraped through 2 targets (job, instance) in the last {WINDOW_S}s: "
-        "every figure would count 2 times; keep one scrape config for it"
+        f"'s engine metrics came through 2 scrape targets (job, instance) in the last {WINDOW_S}s: "
+        "two scrape configs select it, or it was replaced or relabelled within the window; every sum "
+        "would count it 2 times, so the observation waits for one"
     ), reason
     assert observe(prometheus, "llama")["llama"].running.value == pytest.approx(48)  # one job: read
 

@@ -83,7 +83,8 @@ def test_an_engine_read_through_two_scrape_targets_is_no_observation() -> None:
         return found.observation(key).running.reason
 
     assert seen([1, 2]) == (
-        "pod llama-1's engine metrics were scraped through 2 targets (job, instance) in the last 60s: "
-        "every figure would count 2 times; keep one scrape config for it"
+        "pod llama-1's engine metrics came through 2 scrape targets (job, instance) in the last 60s: "
+        "two scrape configs select it, or it was replaced or relabelled within the window; every sum "
+        "would count it 2 times, so the observation waits for one"
     )
     assert seen([1, 1]) == ""  # one target each: read

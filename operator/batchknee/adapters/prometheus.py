@@ -261,8 +261,9 @@ def queries(scope: _Scope) -> dict[str, str]:
         "samples": _first_of(
             f"min by ({by_pod}) (count_over_time({scope.select(n)}[{window}]))" for n in metrics.running
         ),
-        # the scrape targets (job, instance) each engine was read through: two scrape configs that
-        # select one pod would make every sum here count it twice
+        # the scrape targets (job, instance) each engine was read through in the window: two scrape
+        # configs selecting one pod, or a pod of the same name recreated with a new address, would
+        # make every sum here count it twice
         "scrapes": _first_of(
             f"count by ({by_pod}) (count by ({by_pod}, job, instance) "
             f"(last_over_time({scope.select(n)}[{window}])))"
@@ -427,8 +428,9 @@ class ScopeData:
             pod, n = doubled[0]
             return Observation.unavailable(
                 now,
-                f"pod {pod}'s engine metrics were scraped through {n:g} targets (job, instance) "
-                f"{window_text}: every figure would count {n:g} times; keep one scrape config for it",
+                f"pod {pod}'s engine metrics came through {n:g} scrape targets (job, instance) "
+                f"{window_text}: two scrape configs select it, or it was replaced or relabelled within "
+                f"the window; every sum would count it {n:g} times, so the observation waits for one",
             )
         samples = [v for _, v in rows("samples")]
         thin = min(samples, default=0) < self.min_samples
