@@ -772,9 +772,9 @@ def _read_within(
     response: requests.Response, deadline: float, limit: int, take: Callable[[int], None]
 ) -> bytes:
     """The body of a streamed response, read before `deadline` (time.monotonic()), up to `limit`
-    bytes, each piece taken from a budget (`take` raises _OverBudget past it). Each socket read is given only the time left by the
-    connection's own reader (the session's DeadlineAdapter, under `reads_before`), so a trickle
-    cannot stretch the total."""
+    bytes, each piece taken from a budget (`take` raises _OverBudget past it). Each socket read is
+    given only the time left by the connection's own reader (the session's DeadlineAdapter, under
+    `reads_before`), so a trickle cannot stretch the total."""
     raw = response.raw
     chunks: list[bytes] = []
     size = 0

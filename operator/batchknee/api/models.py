@@ -833,16 +833,23 @@ MAX_AFFINITY_TERMS = 32
 MAX_MATCH_EXPRESSIONS = 32
 MAX_MATCH_LABELS = 64
 MAX_MATCH_VALUES = 1024  # e.g. kubernetes.io/hostname In [every node of a pool]
-_REQUIREMENT_VALUES = {
-    # operator → (what its values must be, the CEL that says so)
-    ("In", "NotIn"): ("need at least one value", "has(self.values) && size(self.values) > 0"),
+INTEGER_VALUE = "[-+]?[0-9]{1,18}"  # as the scheduler's strconv.ParseInt reads one, within 64 bits
+_REQUIREMENT_VALUES: dict[tuple[str, ...], tuple[str, str, Callable[[list[str]], bool]]] = {
+    # operators → (what their values must be, the CEL that says so, the same in Python)
+    ("In", "NotIn"): (
+        "need at least one value",
+        "has(self.values) && size(self.values) > 0",
+        lambda values: len(values) > 0,
+    ),
     ("Exists", "DoesNotExist"): (
         "take no values; remove them",
         "!has(self.values) || size(self.values) == 0",
+        lambda values: not values,
     ),
     ("Gt", "Lt"): (
         "need exactly one value, an integer (the scheduler reads 64 bits)",
-        "has(self.values) && size(self.values) == 1 && self.values[0].matches('^[-+]?[0-9]{1,18}$')",
+        f"has(self.values) && size(self.values) == 1 && self.values[0].matches('^{INTEGER_VALUE}$')",
+        lambda values: len(values) == 1 and re.fullmatch(INTEGER_VALUE, values[0]) is not None,
     ),
 }
 
@@ -855,7 +862,7 @@ def _requirement_rules(operators: tuple[str, ...]) -> dict[str, Any]:
                 "message": f"operators {' and '.join(ops)} {need}",
                 "fieldPath": ".values",
             }
-            for ops, (need, rule) in _REQUIREMENT_VALUES.items()
+            for ops, (need, rule, _) in _REQUIREMENT_VALUES.items()
             if ops[0] in operators
         )
     )
@@ -863,14 +870,9 @@ def _requirement_rules(operators: tuple[str, ...]) -> dict[str, Any]:
 
 def _check_requirement(operator: str, values: list[str] | None) -> None:
     """The pydantic side of _requirement_rules (an object stored before them is parsed too)."""
-    count = len(values or [])
-    for ops, (need, _) in _REQUIREMENT_VALUES.items():
-        if operator in ops:
-            wrong = {"In": count == 0, "Exists": count > 0, "Gt": count != 1}[ops[0]]
-            if ops[0] == "Gt" and not wrong:
-                wrong = re.fullmatch(r"[-+]?[0-9]{1,18}", (values or [""])[0]) is None
-            if wrong:
-                raise ValueError(f"operators {' and '.join(ops)} {need}")
+    for ops, (need, _, holds) in _REQUIREMENT_VALUES.items():
+        if operator in ops and not holds(values or []):
+            raise ValueError(f"operators {' and '.join(ops)} {need}")
 
 
 FIELD_REQUIREMENT = "a matchFields requirement is key metadata.name, operator In or NotIn and one node name"

@@ -28,9 +28,10 @@ TRTLLM_MAX_TOKENS_LIMIT = 2**31 - 1  # kv_cache_config.max_tokens is a 32-bit in
 _KV_OPTIONS = "spec.extraLlmApiOptions.kv_cache_config"
 UNKNOWN_PEAK_FLOPS = 1e18  # outside the catalog without peakTeraflops: the compute roof never binds
 MAX_GPUS = 64  # spec.gpu.count's maximum
-# The free-form extraLlmApiOptions (and an object stored before affinity was typed) takes any JSON,
-# which the apiserver stores nested up to 10,000 levels; nothing a pod or an engine reads goes deeper than a dozen, and much
-# of Python (json, pydantic, the operator's own walks) recurses once per level.
+# The free-form extraLlmApiOptions (and an object stored before affinity was typed) takes any
+# JSON, which the apiserver stores nested up to 10,000 levels; nothing a pod or an engine reads goes
+# deeper than a dozen, and much of Python (json, pydantic, the operator's own walks) recurses once
+# per level.
 MAX_SPEC_DEPTH = 32
 
 
