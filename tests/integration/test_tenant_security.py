@@ -222,6 +222,19 @@ def test_hostile_specs_are_refused_and_nothing_runs(tenant: Harness) -> None:
     assert done.returncode != 0 and "operators In and NotIn need at least one value" in done.stderr, (
         done.stderr
     )
+    # ...and label keys and values in Kubernetes' syntax (map keys through CEL, values by pattern)
+    spaced = {**PAYMENTS_PODS, "labelSelector": {"matchLabels": {"app name": "payments"}}}
+    done = apply_as(
+        world,
+        TENANT,
+        "spaced",
+        template={"affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [spaced]}}},
+    )
+    assert (
+        done.returncode != 0 and "each matchLabels key is an optional DNS-subdomain prefix" in done.stderr
+    ), done.stderr
+    done = apply_as(world, TENANT, "nodesel", template={"nodeSelector": {"gpu": "h100 80gb"}})
+    assert done.returncode != 0 and "spec.template.nodeSelector.gpu" in done.stderr, done.stderr
     # host namespaces are not in the schema: a strict client is refused, a lax one is pruned
     done = apply_as(world, TENANT, "hostnet", template={"hostNetwork": True, "hostPID": True})
     assert done.returncode != 0 and "hostNetwork" in done.stderr, done.stderr

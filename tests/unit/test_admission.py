@@ -26,7 +26,7 @@ from batchknee.api.crd import (
     requester_policy,
     requester_policy_yaml,
 )
-from batchknee.api.models import MAX_ARGS, MAX_NAME_LENGTH, LLMServing
+from batchknee.api.models import LABEL_KEY, LABEL_VALUE, MAX_ARGS, MAX_NAME_LENGTH, LLMServing
 from batchknee.api.resolve import (
     MAX_SPEC_DEPTH,
     SpecError,
@@ -298,6 +298,21 @@ SELECTOR = (
             PREFERENCE,
         ),
         (required_pods({"matchLabels": {"k" * 318: "v"}}), SELECTOR),
+        # Kubernetes' label syntax: keys, values, topology keys
+        (required_pods({"matchLabels": {"app name": "payments"}}), SELECTOR),
+        (required_pods({"matchLabels": {"app": "-payments"}}), f"{SELECTOR}.matchLabels.app"),
+        (
+            required_pods({"matchExpressions": [{"key": "tier", "operator": "In", "values": ["a b"]}]}),
+            f"{SELECTOR}.matchExpressions[0].values[0]",
+        ),
+        (
+            {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{"topologyKey": "zone/"}]}},
+            "spec.template.affinity.podAffinity.requiredDuringSchedulingIgnoredDuringExecution[0].topologyKey",
+        ),
+        (
+            preferred_nodes({"matchExpressions": [{"key": "-gpu", "operator": "Exists"}]}),
+            f"{PREFERENCE}.matchExpressions[0].key",
+        ),
     ],
 )
 def test_a_malformed_affinity_is_invalid_naming_its_field(affinity: dict[str, Any], field: str) -> None:
@@ -545,6 +560,46 @@ def test_settings_read_the_admission_rules_from_the_environment(monkeypatch: pyt
     rules = OperatorSettings().admission_rules()
     assert rules.allowed_pod_labels == ("team", "cost-center")
     assert rules.allowed_pod_annotations == ("prometheus.io/*",)
+
+
+@pytest.mark.parametrize(
+    ("template", "words"),
+    [
+        ({"labels": {"team name": "ml"}}, "labels key 'team name' is an optional DNS-subdomain prefix"),
+        ({"labels": {"Example.com/team": "ml"}}, "labels key 'Example.com/team'"),  # a prefix is lower case
+        ({"annotations": {"a/b/c": "x"}}, "annotations key 'a/b/c'"),
+        ({"nodeSelector": {"x" * 64: "h100"}}, "nodeSelector key"),  # a name has at most 63
+        ({"labels": {"team": "ml team"}}, "String should match pattern"),
+        ({"nodeSelector": {"gpu": "h100_"}}, "String should match pattern"),
+    ],
+)
+def test_label_keys_and_values_have_kubernetes_syntax(template: dict[str, Any], words: str) -> None:
+    """A pod's labels, annotations and node selector are refused at admission in a shape the
+    Deployment write would refuse (there it was a Degraded condition after the fact)."""
+    assert words in spec_error(template=template).message
+    fine = {
+        "labels": {"example.com/team": "ml", "tier": "", "v": "1.2_a-b"},
+        "annotations": {"Example.COM/Note": "any text at all"},  # Kubernetes case-folds annotation keys
+        "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+    }
+    assert parse(template=fine).spec.pod_template.dump()["nodeSelector"] == fine["nodeSelector"]
+
+
+def test_the_crd_checks_map_keys_with_the_models_syntax() -> None:
+    """A CRD schema constrains map keys only in CEL: each map of label keys carries the one regex
+    the model uses (annotations case-folded)."""
+    template = crd_manifest()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"][
+        "properties"
+    ]["template"]["properties"]
+    rules = {
+        name: template[name]["x-kubernetes-validations"][0]["rule"] for name in ("labels", "nodeSelector")
+    }
+    assert all(f"k.matches('{LABEL_KEY}')" in rule for rule in rules.values())
+    assert (
+        f"k.lowerAscii().matches('{LABEL_KEY}')"
+        in template["annotations"]["x-kubernetes-validations"][0]["rule"]
+    )
+    assert template["labels"]["additionalProperties"]["pattern"] == LABEL_VALUE
 
 
 @pytest.mark.parametrize(

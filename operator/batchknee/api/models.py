@@ -11,7 +11,7 @@ clear message naming the field.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
@@ -51,6 +51,19 @@ TARGET_ENV_VAR = "BATCHKNEE_MAX_NUM_SEQS"
 DEFAULT_WINDOW_SECONDS = 300  # spec.tuning.windowSeconds
 # Label and annotation keys the operator reads and writes on its objects (a tenant's would steer it).
 OPERATOR_KEY_PREFIX = f"{GROUP}/"
+# Kubernetes' syntax of label keys (IsQualifiedName) and values (IsValidLabelValue), checked at
+# admission rather than at the Deployment write. '[.]', not an escaped dot: CEL strings have no such
+# escape. A key's prefix is not bounded to 253 characters here (the Deployment write refuses it).
+LABEL_KEY = (
+    "^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    "[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+MAX_LABEL_KEY_LENGTH = 317  # a DNS-subdomain prefix (253), '/', a name (63)
+LABEL_VALUE = "^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+LABEL_KEY_SYNTAX = (
+    "is an optional DNS-subdomain prefix and '/', then a name of 1 to 63 letters, digits, '-', '_' "
+    "or '.' that starts and ends with a letter or digit (e.g. example.com/team)"
+)
 
 
 def normalise_catalog_name(name: str) -> str:
@@ -103,6 +116,23 @@ Int64 = Annotated[int, Field(json_schema_extra={"format": "int64"})]
 
 def _validations(*rules: dict[str, str]) -> dict[str, Any]:
     return {"x-kubernetes-validations": list(rules)}
+
+
+def _label_keys_rule(field: str, *, any_case: bool = False) -> dict[str, str]:
+    """The CEL for a map's keys (a CRD schema constrains map keys only in CEL); annotation keys
+    are read case-folded, as Kubernetes reads them."""
+    key = "k.lowerAscii()" if any_case else "k"
+    return {
+        "rule": f"self.all(k, size(k) <= {MAX_LABEL_KEY_LENGTH} && {key}.matches('{LABEL_KEY}'))",
+        "message": f"each {field} key {LABEL_KEY_SYNTAX}",
+    }
+
+
+def _check_label_keys(field: str, keys: Iterable[str], *, any_case: bool = False) -> None:
+    """The pydantic side of _label_keys_rule (an object stored before it is parsed too)."""
+    for key in sorted(keys):
+        if len(key) > MAX_LABEL_KEY_LENGTH or not re.fullmatch(LABEL_KEY, key.lower() if any_case else key):
+            raise ValueError(f"{field} key {key[:256]!r} {LABEL_KEY_SYNTAX}")
 
 
 class _Model(BaseModel):
@@ -826,9 +856,8 @@ class Toleration(_Model):
 # Affinity, typed like Kubernetes' own (its field names, enums, required fields and the values each
 # operator takes), so a malformed or deeply nested term is refused at admission and the
 # cross-namespace gate reads fields, not JSON. The bounds are far above any scheduler's use.
-LabelKey = Annotated[str, Field(min_length=1, max_length=317)]
-LabelValue = Annotated[str, Field(max_length=63)]
-MAX_LABEL_KEY_LENGTH = 317  # a DNS-subdomain prefix (253), '/', a name (63)
+LabelKey = Annotated[str, Field(min_length=1, max_length=MAX_LABEL_KEY_LENGTH, pattern=LABEL_KEY)]
+LabelValue = Annotated[str, Field(max_length=63, pattern=LABEL_VALUE)]
 MAX_AFFINITY_TERMS = 32
 MAX_MATCH_EXPRESSIONS = 32
 MAX_MATCH_LABELS = 64
@@ -983,12 +1012,7 @@ class LabelSelector(_Model):
         None,
         max_length=MAX_MATCH_LABELS,
         description="Labels that must be equal.",
-        json_schema_extra=_validations(
-            {
-                "rule": f"self.all(k, size(k) > 0 && size(k) <= {MAX_LABEL_KEY_LENGTH})",
-                "message": f"a label key has 1 to {MAX_LABEL_KEY_LENGTH} characters",
-            }
-        ),
+        json_schema_extra=_validations(_label_keys_rule("matchLabels")),
     )
     match_expressions: list[LabelSelectorRequirement] | None = Field(
         None, max_length=MAX_MATCH_EXPRESSIONS, description="Requirements on labels."
@@ -996,8 +1020,7 @@ class LabelSelector(_Model):
 
     @model_validator(mode="after")
     def _rules(self) -> LabelSelector:
-        if any(not 0 < len(key) <= MAX_LABEL_KEY_LENGTH for key in self.match_labels or {}):
-            raise ValueError(f"a matchLabels key has 1 to {MAX_LABEL_KEY_LENGTH} characters")
+        _check_label_keys("matchLabels", self.match_labels or {})
         return self
 
 
@@ -1166,14 +1189,16 @@ class TemplateSpec(_Model):
         )
     )
 
-    labels: dict[str, Annotated[str, Field(max_length=63)]] | None = Field(
+    labels: dict[str, LabelValue] | None = Field(
         None,
         max_length=64,
         description="Extra pod labels; each key must match the admin's allowedPodLabels (none by default).",
+        json_schema_extra=_validations(_label_keys_rule("spec.template.labels")),
     )
     annotations: dict[str, Annotated[str, Field(max_length=65536)]] | None = Field(
         None,
         max_length=64,
+        json_schema_extra=_validations(_label_keys_rule("spec.template.annotations", any_case=True)),
         description="Extra pod annotations; each key must match the admin's allowedPodAnnotations (none by "
         "default). A confinement profile other than runtime/default (AppArmor, seccomp annotations) is "
         "admin-gated (allowUnrestrictedSecurityContext) instead.",
@@ -1203,8 +1228,11 @@ class TemplateSpec(_Model):
         "persistentVolumeClaim are admin-gated.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
-    node_selector: dict[str, Annotated[str, Field(max_length=63)]] | None = Field(
-        None, max_length=64, description="Pod node selector."
+    node_selector: dict[str, LabelValue] | None = Field(
+        None,
+        max_length=64,
+        description="Pod node selector.",
+        json_schema_extra=_validations(_label_keys_rule("spec.template.nodeSelector")),
     )
     tolerations: list[Toleration] | None = Field(
         None,
@@ -1253,6 +1281,9 @@ class TemplateSpec(_Model):
 
     @model_validator(mode="after")
     def _rules(self) -> TemplateSpec:
+        _check_label_keys("labels", self.labels or {})
+        _check_label_keys("annotations", self.annotations or {}, any_case=True)
+        _check_label_keys("nodeSelector", self.node_selector or {})
         for name, keys in (("labels", self.labels), ("annotations", self.annotations)):
             for key in sorted(keys or {}):
                 if key.startswith(OPERATOR_KEY_PREFIX):
