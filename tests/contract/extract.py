@@ -98,6 +98,16 @@ class Contract:
         return {m.type for m in self.metrics.get(name, [])}
 
 
+def field_names(source: str) -> set[str]:
+    """The annotated names a module's classes declare (SGLang's flags are dataclass fields,
+    dash-spelled on the command line)."""
+    return {
+        node.target.id
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+    }
+
+
 def family_name(name: str, kind: str) -> str:
     return name[: -len("_total")] if kind == "counter" and name.endswith("_total") else name
 

@@ -10,7 +10,7 @@ import ast
 import io
 
 from contracts import emulator_exposition, sglang_contract, vllm_contract, vllm_sources
-from extract import family_name, wheel_sources
+from extract import family_name, field_names, wheel_sources
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from wheels import PINNED, wheel_path
@@ -28,14 +28,6 @@ def _option_strings(source: str) -> set[str]:
         node.value
         for node in ast.walk(ast.parse(source))
         if isinstance(node, ast.Constant) and isinstance(node.value, str)
-    }
-
-
-def _field_names(source: str) -> set[str]:
-    return {
-        node.target.id
-        for node in ast.walk(ast.parse(source))
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
     }
 
 
@@ -58,7 +50,7 @@ def test_vllm_labels_its_counter_per_engine_and_counts_it_behind_enable_mfu_metr
     assert all(m.source.startswith("vllm/v1/metrics/perf.py") for m in variants)
     sources = vllm_sources()
     assert vllm.MFU_METRICS_SWITCH in _option_strings(sources["vllm/engine/arg_utils.py"])
-    assert "enable_mfu_metrics" in _field_names(sources["vllm/config/observability.py"])
+    assert "enable_mfu_metrics" in field_names(sources["vllm/config/observability.py"])
 
 
 def test_sglang_labels_its_counter_with_the_scheduler_labels_and_a_switch_of_the_same_name() -> None:
@@ -68,7 +60,7 @@ def test_sglang_labels_its_counter_with_the_scheduler_labels_and_a_switch_of_the
     assert variants[0].source.startswith("sglang/srt/observability/metrics_collector.py")
     fields = wheel_sources(wheel_path("sglang"), "sglang")["sglang/srt/arg_groups/fields/observability.py"]
     # SGLang's flags are its dataclass fields, dash-spelled.
-    assert sglang.MFU_METRICS_SWITCH.removeprefix("--").replace("-", "_") in _field_names(fields)
+    assert sglang.MFU_METRICS_SWITCH.removeprefix("--").replace("-", "_") in field_names(fields)
 
 
 def _samples(argv: list[str]) -> dict[str, float]:

@@ -10,8 +10,8 @@ optional priority/custom labels, filled in at run time).
 from __future__ import annotations
 
 from contracts import emulator_exposition, sglang_contract
-from extract import family_name
-from wheels import PINNED
+from extract import family_name, field_names, wheel_sources
+from wheels import PINNED, wheel_path
 
 from batchknee.adapters.prometheus import queried_metric_names
 from batchknee.engines import sglang
@@ -153,3 +153,23 @@ def test_the_emulator_exports_the_release_names_types_and_labels() -> None:
                 + " or ".join(str(m.labels) for m in variants)
             )
     assert not problems, "\n".join(problems)
+
+
+def test_the_switches_that_write_scheduler_series_twice_are_the_releases() -> None:
+    """Two switches add series beside the ones the adapter sums: every TP rank's scheduler writing
+    the same batch, and the queue gauges' breakdown by priority beside their total. The adapter
+    reads them once (sglang.METRICS.rank_labels, gauge_matchers); the emulator writes them."""
+    sources = wheel_sources(wheel_path("sglang"), "sglang")
+    fields = field_names(sources["sglang/srt/arg_groups/fields/observability.py"]) | field_names(
+        sources["sglang/srt/arg_groups/fields/schedule.py"]
+    )
+    for switch in (sglang.ALL_SCHEDULERS_SWITCH, sglang.PRIORITY_SWITCH):
+        assert switch.removeprefix("--").replace("-", "_") in fields, switch
+    collector = sources["sglang/srt/observability/metrics_collector.py"]
+    assert 'labels["priority"] = str(priority)' in collector  # the breakdown, beside the total under ""
+    assert '"tp_rank": parallel.tp_rank' in collector and "enable_metrics_for_all_schedulers" in collector
+    assert set(sglang.METRICS.rank_labels) <= set(sglang.SCHEDULER_LABELS)
+    exported = emulator_exposition(
+        [*EMULATOR, "--tp-size", "2", sglang.ALL_SCHEDULERS_SWITCH, sglang.PRIORITY_SWITCH]
+    )
+    assert exported["sglang:num_running_reqs"].labels == {*sglang.SCHEDULER_LABELS, "priority"}

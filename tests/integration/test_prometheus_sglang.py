@@ -4,7 +4,8 @@ real SGLang pod's, and a prompt prefix the requests share counts once in the con
 The emulator runs as `python -m sglang.launch_server …` would, with a closed loop of 64 requests
 whose 2,000-token prompts share their first 60 % (a system prompt). SGLang's radix tree holds that
 prefix once in the KV pool, so the context per running sequence the knee needs is the unique part
-plus the prefix spread over the batch — not the 2,000+ tokens each request attends to.
+plus the prefix spread over the batch — not the 2,000+ tokens each request attends to. Each test runs
+against SGLang's defaults and again with the switches that write the same figures more than once.
 """
 
 from __future__ import annotations
@@ -30,8 +31,21 @@ TARGET = ObservationTarget("prod", "sgl", "SGLang", WINDOW_S)
 CONCURRENCY, PROMPT, OUTPUT, SHARED, SPEEDUP = 64, 2000, 128, 0.6, 20
 
 
-@pytest.fixture(scope="module")
-def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalPrometheus]:
+# SGLang's defaults, and the switches that add series beside the ones the queries sum: every TP
+# rank's scheduler writing the same batch, and the queue gauges' breakdown by priority beside their
+# total (read naively: 2 ranks × (total + breakdown) = four times the running requests).
+SWITCHES = {
+    "defaults": [],
+    "all-ranks-by-priority": [
+        "--tp-size", "2", "--enable-metrics-for-all-schedulers", "--enable-priority-scheduling",
+    ],
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module", params=list(SWITCHES))
+def prometheus(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalPrometheus]:
     workdir = tmp_path_factory.mktemp("sglang")
     host = "127.1.4.1"
     port = free_port(host)
@@ -40,7 +54,7 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalPromet
          "--concurrency", str(CONCURRENCY), "--prompt-tokens", str(PROMPT), "--output-tokens", str(OUTPUT),
          "--prefix-sharing", str(SHARED), "--startup-delay-s", "0", "--host", host, "--port", str(port),
          "-m", "sglang.launch_server", "--model-path", "meta-llama/Meta-Llama-3-8B",
-         "--max-running-requests", "128", "--enable-metrics"]
+         "--max-running-requests", "128", "--enable-metrics", *SWITCHES[request.param]]
     )  # fmt: skip
     file_sd = workdir / "targets.json"
     labels = {"namespace": "prod", "pod": "sgl-7c9f8b6d5-abcde", "llmserving": "sgl"}

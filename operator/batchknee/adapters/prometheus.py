@@ -141,8 +141,8 @@ class _Scope:
         name = _promql_string(self.owner_key[1])
         return f'label_replace({expr}, "{LLMSERVING_LABEL}", "{name}", "", "")'
 
-    def select(self, name_regex: str) -> str:
-        return f'{{__name__=~"{name_regex}",{self.matcher}}}'
+    def select(self, name_regex: str, matchers: str = "") -> str:
+        return f'{{__name__=~"{name_regex}",{self.matcher}{"," + matchers if matchers else ""}}}'
 
     def rate(self, name_regex: str) -> str:
         return f"rate({self.select(name_regex)}[{self.window}])"
@@ -232,8 +232,15 @@ def queries(scope: _Scope) -> dict[str, str]:
     window = scope.window
     by_pod = f"namespace, {LLMSERVING_LABEL}, pod, engine"
 
+    def once(expr: str) -> str:
+        """`expr` with the ranks that write the same batch read once."""
+        return f"max without ({', '.join(metrics.rank_labels)}) ({expr})" if metrics.rank_labels else expr
+
+    def gauge(name: str) -> str:
+        return scope.select(name, metrics.gauge_matchers)
+
     def gauge_by_pod(names: tuple[str, ...], over: str = window) -> str:
-        return _first_of(f"sum by ({by_pod}) (avg_over_time({scope.select(n)}[{over}]))" for n in names)
+        return _first_of(f"sum by ({by_pod}) ({once(f'avg_over_time({gauge(n)}[{over}])')})" for n in names)
 
     def quantile(names: tuple[str, ...], q: float) -> str:
         return _first_of(
@@ -250,7 +257,7 @@ def queries(scope: _Scope) -> dict[str, str]:
         )
 
     def rate(names: tuple[str, ...]) -> str:
-        return _first_of(scope.grouped(scope.rate(name)) for name in names)
+        return _first_of(scope.grouped(once(scope.rate(name))) for name in names)
 
     found = {
         "running": gauge_by_pod(metrics.running),
@@ -259,7 +266,7 @@ def queries(scope: _Scope) -> dict[str, str]:
         "recent_running": gauge_by_pod(metrics.running, scope.recent_window),
         "recent_usage": gauge_by_pod(metrics.kv_usage, scope.recent_window),
         "samples": _first_of(
-            f"min by ({by_pod}) (count_over_time({scope.select(n)}[{window}]))" for n in metrics.running
+            f"min by ({by_pod}) (count_over_time({gauge(n)}[{window}]))" for n in metrics.running
         ),
         # the scrape targets (job, instance) each engine was read through in the window: two scrape
         # configs selecting one pod, or a pod of the same name recreated with a new address, would
@@ -1000,7 +1007,8 @@ def queried_metric_names(engine: Engine) -> list[QueriedMetric]:
         "read_bytes": "counter",
         "step_time": "histogram",
     }
-    unknown = {f.name for f in fields(EngineMetrics)} - set(kinds)
+    how_read = {"gauge_matchers", "rank_labels"}  # not names: how the gauges above are read
+    unknown = {f.name for f in fields(EngineMetrics)} - set(kinds) - how_read
     if unknown:
         raise ValueError(f"EngineMetrics fields without a query type here: {', '.join(sorted(unknown))}")
     queried = [

@@ -282,6 +282,16 @@ def _emulator_parser(engine: str) -> _Parser:
         flags.add_argument(
             sglang.MFU_METRICS_SWITCH, action="store_true", help="count sglang:estimated_read_bytes_per_gpu"
         )
+        flags.add_argument(
+            sglang.ALL_SCHEDULERS_SWITCH,
+            action="store_true",
+            help="every tensor-parallel rank's scheduler writes its gauges (not rank 0's only)",
+        )
+        flags.add_argument(
+            sglang.PRIORITY_SWITCH,
+            action="store_true",
+            help='queue gauges as a total (priority="") and a breakdown by priority',
+        )
         flags.add_argument("--served-model-name", nargs="+", default=None)
         flags.add_argument("--kv-cache-dtype", default="auto")
         flags.add_argument("--dtype", default="auto")
@@ -385,6 +395,8 @@ class EmulatorSettings:
     runtime_config_endpoint: bool = False
     trimtab_endpoint: bool = False
     mfu_metrics: bool = False  # vLLM/SGLang --enable-mfu-metrics: count the bytes read
+    metrics_for_all_schedulers: bool = False  # SGLang: every TP rank writes the scheduler's gauges
+    priority_scheduling: bool = False  # SGLang: the queue gauges' breakdown by priority
     ignored: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
     trtllm: dict[str, Any] = field(default_factory=dict)
@@ -512,6 +524,8 @@ def parse_emulator_args(argv: Sequence[str], environ: dict[str, str] | None = No
         "runtime_config_endpoint": runtime_config,
         "trimtab_endpoint": trimtab,
         "mfu_metrics": bool(getattr(args, "enable_mfu_metrics", False)),
+        "metrics_for_all_schedulers": bool(getattr(args, "enable_metrics_for_all_schedulers", False)),
+        "priority_scheduling": bool(getattr(args, "enable_priority_scheduling", False)),
     }
     served = (args.served_model_name or [model_name])[0]
 

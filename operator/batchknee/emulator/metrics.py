@@ -459,21 +459,40 @@ class TrtllmCollector(Collector):
 class SglangCollector(Collector):
     """SGLang's `/metrics` with `--enable-metrics`: the scheduler's gauges (labelled with the parallel
     ranks) and the tokenizer's counters and histograms (model and engine type, plus `is_streaming`
-    or `cache_source` where the release has them). Names and labels: batchknee.engines.sglang."""
+    or `cache_source` where the release has them). Names and labels: batchknee.engines.sglang.
+
+    reporting_ranks: the tensor-parallel ranks whose schedulers write their series (1: rank 0 only,
+    SGLang's default; the TP size with --enable-metrics-for-all-schedulers), each the same batch.
+    priority_scheduling: --enable-priority-scheduling's `priority` label on the scheduler's series,
+    the queue gauges' total under "" and their breakdown under "0" (every request has the default
+    priority). The tokenizer's `priority` label (per request) is left out."""
 
     def __init__(
-        self, engine: Engine, model_name: str, page_size: int, mfu_metrics: bool = False, speedup: float = 1.0
+        self,
+        engine: Engine,
+        model_name: str,
+        page_size: int,
+        mfu_metrics: bool = False,
+        speedup: float = 1.0,
+        reporting_ranks: int = 1,
+        priority_scheduling: bool = False,
     ) -> None:
         self.engine = engine
         self.model_name = model_name
         self.page_size = page_size
         self.mfu_metrics = mfu_metrics
         self.speedup = speedup
+        self.reporting_ranks = reporting_ranks
+        self.priority_scheduling = priority_scheduling
 
     def collect(self) -> Iterator[Metric]:
         engine, stats = self.engine, self.engine.stats
-        scheduler = list(sglang.SCHEDULER_LABELS)
-        ranks = [self.model_name, "unified", "0", "0", "0"]
+        scheduler = list(sglang.SCHEDULER_LABELS) + (["priority"] if self.priority_scheduling else [])
+        total = [""] if self.priority_scheduling else []
+        # model_name, engine_type, tp_rank, pp_rank, moe_ep_rank (a dense model: one expert rank)
+        ranks = [
+            [self.model_name, "unified", str(rank), "0", "0", *total] for rank in range(self.reporting_ranks)
+        ]
         tokenizer = list(sglang.TOKENIZER_LABELS)
         base = [self.model_name, "unified"]
         pool = engine.total_blocks * self.page_size
@@ -491,13 +510,24 @@ class SglangCollector(Collector):
             "num_pages": engine.total_blocks,
             "decode_sum_seq_lens": context,
         }
+        queues = ("num_running_reqs", "num_queue_reqs")
+
+        def family(
+            kind: type[GaugeMetricFamily | CounterMetricFamily], name: str, doc: str, value: float
+        ) -> Metric:
+            metric = kind(name, doc, labels=scheduler)
+            for labels in ranks:
+                metric.add_metric(labels, value)
+                if self.priority_scheduling and name.removeprefix("sglang:") in queues:
+                    metric.add_metric([*labels[:-1], "0"], value)  # the breakdown: every request at 0
+            return metric
+
         for name, value in gauges.items():
-            yield _gauge(f"sglang:{name}", f"SGLang {name.replace('_', ' ')}.", scheduler, ranks, value)
-        yield _counter(
+            yield family(GaugeMetricFamily, f"sglang:{name}", f"SGLang {name.replace('_', ' ')}.", value)
+        yield family(
+            CounterMetricFamily,
             "sglang:num_retracted_requests",
             "Number of retracted requests.",
-            scheduler,
-            ranks,
             stats.preemptions,
         )
         # Registered either way; SGLang increments it (and so gives it a series) only with
@@ -508,7 +538,10 @@ class SglangCollector(Collector):
             labels=scheduler,
         )
         if self.mfu_metrics:
-            read_bytes.add_metric(ranks, read_bytes_per_wall_second_basis(stats.read_bytes, self.speedup))
+            for labels in ranks:  # each rank its own GPU's
+                read_bytes.add_metric(
+                    labels, read_bytes_per_wall_second_basis(stats.read_bytes, self.speedup)
+                )
         yield read_bytes
         streaming = [*tokenizer, "is_streaming"]
         yield _counter(

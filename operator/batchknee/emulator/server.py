@@ -127,7 +127,15 @@ class EmulatorServer:
             )
         elif settings.engine == "sglang":
             engine_collector = SglangCollector(
-                self.engine, model, settings.config.block_size, settings.mfu_metrics, speedup=settings.speedup
+                self.engine,
+                model,
+                settings.config.block_size,
+                settings.mfu_metrics,
+                speedup=settings.speedup,
+                reporting_ranks=settings.config.roofline.tensor_parallel
+                if settings.metrics_for_all_schedulers
+                else 1,
+                priority_scheduling=settings.priority_scheduling,
             )
         else:
             engine_collector = TrtllmCollector(

@@ -47,6 +47,12 @@ class EngineMetrics:
     # spans their whole lives: after a shift it still shows the steps before it for as long as a
     # request runs (minutes at long outputs), and a fit on it picks a batch too large.
     step_time: tuple[str, ...] = ()
+    # Label matchers the engine's own gauges are read with: one series per rank of what each
+    # counts, not a breakdown written beside it (SGLang's queue gauges by priority).
+    gauge_matchers: str = ""
+    # Labels that tell apart ranks of one tensor-parallel group writing the same batch's gauges and
+    # counters (SGLang with --enable-metrics-for-all-schedulers): read once (max), not summed.
+    rank_labels: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

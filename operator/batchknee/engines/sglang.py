@@ -95,7 +95,19 @@ METRICS = EngineMetrics(
     generation_length=("sglang[:_]generation_tokens_histogram",),
     read_bytes=("sglang[:_]estimated_read_bytes_per_gpu_total",),
     step_time=("sglang[:_]inter_token_latency_seconds",),
+    # the queue gauges' totals, not their breakdown by priority (--enable-priority-scheduling); the
+    # other scheduler series carry priority="" too, and without the switch no series has the label
+    gauge_matchers='priority=""',
+    # --enable-metrics-for-all-schedulers: each TP rank writes the same batch (a data-parallel
+    # attention group keeps its own dp_rank, so groups still add up)
+    rank_labels=("tp_rank", "moe_ep_rank"),
 )
+# By default only the scheduler of attention-TP rank 0 writes the scheduler's series; with this
+# switch every rank does, each the same batch under its own `tp_rank` (and `moe_ep_rank`).
+ALL_SCHEDULERS_SWITCH = "--enable-metrics-for-all-schedulers"
+# With this switch the queue gauges (running, waiting) carry the total under `priority=""` and a
+# breakdown under each request priority `priority="<int>"`; every other scheduler series has `priority=""`.
+PRIORITY_SWITCH = "--enable-priority-scheduling"
 # SGLang counts the bytes it reads only with this switch (and --enable-metrics): the scheduler's
 # collector registers the counter either way, but without samples until it is incremented.
 MFU_METRICS_SWITCH = "--enable-mfu-metrics"
