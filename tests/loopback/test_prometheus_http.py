@@ -207,10 +207,11 @@ def test_an_answer_past_the_limit_is_refused_for_its_size_holding_nothing() -> N
 
 
 def test_the_urls_specs_chose_share_one_budget_and_the_operators_has_its_own() -> None:
-    """Each URL a spec chose holds one answer's worth under one budget they share, and parses under
-    their shared lock; the operator's own Prometheus has its own budget (its query threads' worth)
-    and lock. So a tenant's Prometheus whose answers hold the shared lock (parsing 400,000 values
-    takes most of a second) delays the chosen URLs, never the operator's own reads. A budget past
+    """Each URL a spec chose holds one answer's worth under one budget they share, and parses in
+    its own turn and then their shared one; the operator's own Prometheus has its own budget (its
+    query threads' worth) and turn. So a tenant's Prometheus whose answers take the shared turn
+    (parsing 400,000 values takes most of a second) delays each other chosen URL by one answer at
+    most, and never the operator's own reads; its other answers wait on its own turn. A budget past
     its limit refuses the next piece at once (the next evaluation asks again) and keeps nothing."""
     from batchknee.handlers import prometheus_observer
     from batchknee.settings import OperatorSettings
@@ -236,9 +237,11 @@ def test_the_urls_specs_chose_share_one_budget_and_the_operators_has_its_own() -
             shared is not None and shared is second.budget.parent and shared.limit == ANSWER_BYTES_IN_FLIGHT
         )
         assert first.budget.limit == MAX_BODY_BYTES and first.budget is not second.budget
-        with shared.parsing:  # a tenant's answer being parsed, for longer than a deadline
+        with shared.turn:  # a tenant's answer being parsed, for longer than a deadline
             mine = own.observe([target("llama")], NOW)[("prod", "llama")]
             theirs = first.observe([target("llama")], NOW)[("prod", "llama")]
+        with second.budget.turn:  # another tenant's answers queued on its own turn: not ahead of these
+            again = first.observe([target("llama")], NOW)[("prod", "llama")]
         for observer in (own, first, second):
             observer.close()
     assert mine.running.value == 1
@@ -246,6 +249,7 @@ def test_the_urls_specs_chose_share_one_budget_and_the_operators_has_its_own() -
         theirs.running.value is None
         and theirs.running.reason == f"Prometheus at {chosen.url} did not answer within 1s"
     )
+    assert again.running.value == 1
 
     budget = AnswerBudget(limit=2**20)
     with FakePrometheus("answer", payload=b"[" + b"0," * 2**20 + b"0]") as prom:

@@ -118,12 +118,32 @@ def test_a_budget_takes_from_its_parent_too_and_a_refusal_holds_nothing() -> Non
 
     shared = AnswerBudget(10)
     mine, theirs = AnswerBudget(8, parent=shared), AnswerBudget(8, parent=shared)
-    assert mine.parsing is theirs.parsing is shared.parsing
     assert mine.take(6) is None and theirs.take(6) is shared  # 12 > the 10 they share
     assert (mine.held, theirs.held, shared.held) == (6, 0, 6)
     assert mine.take(3) is mine  # 9 > its own 8
     mine.give(6)
     assert (mine.held, shared.held) == (0, 0)
+
+
+def test_a_childs_answers_queue_on_its_own_turn_and_one_at_a_time_at_its_parents() -> None:
+    """A tenant's Prometheus with many answers to parse keeps them in its own queue: while one of
+    them waits for (or holds) the shared turn, the next waits on its own, so each sibling has one
+    answer ahead of it at most; a wait past its deadline holds nothing."""
+    import time
+
+    from batchknee.adapters.prometheus import AnswerBudget
+
+    shared = AnswerBudget(10)
+    busy, other = AnswerBudget(8, parent=shared), AnswerBudget(8, parent=shared)
+    soon = time.monotonic() + 0.05
+    assert busy.take_turn(soon)  # one of the busy URL's answers is parsed
+    assert not busy.take_turn(soon)  # its next waits on its own turn...
+    assert not other.take_turn(soon)  # ...and a sibling's on the shared one, that the first holds
+    assert not other.turn.locked()  # (holding nothing after its deadline)
+    busy.end_turn()
+    assert other.take_turn(time.monotonic() + 0.05) and busy.turn.locked() is False
+    other.end_turn()
+    assert not shared.turn.locked() and not other.turn.locked()
 
 
 def test_operator_metrics() -> None:

@@ -352,23 +352,40 @@ def _kv_capacity_query(scope: _Scope, by_pod: str) -> str:
 
 class AnswerBudget:
     """The bytes of answers being read or parsed at once by the observers that share it, and the
-    lock under which they parse one answer at a time (json.loads holds the GIL anyway; a parsed
-    answer, several times its size, is dropped before the next is made). A query that would take
-    more is refused at once (the next evaluation asks again): one that waited while holding part of
-    its answer could wait on others doing the same. A budget with a `parent` takes from both and
-    parses under the parent's lock.
+    turn they take to parse one answer at a time (json.loads holds the GIL anyway; a parsed answer,
+    several times its size, is dropped before the next is made). A query that would take more is
+    refused at once (the next evaluation asks again): one that waited while holding part of its
+    answer could wait on others doing the same. A budget with a `parent` takes from both, and
+    parses in its own turn and then the parent's: its answers queue on its own turn, so at most one
+    of them waits at the parent's, beside one of each sibling's.
 
-    The operator's own Prometheus gets a budget its query threads cannot pass, and its own lock;
+    The operator's own Prometheus gets a budget its query threads cannot pass, and its own turn;
     each URL an LLMServing chose gets one answer's worth, under one budget they all share. So a
-    tenant's Prometheus answering its largest to every query holds one answer of the shared budget,
-    and never the operator's memory (and with it every tenant's loop) or its own reads."""
+    tenant's Prometheus answering its largest to every query holds one answer of the shared budget
+    and one place in the queue to parse, and never the operator's memory (and with it every
+    tenant's loop) or its own reads."""
 
     def __init__(self, limit: int = ANSWER_BYTES_IN_FLIGHT, parent: AnswerBudget | None = None) -> None:
         self.limit = limit
         self.parent = parent
         self.held = 0
-        self.parsing: threading.Lock = parent.parsing if parent is not None else threading.Lock()
+        self.turn = threading.Lock()  # held while one of this budget's answers is parsed
         self._lock = threading.Lock()
+
+    def take_turn(self, deadline: float) -> bool:
+        """Wait until `deadline` (monotonic) for this budget's turn to parse, then its parent's;
+        False (holding neither) when the deadline passes first."""
+        if not self.turn.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            return False
+        if self.parent is None or self.parent.take_turn(deadline):
+            return True
+        self.turn.release()
+        return False
+
+    def end_turn(self) -> None:
+        if self.parent is not None:
+            self.parent.end_turn()
+        self.turn.release()
 
     def take(self, size: int) -> AnswerBudget | None:
         """Take `size` bytes from this budget and its parent; None if taken, else the budget that
@@ -678,12 +695,12 @@ class PrometheusObserver:
 
         try:
             content = self._query(promql, now, deadline, take)
-            if not self.budget.parsing.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            if not self.budget.take_turn(deadline):
                 raise self._timed_out()
             try:
                 return self._shape(scope, name, self._result(content), now)
             finally:
-                self.budget.parsing.release()
+                self.budget.end_turn()
         finally:
             self.budget.give(held)
 
