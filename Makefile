@@ -112,10 +112,10 @@ tools:
 # a free loopback port.
 system-deps:
 	@missing=; \
-	command -v prometheus >/dev/null || missing="$$missing prometheus"; \
+	command -v prometheus >/dev/null && command -v promtool >/dev/null || missing="$$missing prometheus"; \
 	command -v ip >/dev/null || missing="$$missing iproute2"; \
 	if [ -z "$$missing" ]; then \
-	  echo "system-deps: $$(command -v prometheus) and $$(command -v ip) present"; \
+	  echo "system-deps: $$(command -v prometheus), $$(command -v promtool) and $$(command -v ip) present"; \
 	else \
 	  sudo=; [ "$$(id -u)" = 0 ] || sudo=sudo; \
 	  $$sudo apt-get update -q && \

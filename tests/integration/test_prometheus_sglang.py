@@ -16,10 +16,11 @@ import sys
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
-from batchknee.adapters.prometheus import PrometheusObserver
+from batchknee.adapters.prometheus import PrometheusObserver, queries, scope_for
 from batchknee.core.observation import Observation, ObservationTarget
 from batchknee.devcluster import LocalPrometheus
 from batchknee.devcluster.cluster import free_port
@@ -102,3 +103,91 @@ def test_every_sglang_reading_is_there(prometheus: LocalPrometheus) -> None:
     rate = seen.generation_tokens_per_s.value
     # the counters run on the wall clock, the latencies on the simulated one (--speedup 20)
     assert rate is not None and rate == pytest.approx(SPEEDUP * CONCURRENCY / tpot_mean, rel=0.3)
+
+
+def test_each_batch_and_pool_counts_once_in_prometheus_own_evaluation(tmp_path: Path) -> None:
+    """The queries as Prometheus evaluates them (promtool, the release's engine) over the series
+    three SGLang pods write: the defaults; TP 2 with every rank's scheduler writing and the queue
+    gauges' breakdown by priority beside their totals; two data-parallel attention groups of two
+    TP ranks, each group its own requests and pool. Each pod's requests and pool count once, its
+    usage is the pool's, and the TP ranks behind one scrape target are one target."""
+    base = {
+        "namespace": "prod",
+        "llmserving": "sgl",
+        "job": "engines",
+        "model_name": "m",
+        "engine_type": "unified",
+    }
+    figures = {  # pod → the series each scheduler writes: (labels, running, waiting, usage, pool)
+        "p1": [({"tp_rank": "0"}, 10, 2, 0.5, 1000)],
+        "p2": [({"tp_rank": rank, "priority": ""}, 8, 1, 0.375, 500) for rank in ("0", "1")],
+        "p3": [
+            ({"tp_rank": rank, "dp_rank": group}, running, 0, usage, 600)
+            for group, running, usage in (("0", 3, 0.25), ("1", 4, 0.75))
+            for rank in ((str(2 * int(group)), str(2 * int(group) + 1)))
+        ],
+    }
+    series = []
+    for pod, schedulers in figures.items():
+        for ranks, running, waiting, usage, pool in schedulers:
+            labels = {
+                **base,
+                "pod": pod,
+                "instance": f"{pod}:8000",
+                "pp_rank": "0",
+                "moe_ep_rank": "0",
+                **ranks,
+            }
+            for name, value in (
+                ("num_running_reqs", running),
+                ("num_queue_reqs", waiting),
+                ("full_token_usage", usage),
+                ("max_total_num_tokens", pool),
+            ):
+                series.append((f"sglang:{name}", labels, value))
+                if "priority" in ranks and name in ("num_running_reqs", "num_queue_reqs"):
+                    series.append((f"sglang:{name}", {**labels, "priority": "None"}, value))  # the breakdown
+    expected = {
+        "running": {"p1": 10, "p2": 8, "p3": 7},
+        "waiting": {"p1": 2, "p2": 1, "p3": 0},
+        "usage": {"p1": 0.5, "p2": 0.375, "p3": 0.5},
+        "capacity": {"p1": 1000, "p2": 500, "p3": 1200},
+        "scrapes": {"p1": 1, "p2": 1, "p3": 1},
+    }
+    found = queries(scope_for(ObservationTarget("prod", "sgl", "SGLang", 60)))
+
+    def selector(name: str, labels: dict[str, str]) -> str:
+        return name + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
+
+    tests = {
+        "rule_files": [],
+        "tests": [
+            {
+                "interval": "15s",
+                "input_series": [
+                    {"series": selector(n, labels), "values": f"{value}x20"} for n, labels, value in series
+                ],
+                "promql_expr_test": [
+                    {
+                        "expr": found[name],
+                        "eval_time": "5m",
+                        "exp_samples": [
+                            {
+                                "labels": selector(
+                                    "", {"namespace": "prod", "llmserving": "sgl", "pod": pod}
+                                ),
+                                "value": value,
+                            }
+                            for pod, value in by_pod.items()
+                        ],
+                    }
+                    for name, by_pod in expected.items()
+                ],
+            }
+        ],
+    }
+    (tmp_path / "test.yaml").write_text(json.dumps(tests))
+    checked = subprocess.run(
+        ["promtool", "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr

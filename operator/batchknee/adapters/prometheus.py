@@ -239,8 +239,8 @@ def queries(scope: _Scope) -> dict[str, str]:
     def gauge(name: str) -> str:
         return scope.select(name, metrics.gauge_matchers)
 
-    def gauge_by_pod(names: tuple[str, ...], over: str = window) -> str:
-        return _first_of(f"sum by ({by_pod}) ({once(f'avg_over_time({gauge(n)}[{over}])')})" for n in names)
+    def gauge_by_pod(names: tuple[str, ...], over: str = window, by: str = "sum") -> str:
+        return _first_of(f"{by} by ({by_pod}) ({once(f'avg_over_time({gauge(n)}[{over}])')})" for n in names)
 
     def quantile(names: tuple[str, ...], q: float) -> str:
         return _first_of(
@@ -262,9 +262,11 @@ def queries(scope: _Scope) -> dict[str, str]:
     found = {
         "running": gauge_by_pod(metrics.running),
         "waiting": gauge_by_pod(metrics.waiting),
-        "usage": gauge_by_pod(metrics.kv_usage),
+        # a fraction of the pool: each engine's own, averaged over the groups that share one engine's
+        # pool equally (SGLang's data-parallel attention groups, each its own `dp_rank`)
+        "usage": gauge_by_pod(metrics.kv_usage, by="avg"),
         "recent_running": gauge_by_pod(metrics.running, scope.recent_window),
-        "recent_usage": gauge_by_pod(metrics.kv_usage, scope.recent_window),
+        "recent_usage": gauge_by_pod(metrics.kv_usage, scope.recent_window, by="avg"),
         "samples": _first_of(
             f"min by ({by_pod}) (count_over_time({gauge(n)}[{window}]))" for n in metrics.running
         ),
@@ -343,8 +345,11 @@ def _kv_capacity_query(scope: _Scope, by_pod: str) -> str:
         )
     by = f"namespace, {LLMSERVING_LABEL}, pod"
     if scope.engine == "SGLang":
-        # the pool in tokens; radix-shared prefixes are held once in it (and in its usage)
-        return f"max by ({by}) (last_over_time({scope.select(sglang.MAX_TOTAL_TOKENS)}[{window}]))"
+        # the pool in tokens; radix-shared prefixes are held once in it (and in its usage). Each
+        # data-parallel attention group has its own (summed); the TP ranks of one write the same.
+        metrics = ENGINE_METRICS[scope.engine]
+        pools = f"last_over_time({scope.select(sglang.MAX_TOTAL_TOKENS, metrics.gauge_matchers)}[{window}])"
+        return f"sum by ({by}) (max without ({', '.join(metrics.rank_labels)}) ({pools}))"
     blocks = f"max by ({by}) (last_over_time({scope.select(trtllm.KV_MAX_BLOCKS)}[{window}]))"
     per_block = f"max by ({by}) (last_over_time({scope.select(trtllm.KV_TOKENS_PER_BLOCK)}[{window}]))"
     return f"{blocks} * on ({by}) {per_block}"

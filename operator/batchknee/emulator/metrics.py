@@ -464,8 +464,9 @@ class SglangCollector(Collector):
     reporting_ranks: the tensor-parallel ranks whose schedulers write their series (1: rank 0 only,
     SGLang's default; the TP size with --enable-metrics-for-all-schedulers), each the same batch.
     priority_scheduling: --enable-priority-scheduling's `priority` label on the scheduler's series,
-    the queue gauges' total under "" and their breakdown under "0" (every request has the default
-    priority). The tokenizer's `priority` label (per request) is left out."""
+    the queue gauges' total under "" and their breakdown under "None" (every request without a
+    priority, as the release writes them without --default-priority-value). The tokenizer's
+    `priority` label (per request) is left out."""
 
     def __init__(
         self,
@@ -519,7 +520,7 @@ class SglangCollector(Collector):
             for labels in ranks:
                 metric.add_metric(labels, value)
                 if self.priority_scheduling and name.removeprefix("sglang:") in queues:
-                    metric.add_metric([*labels[:-1], "0"], value)  # the breakdown: every request at 0
+                    metric.add_metric([*labels[:-1], "None"], value)  # the breakdown: no request has one
             return metric
 
         for name, value in gauges.items():

@@ -99,7 +99,7 @@ METRICS = EngineMetrics(
     # other scheduler series carry priority="" too, and without the switch no series has the label
     gauge_matchers='priority=""',
     # --enable-metrics-for-all-schedulers: each TP rank writes the same batch (a data-parallel
-    # attention group keeps its own dp_rank, so groups still add up)
+    # attention group keeps its own dp_rank: the groups' requests and pools add up)
     rank_labels=("tp_rank", "moe_ep_rank"),
 )
 # By default only the scheduler of attention-TP rank 0 writes the scheduler's series; with this
