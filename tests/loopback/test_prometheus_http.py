@@ -10,6 +10,7 @@ import logging
 import time
 import urllib.parse
 from collections import Counter
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -156,16 +157,45 @@ def test_a_sample_not_as_prometheus_writes_it_is_no_reading(sample: list[Any], r
         )
 
 
+# What each query answers in the tests below, by its name in queries(): every figure distinct, so a
+# reading taken from another query's answer shows. (capacity: vLLM's cache config, 1,000 blocks of 16.)
+FIGURES = {
+    "running": 48, "recent_running": 48, "waiting": 3, "usage": 0.5, "recent_usage": 0.5, "samples": 10,
+    "scrapes": 1, "capacity": 1, "tpot_p99": 0.03, "tpot_mean": 0.02, "ttft_p99": 0.4, "generation": 2400,
+    "preemptions": 0.125, "prefix": 0.25, "prompt_length_mean": 200, "output_length_mean": 300,
+}  # fmt: skip
+
+
+def answers_by_query(at: float, of: ObservationTarget) -> Callable[[str], bytes]:
+    """Each query of `of`'s refresh answered with its FIGURES value (none: an empty vector)."""
+    names = {promql: name for name, promql in queries(scope_for(of)).items()}
+
+    def answer(promql: str) -> bytes:
+        name = names.get(promql, "")
+        labels = {"namespace": of.namespace, "llmserving": of.name, "pod": f"{of.name}-0", "engine": "0"}
+        if name == "capacity":
+            labels |= {"num_gpu_blocks": "1000", "block_size": "16"}
+        result = [{"metric": labels, "value": [at, str(FIGURES[name])]}] if name in FIGURES else []
+        return json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
+
+    return answer
+
+
 def test_a_sample_as_prometheus_writes_it_is_read() -> None:
-    """The same answer with the time asked and the value as text: a reading (the contrast above);
-    at whole seconds Prometheus writes the time as an integer, and VictoriaMetrics answers a query
-    near now for up to its latency offset (30 s by default) earlier."""
+    """Answers with the time asked and values as text: each reading is its own query's figure (the
+    contrast above); at whole seconds Prometheus writes the time as an integer, and VictoriaMetrics
+    answers a query near now for up to its latency offset (30 s by default) earlier."""
     for at in (NOW.timestamp(), int(NOW.timestamp()), NOW.timestamp() - 30):
-        with FakePrometheus("answer", payload=vector_of([at, "1"])) as prom:  # (one scrape target)
+        with FakePrometheus("answer", answer=answers_by_query(at, target("llama"))) as prom:
             observer = PrometheusObserver(prom.url, timeout_s=2.0, min_samples=1)
             seen = observer.observe([target("llama")], NOW)[("prod", "llama")]
             observer.close()
-        assert seen.running.value == 1 and seen.tpot_p99_s.value == 1, at
+        assert (seen.running.value, seen.waiting.value, seen.kv_cache_usage.value) == (48, 3, 0.5), at
+        assert (seen.tpot_p99_s.value, seen.tpot_mean_s.value, seen.ttft_p99_s.value) == (0.03, 0.02, 0.4)
+        assert (seen.generation_tokens_per_s.value, seen.preemptions_per_s.value) == (2400, 0.125)
+        assert (seen.prefix_hit_ratio.value, seen.prompt_tokens_mean.value) == (0.25, 200)
+        assert seen.avg_context_tokens.value == pytest.approx(0.5 * 1000 * 16 / 48)  # usage × pool / running
+        assert seen.dram_active.value is None and "no DRAM-active fraction" in (seen.dram_active.reason or "")
 
 
 def test_an_answer_of_many_small_values_is_refused_before_it_is_parsed() -> None:

@@ -8,6 +8,7 @@
     FakePrometheus("redirect", location=URL)      # 307 to URL
     FakePrometheus("busy")                        # 503 with Retry-After: 3600
     FakePrometheus("answer", payload=BYTES)       # 200 with BYTES as the body
+    FakePrometheus("answer", answer=FUNCTION)     # 200 with FUNCTION(the query's PromQL) as the body
 
 Every request is recorded (method, path, headers, body) so a test can see what the client sent.
 """
@@ -17,6 +18,8 @@ from __future__ import annotations
 import json
 import threading
 import time
+import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
@@ -46,6 +49,7 @@ class FakePrometheus:
     host: str = "127.0.0.1"
     location: str = ""
     payload: bytes = b""
+    answer: Callable[[str], bytes] | None = None
     requests: list[Request] = field(default_factory=list)
     bytes_sent: int = 0
     disconnected: threading.Event = field(default_factory=threading.Event)
@@ -73,6 +77,9 @@ class FakePrometheus:
                     self.send_header("Content-Length", "4")
                     self.end_headers()
                     self.wfile.write(b"busy")
+                elif fake.mode == "answer" and fake.answer is not None:
+                    query = urllib.parse.parse_qs(body.decode()).get("query", [""])[0]
+                    self.reply(200, "application/json", fake.answer(query))
                 elif fake.mode == "answer":
                     self.reply(200, "application/json", fake.payload)
                 elif fake.mode == "empty":
