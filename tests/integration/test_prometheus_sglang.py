@@ -107,10 +107,12 @@ def test_every_sglang_reading_is_there(prometheus: LocalPrometheus) -> None:
 
 def test_each_batch_and_pool_counts_once_in_prometheus_own_evaluation(tmp_path: Path) -> None:
     """The queries as Prometheus evaluates them (promtool, the release's engine) over the series
-    three SGLang pods write: the defaults; TP 2 with every rank's scheduler writing and the queue
-    gauges' breakdown by priority beside their totals; two data-parallel attention groups of two
-    TP ranks, each group its own requests and pool. Each pod's requests and pool count once, its
-    usage is the pool's, and the TP ranks behind one scrape target are one target."""
+    four SGLang pods write: the defaults at TP 1; the defaults at TP 2 (rank 1 writes only the
+    pool, one of the constants every rank writes); TP 2 with --enable-metrics-for-all-schedulers
+    and the queue gauges' breakdown by priority beside their totals; two data-parallel attention
+    groups of two TP ranks with --enable-metrics-for-all-schedulers, each group its own requests and
+    pool. Each pod's requests and pool count once, its usage is the pool's, and the TP ranks behind
+    one scrape target are one target."""
     base = {
         "namespace": "prod",
         "llmserving": "sgl",
@@ -118,8 +120,9 @@ def test_each_batch_and_pool_counts_once_in_prometheus_own_evaluation(tmp_path: 
         "model_name": "m",
         "engine_type": "unified",
     }
-    figures = {  # pod → the series each scheduler writes: (labels, running, waiting, usage, pool)
+    figures = {  # pod → each scheduler's series: (labels, running, waiting, usage, pool); None: not written
         "p1": [({"tp_rank": "0"}, 10, 2, 0.5, 1000)],
+        "p4": [({"tp_rank": "0"}, 6, 5, 0.125, 800), ({"tp_rank": "1"}, None, None, None, 800)],
         "p2": [({"tp_rank": rank, "priority": ""}, 8, 1, 0.375, 500) for rank in ("0", "1")],
         "p3": [
             ({"tp_rank": rank, "dp_rank": group}, running, 0, usage, 600)
@@ -144,15 +147,17 @@ def test_each_batch_and_pool_counts_once_in_prometheus_own_evaluation(tmp_path: 
                 ("full_token_usage", usage),
                 ("max_total_num_tokens", pool),
             ):
+                if value is None:
+                    continue
                 series.append((f"sglang:{name}", labels, value))
                 if "priority" in ranks and name in ("num_running_reqs", "num_queue_reqs"):
                     series.append((f"sglang:{name}", {**labels, "priority": "None"}, value))  # the breakdown
     expected = {
-        "running": {"p1": 10, "p2": 8, "p3": 7},
-        "waiting": {"p1": 2, "p2": 1, "p3": 0},
-        "usage": {"p1": 0.5, "p2": 0.375, "p3": 0.5},
-        "capacity": {"p1": 1000, "p2": 500, "p3": 1200},
-        "scrapes": {"p1": 1, "p2": 1, "p3": 1},
+        "running": {"p1": 10, "p2": 8, "p3": 7, "p4": 6},
+        "waiting": {"p1": 2, "p2": 1, "p3": 0, "p4": 5},
+        "usage": {"p1": 0.5, "p2": 0.375, "p3": 0.5, "p4": 0.125},
+        "capacity": {"p1": 1000, "p2": 500, "p3": 1200, "p4": 800},
+        "scrapes": {"p1": 1, "p2": 1, "p3": 1, "p4": 1},
     }
     found = queries(scope_for(ObservationTarget("prod", "sgl", "SGLang", 60)))
 

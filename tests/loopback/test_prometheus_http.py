@@ -160,9 +160,10 @@ def test_a_sample_not_as_prometheus_writes_it_is_no_reading(sample: list[Any], r
 # What each query answers in the tests below, by its name in queries(): every figure distinct, so a
 # reading taken from another query's answer shows. (capacity: vLLM's cache config, 1,000 blocks of 16.)
 FIGURES = {
-    "running": 48, "recent_running": 48, "waiting": 3, "usage": 0.5, "recent_usage": 0.5, "samples": 10,
+    "running": 48, "recent_running": 40, "waiting": 3, "usage": 0.5, "recent_usage": 0.625, "samples": 10,
     "scrapes": 1, "capacity": 1, "tpot_p99": 0.03, "tpot_mean": 0.02, "ttft_p99": 0.4, "generation": 2400,
     "preemptions": 0.125, "prefix": 0.25, "prompt_length_mean": 200, "output_length_mean": 300,
+    "length_fallback": 350, "read_bytes": 1.5e12,
 }  # fmt: skip
 
 
@@ -171,7 +172,7 @@ def answers_by_query(at: float, of: ObservationTarget) -> Callable[[str], bytes]
     names = {promql: name for name, promql in queries(scope_for(of)).items()}
 
     def answer(promql: str) -> bytes:
-        name = names.get(promql, "")
+        name = names[promql]  # (a query not in queries() is a KeyError: the reading would fail)
         labels = {"namespace": of.namespace, "llmserving": of.name, "pod": f"{of.name}-0", "engine": "0"}
         if name == "capacity":
             labels |= {"num_gpu_blocks": "1000", "block_size": "16"}
@@ -195,6 +196,9 @@ def test_a_sample_as_prometheus_writes_it_is_read() -> None:
         assert (seen.generation_tokens_per_s.value, seen.preemptions_per_s.value) == (2400, 0.125)
         assert (seen.prefix_hit_ratio.value, seen.prompt_tokens_mean.value) == (0.25, 200)
         assert seen.avg_context_tokens.value == pytest.approx(0.5 * 1000 * 16 / 48)  # usage × pool / running
+        assert seen.recent_avg_context_tokens.value == pytest.approx(0.625 * 1000 * 16 / 40)
+        assert (seen.output_tokens_mean.value, seen.read_bytes_per_s_per_gpu.value) == (300, 1.5e12)
+        assert seen.pods_served.value == 1
         assert seen.dram_active.value is None and "no DRAM-active fraction" in (seen.dram_active.reason or "")
 
 
@@ -240,8 +244,9 @@ def test_the_urls_specs_chose_share_one_budget_and_the_operators_has_its_own() -
     """Each URL a spec chose holds one answer's worth under one budget they share, and parses in
     its own turn and then their shared one; the operator's own Prometheus has its own budget (its
     query threads' worth) and turn. So a tenant's Prometheus whose answers take the shared turn
-    (parsing 400,000 values takes most of a second) delays each other chosen URL by one answer at
-    most, and never the operator's own reads; its other answers wait on its own turn. A budget past
+    (parsing 400,000 values takes most of a second) has one answer there at a time, its others
+    waiting on its own turn (which one is parsed next is the OS's choice: fair in expectation, not
+    a strict rotation), and never delays the operator's own reads. A budget past
     its limit refuses the next piece at once (the next evaluation asks again) and keeps nothing."""
     from batchknee.handlers import prometheus_observer
     from batchknee.settings import OperatorSettings

@@ -145,6 +145,19 @@ def test_a_childs_answers_queue_on_its_own_turn_and_one_at_a_time_at_its_parents
     other.end_turn()
     assert not shared.turn.locked() and not other.turn.locked()
 
+    # the order: a second answer of the busy URL waits on its own turn, never holding the shared one
+    import threading
+
+    busy.turn.acquire()  # (as an answer of its own ahead in its queue)
+    waiting = threading.Thread(target=busy.take_turn, args=(time.monotonic() + 2,))
+    waiting.start()
+    time.sleep(0.1)
+    assert not shared.turn.locked() and other.take_turn(time.monotonic() + 0.05)
+    other.end_turn()
+    busy.turn.release()
+    waiting.join()
+    busy.end_turn()
+
 
 def test_operator_metrics() -> None:
     metrics = OperatorMetrics()

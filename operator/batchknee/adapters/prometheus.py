@@ -346,10 +346,11 @@ def _kv_capacity_query(scope: _Scope, by_pod: str) -> str:
     by = f"namespace, {LLMSERVING_LABEL}, pod"
     if scope.engine == "SGLang":
         # the pool in tokens; radix-shared prefixes are held once in it (and in its usage). Each
-        # data-parallel attention group has its own (summed); the TP ranks of one write the same.
+        # data-parallel attention group has its own (summed); every TP rank and pipeline stage of one
+        # writes the same (whatever the switches: the scheduler's constants).
         metrics = ENGINE_METRICS[scope.engine]
         pools = f"last_over_time({scope.select(sglang.MAX_TOTAL_TOKENS, metrics.gauge_matchers)}[{window}])"
-        return f"sum by ({by}) (max without ({', '.join(metrics.rank_labels)}) ({pools}))"
+        return f"sum by ({by}) (max without ({', '.join((*metrics.rank_labels, 'pp_rank'))}) ({pools}))"
     blocks = f"max by ({by}) (last_over_time({scope.select(trtllm.KV_MAX_BLOCKS)}[{window}]))"
     per_block = f"max by ({by}) (last_over_time({scope.select(trtllm.KV_TOKENS_PER_BLOCK)}[{window}]))"
     return f"{blocks} * on ({by}) {per_block}"

@@ -461,8 +461,9 @@ class SglangCollector(Collector):
     ranks) and the tokenizer's counters and histograms (model and engine type, plus `is_streaming`
     or `cache_source` where the release has them). Names and labels: batchknee.engines.sglang.
 
-    reporting_ranks: the tensor-parallel ranks whose schedulers write their series (1: rank 0 only,
-    SGLang's default; the TP size with --enable-metrics-for-all-schedulers), each the same batch.
+    tensor_parallel, all_schedulers: every TP rank's scheduler writes the pool's constants
+    (`max_total_num_tokens`, `page_size`, `num_pages`); the other series rank 0 only, or every rank
+    (each the same batch) with --enable-metrics-for-all-schedulers.
     priority_scheduling: --enable-priority-scheduling's `priority` label on the scheduler's series,
     the queue gauges' total under "" and their breakdown under "None" (every request without a
     priority, as the release writes them without --default-priority-value). The tokenizer's
@@ -475,7 +476,8 @@ class SglangCollector(Collector):
         page_size: int,
         mfu_metrics: bool = False,
         speedup: float = 1.0,
-        reporting_ranks: int = 1,
+        tensor_parallel: int = 1,
+        all_schedulers: bool = False,
         priority_scheduling: bool = False,
     ) -> None:
         self.engine = engine
@@ -483,7 +485,8 @@ class SglangCollector(Collector):
         self.page_size = page_size
         self.mfu_metrics = mfu_metrics
         self.speedup = speedup
-        self.reporting_ranks = reporting_ranks
+        self.tensor_parallel = tensor_parallel
+        self.all_schedulers = all_schedulers
         self.priority_scheduling = priority_scheduling
 
     def collect(self) -> Iterator[Metric]:
@@ -491,9 +494,11 @@ class SglangCollector(Collector):
         scheduler = list(sglang.SCHEDULER_LABELS) + (["priority"] if self.priority_scheduling else [])
         total = [""] if self.priority_scheduling else []
         # model_name, engine_type, tp_rank, pp_rank, moe_ep_rank (a dense model: one expert rank)
-        ranks = [
-            [self.model_name, "unified", str(rank), "0", "0", *total] for rank in range(self.reporting_ranks)
+        every = [
+            [self.model_name, "unified", str(rank), "0", "0", *total] for rank in range(self.tensor_parallel)
         ]
+        ranks = every if self.all_schedulers else every[:1]
+        constants = ("max_total_num_tokens", "page_size", "num_pages")  # emit_constants: every rank
         tokenizer = list(sglang.TOKENIZER_LABELS)
         base = [self.model_name, "unified"]
         pool = engine.total_blocks * self.page_size
@@ -517,7 +522,7 @@ class SglangCollector(Collector):
             kind: type[GaugeMetricFamily | CounterMetricFamily], name: str, doc: str, value: float
         ) -> Metric:
             metric = kind(name, doc, labels=scheduler)
-            for labels in ranks:
+            for labels in every if name.removeprefix("sglang:") in constants else ranks:
                 metric.add_metric(labels, value)
                 if self.priority_scheduling and name.removeprefix("sglang:") in queues:
                     metric.add_metric([*labels[:-1], "None"], value)  # the breakdown: no request has one

@@ -132,9 +132,8 @@ class EmulatorServer:
                 settings.config.block_size,
                 settings.mfu_metrics,
                 speedup=settings.speedup,
-                reporting_ranks=settings.config.roofline.tensor_parallel
-                if settings.metrics_for_all_schedulers
-                else 1,
+                tensor_parallel=settings.config.roofline.tensor_parallel,
+                all_schedulers=settings.metrics_for_all_schedulers,
                 priority_scheduling=settings.priority_scheduling,
             )
         else:
