@@ -185,6 +185,11 @@ def _scopes(targets: Iterable[ObservationTarget]) -> dict[_Scope, list[Observati
     return dict(grouped)
 
 
+def _once(expr: str, rank_labels: tuple[str, ...]) -> str:
+    """`expr` with the series of ranks that write the same figure read once."""
+    return f"max without ({', '.join(rank_labels)}) ({expr})" if rank_labels else expr
+
+
 def _first_of(exprs: Iterable[str]) -> str:
     """PromQL fallback chain: each label set takes the first expression that has it."""
     return " or ".join(f"({expr})" for expr in exprs)
@@ -232,15 +237,14 @@ def queries(scope: _Scope) -> dict[str, str]:
     window = scope.window
     by_pod = f"namespace, {LLMSERVING_LABEL}, pod, engine"
 
-    def once(expr: str) -> str:
-        """`expr` with the ranks that write the same batch read once."""
-        return f"max without ({', '.join(metrics.rank_labels)}) ({expr})" if metrics.rank_labels else expr
-
     def gauge(name: str) -> str:
         return scope.select(name, metrics.gauge_matchers)
 
     def gauge_by_pod(names: tuple[str, ...], over: str = window, by: str = "sum") -> str:
-        return _first_of(f"{by} by ({by_pod}) ({once(f'avg_over_time({gauge(n)}[{over}])')})" for n in names)
+        return _first_of(
+            f"{by} by ({by_pod}) ({_once(f'avg_over_time({gauge(n)}[{over}])', metrics.rank_labels)})"
+            for n in names
+        )
 
     def quantile(names: tuple[str, ...], q: float) -> str:
         return _first_of(
@@ -257,7 +261,7 @@ def queries(scope: _Scope) -> dict[str, str]:
         )
 
     def rate(names: tuple[str, ...]) -> str:
-        return _first_of(scope.grouped(once(scope.rate(name))) for name in names)
+        return _first_of(scope.grouped(_once(scope.rate(name), metrics.rank_labels)) for name in names)
 
     found = {
         "running": gauge_by_pod(metrics.running),
@@ -350,7 +354,7 @@ def _kv_capacity_query(scope: _Scope, by_pod: str) -> str:
         # writes the same (whatever the switches: the scheduler's constants).
         metrics = ENGINE_METRICS[scope.engine]
         pools = f"last_over_time({scope.select(sglang.MAX_TOTAL_TOKENS, metrics.gauge_matchers)}[{window}])"
-        return f"sum by ({by}) (max without ({', '.join((*metrics.rank_labels, 'pp_rank'))}) ({pools}))"
+        return f"sum by ({by}) ({_once(pools, (*metrics.rank_labels, 'pp_rank'))})"
     blocks = f"max by ({by}) (last_over_time({scope.select(trtllm.KV_MAX_BLOCKS)}[{window}]))"
     per_block = f"max by ({by}) (last_over_time({scope.select(trtllm.KV_TOKENS_PER_BLOCK)}[{window}]))"
     return f"{blocks} * on ({by}) {per_block}"

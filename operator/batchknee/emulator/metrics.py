@@ -521,18 +521,18 @@ class SglangCollector(Collector):
         def family(
             kind: type[GaugeMetricFamily | CounterMetricFamily], name: str, doc: str, value: float
         ) -> Metric:
-            metric = kind(name, doc, labels=scheduler)
-            for labels in every if name.removeprefix("sglang:") in constants else ranks:
+            metric = kind(f"sglang:{name}", doc, labels=scheduler)
+            for labels in every if name in constants else ranks:
                 metric.add_metric(labels, value)
-                if self.priority_scheduling and name.removeprefix("sglang:") in queues:
+                if self.priority_scheduling and name in queues:
                     metric.add_metric([*labels[:-1], "None"], value)  # the breakdown: no request has one
             return metric
 
         for name, value in gauges.items():
-            yield family(GaugeMetricFamily, f"sglang:{name}", f"SGLang {name.replace('_', ' ')}.", value)
+            yield family(GaugeMetricFamily, name, f"SGLang {name.replace('_', ' ')}.", value)
         yield family(
             CounterMetricFamily,
-            "sglang:num_retracted_requests",
+            "num_retracted_requests",
             "Number of retracted requests.",
             stats.preemptions,
         )

@@ -106,7 +106,8 @@ METRICS = EngineMetrics(
 # switch every rank does, each the same batch under its own `tp_rank` (and `moe_ep_rank`).
 ALL_SCHEDULERS_SWITCH = "--enable-metrics-for-all-schedulers"
 # With this switch the queue gauges (running, waiting) carry the total under `priority=""` and a
-# breakdown under each request priority `priority="<int>"`; every other scheduler series has `priority=""`.
+# breakdown by request priority beside it (`"None"` for requests without one); every other
+# scheduler series has `priority=""`.
 PRIORITY_SWITCH = "--enable-priority-scheduling"
 # SGLang counts the bytes it reads only with this switch (and --enable-metrics): the scheduler's
 # collector registers the counter either way, but without samples until it is incremented.
