@@ -235,6 +235,18 @@ def test_hostile_specs_are_refused_and_nothing_runs(tenant: Harness) -> None:
     ), done.stderr
     done = apply_as(world, TENANT, "nodesel", template={"nodeSelector": {"gpu": "h100 80gb"}})
     assert done.returncode != 0 and "spec.template.nodeSelector.gpu" in done.stderr, done.stderr
+    # a key's prefix is a DNS subdomain of at most 253 characters (the regex cannot bound it: CEL does)
+    long_prefix = "a." * 126 + "ab/team"
+    done = apply_as(world, TENANT, "longprefix", template={"labels": {long_prefix: "ml"}})
+    assert done.returncode != 0 and "each spec.template.labels key" in done.stderr, done.stderr
+    far = {**PAYMENTS_PODS, "topologyKey": long_prefix}
+    done = apply_as(
+        world,
+        TENANT,
+        "longtopology",
+        template={"affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [far]}}},
+    )
+    assert done.returncode != 0 and "topologyKey: Invalid value" in done.stderr, done.stderr
     # host namespaces are not in the schema: a strict client is refused, a lax one is pruned
     done = apply_as(world, TENANT, "hostnet", template={"hostNetwork": True, "hostPID": True})
     assert done.returncode != 0 and "hostNetwork" in done.stderr, done.stderr

@@ -26,7 +26,14 @@ from batchknee.api.crd import (
     requester_policy,
     requester_policy_yaml,
 )
-from batchknee.api.models import LABEL_KEY, LABEL_VALUE, MAX_ARGS, MAX_NAME_LENGTH, LLMServing
+from batchknee.api.models import (
+    LABEL_KEY,
+    LABEL_VALUE,
+    LONG_LABEL_KEY_PREFIX,
+    MAX_ARGS,
+    MAX_NAME_LENGTH,
+    LLMServing,
+)
 from batchknee.api.resolve import (
     MAX_SPEC_DEPTH,
     SpecError,
@@ -249,6 +256,7 @@ PREFERENCE = (
 SELECTOR = (
     "spec.template.affinity.podAffinity.requiredDuringSchedulingIgnoredDuringExecution[0].labelSelector"
 )
+LONG_PREFIX_KEY = "a." * 126 + "ab/team"  # a well-formed DNS subdomain of 254 characters, then a name
 
 
 @pytest.mark.parametrize(
@@ -312,6 +320,16 @@ SELECTOR = (
         (
             preferred_nodes({"matchExpressions": [{"key": "-gpu", "operator": "Exists"}]}),
             f"{PREFERENCE}.matchExpressions[0].key",
+        ),
+        # a prefix is a DNS subdomain: at most 253 characters (here 254, the key within 317)
+        (required_pods({"matchLabels": {LONG_PREFIX_KEY: "v"}}), SELECTOR),
+        (
+            {
+                "podAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": [{"topologyKey": LONG_PREFIX_KEY}]
+                }
+            },
+            "spec.template.affinity.podAffinity.requiredDuringSchedulingIgnoredDuringExecution[0].topologyKey",
         ),
     ],
 )
@@ -569,6 +587,7 @@ def test_settings_read_the_admission_rules_from_the_environment(monkeypatch: pyt
         ({"labels": {"Example.com/team": "ml"}}, "labels key 'Example.com/team'"),  # a prefix is lower case
         ({"annotations": {"a/b/c": "x"}}, "annotations key 'a/b/c'"),
         ({"nodeSelector": {"x" * 64: "h100"}}, "nodeSelector key"),  # a name has at most 63
+        ({"annotations": {LONG_PREFIX_KEY: "x"}}, "annotations key"),  # a prefix has at most 253
         ({"labels": {"team": "ml team"}}, "String should match pattern"),
         ({"nodeSelector": {"gpu": "h100_"}}, "String should match pattern"),
     ],
@@ -600,6 +619,25 @@ def test_the_crd_checks_map_keys_with_the_models_syntax() -> None:
         in template["annotations"]["x-kubernetes-validations"][0]["rule"]
     )
     assert template["labels"]["additionalProperties"]["pattern"] == LABEL_VALUE
+    # the prefix's length, which the regex cannot bound
+    assert all(f"!k.matches('{LONG_LABEL_KEY_PREFIX}')" in rule for rule in rules.values())
+    assert re.match(LONG_LABEL_KEY_PREFIX, LONG_PREFIX_KEY) and not re.match(
+        LONG_LABEL_KEY_PREFIX, "a" * 253 + "/b"
+    )
+
+
+def test_a_label_key_prefix_of_253_characters_is_allowed() -> None:
+    """The bound is Kubernetes' own: a DNS subdomain of 253 characters is a valid prefix."""
+    key = "a." * 125 + "abc/team"  # a 253-character prefix
+    assert len(key.split("/")[0]) == 253
+    term = {"topologyKey": key, "labelSelector": {"matchLabels": {key: "v"}}, "matchLabelKeys": [key]}
+    spec = parse(
+        template={
+            "labels": {key: "ml"},
+            "affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}},
+        }
+    ).spec
+    assert spec.pod_template.dump()["labels"] == {key: "ml"}
 
 
 @pytest.mark.parametrize(

@@ -17,6 +17,7 @@ from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -59,10 +60,12 @@ LABEL_KEY = (
     "[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
 )
 MAX_LABEL_KEY_LENGTH = 317  # a DNS-subdomain prefix (253), '/', a name (63)
+# A prefix over 253 characters (RE2 has no lookahead to bound it inside LABEL_KEY).
+LONG_LABEL_KEY_PREFIX = "^[^/]{254,}/"
 LABEL_VALUE = "^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 LABEL_KEY_SYNTAX = (
-    "is an optional DNS-subdomain prefix and '/', then a name of 1 to 63 letters, digits, '-', '_' "
-    "or '.' that starts and ends with a letter or digit (e.g. example.com/team)"
+    "is an optional DNS-subdomain prefix (at most 253 characters) and '/', then a name of 1 to 63 "
+    "letters, digits, '-', '_' or '.' that starts and ends with a letter or digit (e.g. example.com/team)"
 )
 
 
@@ -123,7 +126,10 @@ def _label_keys_rule(field: str, *, any_case: bool = False) -> dict[str, str]:
     are read case-folded, as Kubernetes reads them."""
     key = "k.lowerAscii()" if any_case else "k"
     return {
-        "rule": f"self.all(k, size(k) <= {MAX_LABEL_KEY_LENGTH} && {key}.matches('{LABEL_KEY}'))",
+        "rule": (
+            f"self.all(k, size(k) <= {MAX_LABEL_KEY_LENGTH} && {key}.matches('{LABEL_KEY}')"
+            f" && !k.matches('{LONG_LABEL_KEY_PREFIX}'))"
+        ),
         "message": f"each {field} key {LABEL_KEY_SYNTAX}",
     }
 
@@ -131,8 +137,23 @@ def _label_keys_rule(field: str, *, any_case: bool = False) -> dict[str, str]:
 def _check_label_keys(field: str, keys: Iterable[str], *, any_case: bool = False) -> None:
     """The pydantic side of _label_keys_rule (an object stored before it is parsed too)."""
     for key in sorted(keys):
-        if len(key) > MAX_LABEL_KEY_LENGTH or not re.fullmatch(LABEL_KEY, key.lower() if any_case else key):
+        if not _is_label_key(key.lower() if any_case else key):
             raise ValueError(f"{field} key {key[:256]!r} {LABEL_KEY_SYNTAX}")
+
+
+def _is_label_key(key: str) -> bool:
+    return (
+        len(key) <= MAX_LABEL_KEY_LENGTH
+        and re.fullmatch(LABEL_KEY, key) is not None
+        and re.match(LONG_LABEL_KEY_PREFIX, key) is None
+    )
+
+
+def _label_key(key: str) -> str:
+    """LabelKey's check beyond its pattern (for an object stored before the CRD's rule)."""
+    if re.match(LONG_LABEL_KEY_PREFIX, key):
+        raise ValueError(f"a label key {LABEL_KEY_SYNTAX}")
+    return key
 
 
 class _Model(BaseModel):
@@ -856,7 +877,21 @@ class Toleration(_Model):
 # Affinity, typed like Kubernetes' own (its field names, enums, required fields and the values each
 # operator takes), so a malformed or deeply nested term is refused at admission and the
 # cross-namespace gate reads fields, not JSON. The bounds are far above any scheduler's use.
-LabelKey = Annotated[str, Field(min_length=1, max_length=MAX_LABEL_KEY_LENGTH, pattern=LABEL_KEY)]
+LabelKey = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=MAX_LABEL_KEY_LENGTH,
+        pattern=LABEL_KEY,
+        json_schema_extra=_validations(
+            {
+                "rule": f"!self.matches('{LONG_LABEL_KEY_PREFIX}')",
+                "message": f"a label key {LABEL_KEY_SYNTAX}",
+            }
+        ),
+    ),
+    AfterValidator(_label_key),
+]
 LabelValue = Annotated[str, Field(max_length=63, pattern=LABEL_VALUE)]
 MAX_AFFINITY_TERMS = 32
 MAX_MATCH_EXPRESSIONS = 32
