@@ -102,9 +102,16 @@ def selector_labels(name: str) -> dict[str, str]:
 
 
 def labels(obj: LLMServing) -> dict[str, str]:
+    return {**pod_labels(obj), "app.kubernetes.io/instance": obj.metadata.name}
+
+
+def pod_labels(obj: LLMServing) -> dict[str, str]:
+    """The engine pods' own labels. No `app.kubernetes.io/instance`: its value is the tenant's
+    choice of name, and with `app.kubernetes.io/name` it is the selector of a Helm-installed engine's
+    Service or NetworkPolicy — the tenant's pods would join another team's (the pods are found by
+    `batchknee.io/llmserving`, whose value no other LLMServing in the namespace can take)."""
     return {
         "app.kubernetes.io/name": APP_NAME[obj.spec.engine],
-        "app.kubernetes.io/instance": obj.metadata.name,
         "app.kubernetes.io/component": "engine",
         "app.kubernetes.io/managed-by": "batchknee",
         LABEL: obj.metadata.name,
@@ -325,12 +332,11 @@ def deployment(obj: LLMServing, desired: Desired, defaults: RenderDefaults) -> d
     template = spec.pod_template
     served = spec.model.served_model_name or spec.model.name
 
-    pod_annotations: dict[str, str] = {
-        "prometheus.io/scrape": "true",
-        "prometheus.io/port": str(VLLM_PORT),
-        "prometheus.io/path": METRICS_PATH[spec.engine],
-    }
-    pod_annotations.update(template.annotations or {})
+    # No `prometheus.io/scrape`: it opts the pods into annotation-based scrape jobs, which commonly
+    # honour the series' own labels (the prometheus-community chart's `kubernetes-pods`), where an
+    # engine running a tenant's code could write another LLMServing's `namespace` and `llmserving`.
+    # The chart's PodMonitors select the pods by label and set those labels themselves.
+    pod_annotations: dict[str, str] = dict(template.annotations or {})
     pod_annotations[MAX_NUM_SEQS_ANNOTATION] = str(desired.max_num_seqs)
 
     volume_mounts = [mount.dump() for mount in template.volume_mounts or []]
@@ -432,7 +438,7 @@ def deployment(obj: LLMServing, desired: Desired, defaults: RenderDefaults) -> d
             },
             "template": {
                 "metadata": {
-                    "labels": {**(template.labels or {}), **labels(obj)},
+                    "labels": {**(template.labels or {}), **pod_labels(obj)},
                     "annotations": pod_annotations,
                 },
                 "spec": pod_spec,
@@ -443,12 +449,18 @@ def deployment(obj: LLMServing, desired: Desired, defaults: RenderDefaults) -> d
 
 def disruption_budget(obj: LLMServing) -> dict[str, Any]:
     """At most one engine pod evicted at a time (node drains, cluster upgrades): each one takes its
-    GPUs' share of the serving capacity away for a warm restart."""
+    GPUs' share of the serving capacity away for a warm restart. A pod that is not Ready serves
+    nothing, so it may always be evicted: with the default policy, engines that never get Ready (a
+    bad model, args that keep the probe out) would pin their nodes against every drain."""
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": _metadata(obj, obj.metadata.name),
-        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(obj.metadata.name)}},
+        "spec": {
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": selector_labels(obj.metadata.name)},
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        },
     }
 
 

@@ -69,11 +69,18 @@ def test_vllm_deployment() -> None:
     assert "replicas" not in spec  # not in the spec: left to whoever scales the Deployment
     assert spec["selector"]["matchLabels"] == {"batchknee.io/llmserving": "chat"}
     pod = spec["template"]
-    assert pod["metadata"]["labels"]["app.kubernetes.io/instance"] == "chat"  # the operator's own win
-    assert pod["metadata"]["labels"]["batchknee.io/llmserving"] == "chat"
-    assert pod["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "batchknee"
-    assert pod["metadata"]["annotations"]["prometheus.io/path"] == "/metrics"
-    assert pod["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
+    # No app.kubernetes.io/instance on the pods: with app.kubernetes.io/name it is a Helm-installed
+    # engine's Service selector, and its value would be the tenant's choice of name.
+    assert pod["metadata"]["labels"] == {
+        "app.kubernetes.io/name": "vllm",
+        "app.kubernetes.io/component": "engine",
+        "app.kubernetes.io/managed-by": "batchknee",
+        "batchknee.io/llmserving": "chat",
+    }
+    assert dep["metadata"]["labels"]["app.kubernetes.io/instance"] == "chat"  # the objects keep it
+    # No prometheus.io/* annotations: they opt the pods into annotation-based scrape jobs, which
+    # commonly honour the series' own labels (a tenant's code could write another's llmserving).
+    assert pod["metadata"]["annotations"] == {"batchknee.io/max-num-seqs": "64"}
     assert pod["spec"]["terminationGracePeriodSeconds"] == 120
     owner = dep["metadata"]["ownerReferences"][0]
     assert owner == {
@@ -92,7 +99,7 @@ def test_template_overrides_are_merged_in() -> None:
                 "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory"}}],
                 "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}],
                 "env": [{"name": "HF_HOME", "value": "/cache"}],
-                "labels": {"team": "ml", "app.kubernetes.io/instance": "spoofed"},
+                "labels": {"team": "ml", "app.kubernetes.io/name": "spoofed"},
                 "annotations": {"prometheus.io/port": "9999"},
                 "drainSeconds": 30,
                 "terminationGracePeriodSeconds": 10,
@@ -110,7 +117,7 @@ def test_template_overrides_are_merged_in() -> None:
     assert pod["spec"]["tolerations"][0]["key"] == "nvidia.com/gpu"
     assert pod["spec"]["volumes"][0]["name"] == "shm"
     assert pod["metadata"]["labels"]["team"] == "ml"
-    assert pod["metadata"]["labels"]["app.kubernetes.io/instance"] == "chat"  # the operator's own win
+    assert pod["metadata"]["labels"]["app.kubernetes.io/name"] == "vllm"  # the operator's own win
     assert pod["metadata"]["labels"]["batchknee.io/llmserving"] == "chat"
     assert pod["metadata"]["annotations"]["prometheus.io/port"] == "9999"
     assert pod["spec"]["terminationGracePeriodSeconds"] == 30  # never shorter than the drain
@@ -126,6 +133,8 @@ def test_tensorrt_llm_objects() -> None:
     assert budget["kind"] == "PodDisruptionBudget" and budget["spec"] == {
         "maxUnavailable": 1,
         "selector": {"matchLabels": {"batchknee.io/llmserving": "chat"}},
+        # an engine that never gets Ready must not block node drains
+        "unhealthyPodEvictionPolicy": "AlwaysAllow",
     }
     options = yaml.safe_load(config_map["data"]["engine.yaml"])
     # no max_tokens: max_batch_size carries the knee (a B × context token cap starves the
@@ -148,7 +157,7 @@ def test_tensorrt_llm_objects() -> None:
     )
     assert volume["configMap"]["name"] == config_map["metadata"]["name"]  # the revision names its file
     annotations = dep["spec"]["template"]["metadata"]["annotations"]
-    assert annotations["prometheus.io/path"] == "/prometheus/metrics"
+    assert not any(key.startswith("prometheus.io/") for key in annotations)
     other_map, _, _, other = render(llms, Desired(24, 131072))
     assert other_map["metadata"]["name"] != config_map["metadata"]["name"]
     assert (
@@ -327,7 +336,6 @@ def test_sglang_deployment_runs_launch_server_with_the_managed_flags_first() -> 
     ]  # fmt: skip
     assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
     pod = dep["spec"]["template"]
-    assert pod["metadata"]["annotations"]["prometheus.io/path"] == "/metrics"
     assert pod["metadata"]["labels"]["app.kubernetes.io/name"] == "sglang"
     assert c["image"] == "lmsysorg/sglang:v0.5.23"
     assert [o["kind"] for o in render(obj(engine="SGLang"), Desired(48, 0))] == [

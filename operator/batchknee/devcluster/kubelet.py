@@ -60,6 +60,7 @@ from kubernetes.client.exceptions import ApiException
 from batchknee.devcluster import netns
 from batchknee.devcluster.kube import api_client_for, new_watch
 from batchknee.devcluster.procs import Spawner, signal_group, stop_process
+from batchknee.engines import sglang, trtllm, vllm
 
 log = logging.getLogger("batchknee.kubelet")
 
@@ -67,6 +68,9 @@ API_TIMEOUT = (5, 15)  # connect, read seconds for every API call
 HEARTBEAT_S = 10.0
 TICK_S = 0.25
 LLMSERVING_POD_LABEL = "batchknee.io/llmserving"  # copied to the `llmserving` target label
+ENGINE_POD_LABEL = "app.kubernetes.io/name"
+# Each engine's metrics path by its pod label, as the chart's PodMonitors select and scrape them.
+METRICS_PATHS = {module.APP_NAME: module.HTTP.metrics_path for module in (vllm, trtllm, sglang)}
 MAX_BACKOFF_S = 10.0
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 SHUTDOWN_GRACE_S = 3.0
@@ -795,7 +799,7 @@ class PodWorker(threading.Thread):
         if status["phase"] == "Running" and any(
             r.proc is not None and r.proc.poll() is None for r in self.containers
         ):
-            self.kubelet.set_targets(self.uid, self._targets())
+            self.kubelet.set_targets(self.uid, scrape_targets(self.pod, str(self.ip)))
         else:
             self.kubelet.drop_target(self.uid)
         encoded = json.dumps(status, sort_keys=True)
@@ -812,30 +816,37 @@ class PodWorker(threading.Thread):
             else:
                 log.warning("pod %s/%s: status update failed: %s", self.namespace, self.pod_name, exc.reason)
 
-    def _targets(self) -> list[dict[str, Any]]:
-        meta = self.pod["metadata"]
-        annotations = meta.get("annotations") or {}
-        if annotations.get("prometheus.io/scrape") == "false":
-            return []
-        only_port = annotations.get("prometheus.io/port")
-        labels = {sanitize_label(k): str(v) for k, v in (meta.get("labels") or {}).items()}
-        targets = []
-        for c in self.pod["spec"].get("containers", []):
-            for p in c.get("ports") or []:
-                port = p.get("containerPort")
-                if port is None or (only_port and str(port) != only_port and p.get("name") != only_port):
-                    continue
-                entry = dict(labels)
-                entry.update({"namespace": self.namespace, "pod": self.pod_name, "container": c["name"]})
-                # as the chart's PodMonitor relabels it: the operator selects and groups by it
-                if LLMSERVING_POD_LABEL in (meta.get("labels") or {}):
-                    entry["llmserving"] = str(meta["labels"][LLMSERVING_POD_LABEL])
-                if p.get("name"):
-                    entry["endpoint"] = p["name"]
-                if annotations.get("prometheus.io/path"):
-                    entry["__metrics_path__"] = annotations["prometheus.io/path"]
-                targets.append({"targets": [f"{self.ip}:{port}"], "labels": entry})
-        return targets
+
+def scrape_targets(pod: Mapping[str, Any], ip: str) -> list[dict[str, Any]]:
+    """The file_sd entries of a running pod: each container port, labelled with the pod's labels
+    (sanitized) and, as the chart's PodMonitors relabel them, `namespace`, `pod` and `llmserving`.
+    The path is `prometheus.io/path` where a pod has it, else its engine's (by its
+    `app.kubernetes.io/name`, as the PodMonitors scrape them), else /metrics."""
+    meta = pod["metadata"]
+    annotations = meta.get("annotations") or {}
+    pod_labels = meta.get("labels") or {}
+    if annotations.get("prometheus.io/scrape") == "false":
+        return []
+    only_port = annotations.get("prometheus.io/port")
+    labels = {sanitize_label(k): str(v) for k, v in pod_labels.items()}
+    path = annotations.get("prometheus.io/path") or METRICS_PATHS.get(str(pod_labels.get(ENGINE_POD_LABEL)))
+    targets = []
+    for c in pod["spec"].get("containers", []):
+        for p in c.get("ports") or []:
+            port = p.get("containerPort")
+            if port is None or (only_port and str(port) != only_port and p.get("name") != only_port):
+                continue
+            entry = dict(labels)
+            entry.update({"namespace": meta["namespace"], "pod": meta["name"], "container": c["name"]})
+            # as the chart's PodMonitor relabels it: the operator selects and groups by it
+            if LLMSERVING_POD_LABEL in pod_labels:
+                entry["llmserving"] = str(pod_labels[LLMSERVING_POD_LABEL])
+            if p.get("name"):
+                entry["endpoint"] = p["name"]
+            if path:
+                entry["__metrics_path__"] = path
+            targets.append({"targets": [f"{ip}:{port}"], "labels": entry})
+    return targets
 
 
 # ---------------------------------------------------------------------------------------------------
