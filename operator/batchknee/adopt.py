@@ -33,6 +33,22 @@ ENGINE_MARKERS = {
 REFERENCE = f"$({TARGET_ENV_VAR})"
 
 
+def tuned_workload(body: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The workload (kind, name) an LLMServing as stored adopts, or None: no `spec.targetRef`, or
+    the LLMServing is being deleted (it then tunes nothing)."""
+    meta, spec = body.get("metadata") or {}, body.get("spec") or {}
+    ref = spec.get("targetRef") if isinstance(spec, Mapping) else None
+    if meta.get("deletionTimestamp") or not isinstance(ref, Mapping) or not ref.get("name"):
+        return None
+    return str(ref.get("kind")), str(ref.get("name"))
+
+
+def tuner(body: Mapping[str, Any]) -> tuple[str, str]:
+    """(creationTimestamp, name): of two LLMServings adopting one workload the first keeps it."""
+    meta = body.get("metadata") or {}
+    return str(meta.get("creationTimestamp") or ""), str(meta.get("name") or "")
+
+
 def wiring_argument(engine: Engine) -> str:
     """The exact argument a user adds to their engine container."""
     return f"{KNOB_FLAG[engine]}={REFERENCE}"

@@ -43,6 +43,7 @@ from batchknee.adapters import allocator
 from batchknee.adapters.engine_runtime import HttpEngineRuntime
 from batchknee.adapters.kubernetes import KubernetesAdapter, WatchCache, load_config, pooled_client
 from batchknee.adapters.observing import RoutedObserver, normalise_url
+from batchknee.adopt import tuned_workload, tuner
 from batchknee.api.models import DEFAULT_WINDOW_SECONDS, GROUP, PLURAL, VERSION
 from batchknee.api.resolve import SpecError, observation_target, parse_llmserving
 from batchknee.core.observation import ObservationTarget
@@ -394,6 +395,35 @@ def llmserving_intervals(**kwargs: Any) -> dict[Key, float]:
     return {(kwargs["namespace"], kwargs["name"]): evaluation_interval(kwargs["spec"])}
 
 
+@kopf.index(GROUP, VERSION, PLURAL)
+def llmserving_tuners(**kwargs: Any) -> dict[tuple[str, str, str], tuple[str, str]]:
+    """Who adopts which workload: (namespace, kind, name) → (creationTimestamp, LLMServing), from the
+    watch. kopf fills its indexes from the first listing before any handler runs, so the first
+    evaluation after a start already knows every rival."""
+    workload = tuned_workload(kwargs["body"])
+    return {} if workload is None else {(kwargs["namespace"], *workload): tuner(kwargs["body"])}
+
+
+COPY_ATTEMPTS = 100
+
+
+class Tuners:
+    """kopf's index of adopted workloads as the Kubernetes adapter reads it, from the reconcile
+    threads while the event loop's thread writes it."""
+
+    def __init__(self, index: kopf.Index[tuple[str, str, str], tuple[str, str]]) -> None:
+        self.index = index
+
+    def __call__(self, namespace: str, kind: str, name: str) -> list[tuple[str, str]]:
+        for _ in range(COPY_ATTEMPTS):  # a store that changes size while copied raises; copy again
+            try:
+                store = self.index.get((namespace, kind, name))
+                return list(store) if store is not None else []
+            except RuntimeError:
+                continue
+        raise RuntimeError(f"the index of {kind} {namespace}/{name} kept changing while read")
+
+
 class Intervals(Mapping[Key, float]):
     """kopf's index (key → a store of one value per object) as key → interval."""
 
@@ -417,6 +447,8 @@ class Intervals(Mapping[Key, float]):
 async def start_scheduler(**kwargs: Any) -> None:
     rt = runtime()
     intervals = Intervals(kwargs["llmserving_intervals"])
+    if isinstance(rt.ports.kube, KubernetesAdapter):
+        rt.ports.kube.tuners_index = Tuners(kwargs["llmserving_tuners"])
     rt.scheduler = Scheduler(
         evaluate=rt.run,
         known=lambda: intervals,

@@ -42,8 +42,9 @@ class KubernetesPort(Protocol):
         """The LLMServing as stored (metadata, spec, status), or None when it is gone."""
         ...
 
-    def list_llmservings(self, namespace: str) -> list[dict[str, Any]]:
-        """Every LLMServing of the namespace (two must not adopt the same workload)."""
+    def tuners(self, namespace: str, kind: str, name: str) -> list[tuple[str, str]]:
+        """The LLMServings not being deleted whose spec.targetRef is this workload, as
+        (creationTimestamp, name): two must not adopt the same workload."""
         ...
 
     def get_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from batchknee.adopt import KNOB_FLAG, Target, adopt, env_patch, wiring_argument
+from batchknee.adopt import KNOB_FLAG, Target, adopt, env_patch, tuner, wiring_argument
 from batchknee.api.admission import AdmissionRules, Forbidden, check_admission
 from batchknee.api.models import (
     API_VERSION,
@@ -1065,16 +1065,9 @@ class _Reconcile:
 
     def rival(self, ref: TargetRef) -> str | None:
         """The LLMServing that tunes the same workload and came first (older, then by name)."""
-        me = (self.raw.get("metadata", {}).get("creationTimestamp") or "", self.name)
-        for other in self.ports.kube.list_llmservings(self.namespace):
-            meta, spec = other.get("metadata", {}), other.get("spec") or {}
-            theirs = spec.get("targetRef") or {}
-            if meta.get("name") == self.name or meta.get("deletionTimestamp"):
-                continue
-            same = (theirs.get("kind"), theirs.get("name")) == (ref.kind, ref.name)
-            if same and (meta.get("creationTimestamp") or "", meta.get("name", "")) < me:
-                return str(meta.get("name"))
-        return None
+        me = tuner(self.raw)
+        earlier = [t for t in self.ports.kube.tuners(self.namespace, ref.kind, ref.name) if t < me]
+        return min(earlier)[1] if earlier else None
 
     def recorded_rollouts(self) -> tuple[Rollout, ...]:
         return tuple(Rollout(h.time, h.from_, h.to, h.reason) for h in self.old.history)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from batchknee.adopt import tuned_workload, tuner
 from batchknee.core.observation import Observation, ObservationTarget, Reading
 from batchknee.ports import ApplyConflict, ApplyError, EventType, LiveCap, LiveCapError, TransientApiError
 
@@ -51,11 +52,11 @@ class MemoryKube:
         found = self.objects.get(("LLMServing", namespace, name))
         return copy.deepcopy(found) if found else None
 
-    def list_llmservings(self, namespace: str) -> list[dict[str, Any]]:
+    def tuners(self, namespace: str, kind: str, name: str) -> list[tuple[str, str]]:
         return [
-            copy.deepcopy(obj)
-            for (kind, ns, _), obj in self.objects.items()
-            if kind == "LLMServing" and ns == namespace
+            tuner(obj)
+            for (found, ns, _), obj in self.objects.items()
+            if found == "LLMServing" and ns == namespace and tuned_workload(obj) == (kind, name)
         ]
 
     def get_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:

@@ -86,6 +86,17 @@ def test_a_helm_installed_engine_is_retuned_and_keeps_its_value(
     )
     wired = world.condition("chat-tuner", "Wired")
     assert wired["status"] == "True", wired
+    # a second LLMServing for the same workload writes nothing and names the first (read from the
+    # operator's index of adopted workloads, kept from its watch)
+    adopt(world, "chat-tuner-too", {"kind": "Deployment", "name": "chat"})
+    second = wait_for(
+        lambda: (c := world.condition("chat-tuner-too", "Wired")).get("reason") == "AlreadyTargeted" and c,
+        60,
+        "the second LLMServing refused",
+        world.log,
+    )
+    assert second["status"] == "False" and "already tuned by LLMServing chat-tuner" in second["message"]
+    world.kubectl("delete", "llms", "chat-tuner-too", "--wait=true")
     wait_for(lambda: world.condition("chat-tuner", "Ready").get("status") == "True", 120, "Ready", world.log)
 
     # observed through the workload's own selector: its pods are `chat-<hash>-<hash>`, counted as 2

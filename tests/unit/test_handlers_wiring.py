@@ -340,3 +340,43 @@ def test_objects_with_a_stale_scope_of_their_own_share_their_namespaces_lane() -
     assert rt.in_lane(("team-a", "plain"))
     # its reconcile reads its pods by name: refreshing the fleet's default scope first reads nothing it uses
     assert rt.prepared_target(("team-a", "plain")) is None
+
+
+def adopter(name: str, created: str, workload: str | None, **meta: Any) -> dict[str, Any]:
+    spec = (
+        {"targetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": workload}} if workload else {}
+    )
+    return {"metadata": {"name": name, "namespace": "ml", "creationTimestamp": created, **meta}, "spec": spec}
+
+
+def test_who_adopts_a_workload_is_read_from_kopfs_index_not_listed() -> None:
+    """Two LLMServings must not adopt one workload: the later one reads who came first from the
+    watch's index (kopf fills it from the first listing before any handler runs), where it listed
+    every LLMServing of the namespace at each evaluation (a tenant's large specs, parsed each time)."""
+    from kopf._core.engines.indexing import Index
+
+    from batchknee.adapters.kubernetes import KubernetesAdapter
+    from batchknee.handlers import Tuners, llmserving_tuners
+
+    index: Index[tuple[str, str, str], tuple[str, str]] = Index()
+    bodies = [
+        adopter("first", "2026-03-01T00:00:00Z", "llama"),
+        adopter("second", "2026-03-02T00:00:00Z", "llama"),
+        adopter("other", "2026-02-01T00:00:00Z", "mistral"),
+        adopter("own", "2026-01-01T00:00:00Z", None),
+        adopter("leaving", "2026-01-01T00:00:00Z", "llama", deletionTimestamp="2026-03-03T00:00:00Z"),
+    ]
+    for body in bodies:  # as kopf feeds an indexer: the object's key → what the function returned
+        index._replace(("ml", body["metadata"]["name"], "uid"), llmserving_tuners(namespace="ml", body=body))
+    kube = KubernetesAdapter(timeout_s=0.1)  # no apiserver: a request would fail the test
+    kube.tuners_index = Tuners(index)
+    assert sorted(kube.tuners("ml", "Deployment", "llama")) == [
+        ("2026-03-01T00:00:00Z", "first"),
+        ("2026-03-02T00:00:00Z", "second"),
+    ]  # the one being deleted tunes nothing
+    assert (
+        kube.tuners("ml", "StatefulSet", "llama") == [] and kube.tuners("other", "Deployment", "llama") == []
+    )
+    # deleted: kopf discards the object's entries
+    index._discard(("ml", "first", "uid"))
+    assert kube.tuners("ml", "Deployment", "llama") == [("2026-03-02T00:00:00Z", "second")]

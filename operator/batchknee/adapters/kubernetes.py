@@ -22,6 +22,7 @@ from typing import Any, TypeVar, cast
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from batchknee.adopt import tuned_workload, tuner
 from batchknee.api.models import GROUP, PLURAL, VERSION, bounded, format_timestamp
 from batchknee.ports import ApplyConflict, ApplyError, EventType, TransientApiError
 from batchknee.render import FIELD_MANAGER
@@ -216,6 +217,9 @@ class KubernetesAdapter:
         self.policy = client.PolicyV1Api(self.api_client)
         self.timeout_s = timeout_s
         self.instance = socket.gethostname()
+        # who adopts which workload, from the watch (the operator's kopf index): (namespace, kind,
+        # name) → [(creationTimestamp, LLMServing)]; None: list the namespace
+        self.tuners_index: Callable[[str, str, str], list[tuple[str, str]]] | None = None
 
     # --- reads ---
     def cached(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
@@ -253,11 +257,18 @@ class KubernetesAdapter:
                 return None
             raise
 
-    def list_llmservings(self, namespace: str) -> list[dict[str, Any]]:
-        found = self.custom.list_namespaced_custom_object(
-            GROUP, VERSION, namespace, PLURAL, _request_timeout=self.timeout_s
+    def tuners(self, namespace: str, kind: str, name: str) -> list[tuple[str, str]]:
+        if self.tuners_index is not None:
+            return self.tuners_index(namespace, kind, name)
+        # No index (outside the operator's runtime): the namespace's LLMServings, from the apiserver.
+        found = with_retries(
+            lambda: self.custom.list_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, _request_timeout=self.timeout_s
+            ),
+            f"list LLMServings in {namespace}",
         )
-        return list(cast(dict[str, Any], found).get("items") or [])
+        items = cast(dict[str, Any], found).get("items") or []
+        return [tuner(item) for item in items if tuned_workload(item) == (kind, name)]
 
     def get_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
         cached = self.cached("Deployment", namespace, name)
