@@ -2,14 +2,15 @@
 answer in time is not called again for a backoff (30 s, doubling while it stays silent), so a
 tenant's wedged engines cost the shared Live workers one deadline per backoff, not one per
 evaluation; a quick refusal is not held against a pod, and an answer ends its backoff. A pod runs
-its tenant's code, so it also answers with redirects, trickled bytes and huge bodies here: a call
-follows no redirect, ends at its deadline and reads a bounded answer."""
+its tenant's code, so it also answers with redirects, trickled bytes, huge bodies and broken
+chunking here: a call follows no redirect, ends at its deadline and reads a bounded answer."""
 
 from __future__ import annotations
 
 import json
 import threading
 import time
+import tracemalloc
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -246,3 +247,30 @@ def test_an_answer_nested_past_the_interpreters_limit_is_not_json(pod: Pod) -> N
     _, message = timed_failure(HttpEngineRuntime(timeout_s=TIMEOUT_S), pod.address)
     assert message.startswith("GET /v1/runtime_config answered 200: [[["), message
     assert len(message) < 1024, message
+
+
+def test_a_negative_chunk_size_is_refused_before_the_rest_is_read(pod: Pod) -> None:
+    """`-1` parses as a chunk size, and a read of -1 bytes reads to the end of the stream: the pod
+    would have the operator hold all it sends (167 MiB in under 2 s) however small the bound."""
+    piece = b"x" * 65536
+
+    def negative_chunk(handler: Handler) -> None:
+        handler.wfile.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-1\r\n")
+        stop = time.monotonic() + 5.0
+        try:
+            for _ in range(1024):  # 64 MiB at most, 5 s at most
+                if time.monotonic() > stop:
+                    break
+                handler.wfile.write(piece)
+        except OSError:  # the client gave up: what the test wants
+            pass
+
+    pod.answer = negative_chunk
+    tracemalloc.start()
+    try:
+        _, message = timed_failure(HttpEngineRuntime(timeout_s=TIMEOUT_S), pod.address)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert message == "GET /v1/runtime_config: IncompleteRead"
+    assert peak < 2**20, peak  # what the pod sent after its head was never buffered

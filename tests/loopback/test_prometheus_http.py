@@ -1,17 +1,23 @@
 """The Prometheus adapter's HTTP behaviour against real loopback servers that misbehave:
-POST bodies of a fixed size, a total deadline against a trickling server, bounded error text,
-credentials that work but never show."""
+POST bodies of a fixed size, a total deadline against a trickling server (or proxy), bounded error
+text, broken chunking refused, credentials that work but never show."""
 
 from __future__ import annotations
 
 import base64
 import json
 import logging
+import os
+import sys
+import threading
 import time
+import tracemalloc
 import urllib.parse
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -369,3 +375,139 @@ def test_a_slow_url_holds_no_thread_of_another_url() -> None:
         assert done.is_set()
         for url in cache.urls():
             cache.drop_url(url)
+
+
+@contextmanager
+def answering_a_negative_chunk() -> Iterator[str]:
+    """A server on loopback (its URL) answering chunked with a chunk size of `-1`, then sending as
+    fast as it can: 64 MiB at most, for 5 s at most, until the client closes."""
+    piece = b" " * 65536
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.wfile.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n-1\r\n"
+            )
+            stop = time.monotonic() + 5.0
+            try:
+                for _ in range(1024):
+                    if time.monotonic() > stop:
+                        break
+                    self.wfile.write(piece)
+            except OSError:  # the client gave up: what the test wants
+                pass
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_negative_chunk_size_is_refused_before_the_rest_is_read() -> None:
+    """`-1` parses as a chunk size, and reading a chunk of -1 bytes reads to the end of the stream:
+    the answer is refused as broken at once, not read as a body until its size is refused."""
+    with answering_a_negative_chunk() as url:
+        observer = PrometheusObserver(url, timeout_s=5.0, max_concurrent_queries=1)
+        tracemalloc.start()
+        try:
+            seen = observer.observe([target("llama")], NOW)[("prod", "llama")]
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+            observer.close()
+    assert seen.avg_context_tokens.reason == f"Prometheus at {url} unreachable: ProtocolError"
+    assert peak < 2**20, peak  # of the 8 MiB a body may be: nothing past the chunk size was kept
+
+
+def test_a_negative_chunk_size_is_refused_by_urllib3s_chunk_reader_too() -> None:
+    """A body read whole (requests' `.content`, `iter_content`) goes through urllib3's own chunk
+    parser, which reads each chunk with the answer's `_safe_read`: a read of -1 bytes is refused."""
+    import requests
+
+    from batchknee.adapters.deadline_http import DeadlineAdapter, reads_before
+
+    with answering_a_negative_chunk() as url, requests.Session() as session:
+        session.mount(url, DeadlineAdapter())
+        tracemalloc.start()
+        try:
+            with (
+                reads_before(time.monotonic() + 5.0),
+                pytest.raises(requests.exceptions.ChunkedEncodingError),
+            ):
+                session.post(url, data=b"query=up", timeout=5.0)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert peak < 2**20, peak
+
+
+BEHIND_PROXY = "http://prometheus.invalid:9090"  # its name is resolved by the proxy, never here
+
+
+def proxied_by(monkeypatch: pytest.MonkeyPatch, proxy_url: str, no_proxy: str = "") -> None:
+    """The operator's environment (the chart's operator.extraEnv) names `proxy_url` as its HTTP
+    proxy, and `no_proxy` as the hosts read without it."""
+    for name in list(os.environ):
+        if name.lower() in ("http_proxy", "https_proxy", "all_proxy", "no_proxy"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("HTTP_PROXY", proxy_url)
+    if no_proxy:
+        monkeypatch.setenv("NO_PROXY", no_proxy)
+
+
+def query_threads_reading_an_answer() -> list[str]:
+    frames = sys._current_frames()
+    reading = []
+    for thread in threading.enumerate():
+        frame = frames.get(thread.ident) if thread.name.startswith("prometheus-query") else None
+        while frame is not None and frame.f_code.co_name != "getresponse":
+            frame = frame.f_back
+        if frame is not None:
+            reading.append(thread.name)
+    return reading
+
+
+def test_a_proxy_from_the_environment_is_used_and_read_under_the_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An admin's HTTP_PROXY is honoured, and its answers are read under the query's deadline as a
+    Prometheus's are: a proxy trickling its headers held every query thread past it (urllib3's own
+    connections, 16 s later still reading them), until no query could start at all."""
+    with FakePrometheus("trickle-head") as proxy:
+        proxied_by(monkeypatch, proxy.url)
+        observer = PrometheusObserver(BEHIND_PROXY, timeout_s=1.0)
+        started = time.monotonic()
+        seen = observer.observe([target("llama")], NOW)[("prod", "llama")]
+        for _ in range(50):  # until no query thread reads an answer any more (5 s at most)
+            reading = query_threads_reading_an_answer()
+            if not reading:
+                break
+            time.sleep(0.1)
+        stopped_s = time.monotonic() - started
+        observer.close()
+        assert not reading and stopped_s < 2.5, (reading, stopped_s)
+        assert proxy.disconnected.wait(10), "the client kept reading the proxy's trickle"
+    assert proxy.requests and {r.path for r in proxy.requests} == {f"{BEHIND_PROXY}/api/v1/query"}
+    assert seen.avg_context_tokens.reason == f"Prometheus at {BEHIND_PROXY} did not answer within 1s"
+    assert proxy.bytes_sent < 100
+
+
+def test_a_host_the_environment_exempts_from_its_proxy_is_read_directly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with FakePrometheus("empty") as prom, FakePrometheus("empty") as proxy:
+        proxied_by(monkeypatch, proxy.url, no_proxy="127.0.0.1")
+        observer = PrometheusObserver(prom.url, timeout_s=2.0)
+        seen = observer.observe([target("llama")], NOW)[("prod", "llama")]
+        observer.close()
+    assert seen.avg_context_tokens.reason == "no VLLM engine metrics in the last 300s"
+    assert prom.requests and not proxy.requests

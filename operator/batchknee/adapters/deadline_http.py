@@ -4,7 +4,8 @@ A socket timeout bounds each read, not the answer: a server (or a tenant's pod) 
 a little faster than the timeout holds the call for hours, in its status line and headers as much
 as in its body. Here every read of an answer is given only the time left before the deadline of
 the call in progress on this thread (`reads_before`). The connections of `DeadlineAdapter`
-(requests) read so; a plain `http.client` connection does with `response_class = ResponseBefore`.
+(requests), through a proxy of the environment's too, read so; a plain `http.client` connection
+does with `response_class = ResponseBefore`. Either way a chunk size of `-1` is refused.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 import urllib3
 from requests.adapters import HTTPAdapter
+from requests.exceptions import InvalidSchema
 
 _calls = threading.local()
 
@@ -68,6 +70,25 @@ class ResponseBefore(http.client.HTTPResponse):
         if deadline is not None:
             self.fp = io.BufferedReader(_ReadsBefore(sock, self.fp, deadline))
 
+    # A chunk size of `-1` parses (int("-1", 16)), and a read of -1 bytes reads to the end of the
+    # stream: past every bound on the answer, as fast as the server sends. Both parsers refuse it,
+    # http.client's own (read, read1: IncompleteRead) and urllib3's (read_chunked, which reads each
+    # chunk with `_safe_read`: ProtocolError).
+
+    def _read_next_chunk_size(self) -> int:
+        size: int = super()._read_next_chunk_size()  # type: ignore[misc]
+        if size < 0:
+            self._close_conn()  # type: ignore[attr-defined]
+            raise ValueError(f"a negative chunk size ({size})")
+        return size
+
+    def _safe_read(self, amt: int) -> bytes:
+        if amt < 0:
+            self._close_conn()  # type: ignore[attr-defined]
+            raise http.client.IncompleteRead(b"")
+        data: bytes = super()._safe_read(amt)  # type: ignore[misc]
+        return data
+
 
 class _Connection(urllib3.connection.HTTPConnection):
     response_class = ResponseBefore
@@ -91,3 +112,13 @@ class DeadlineAdapter(HTTPAdapter):
     def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
         super().init_poolmanager(*args, **kwargs)
         self.poolmanager.pool_classes_by_scheme = {"http": _Pool, "https": _TLSPool}
+
+    def proxy_manager_for(self, proxy: str, **proxy_kwargs: Any) -> Any:
+        """The manager of a proxy the environment names (HTTP_PROXY, HTTPS_PROXY; NO_PROXY is
+        requests' to apply), with the same connections: urllib3's own would read answers
+        without the deadline, through a proxy that trickles them."""
+        manager = super().proxy_manager_for(proxy, **proxy_kwargs)
+        if not isinstance(manager, urllib3.ProxyManager):  # SOCKS: PySocks' connections, not ours
+            raise InvalidSchema(f"a {proxy.split(':', 1)[0]} proxy cannot read answers under a deadline")
+        manager.pool_classes_by_scheme = {"http": _Pool, "https": _TLSPool}
+        return manager
