@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
@@ -307,12 +308,20 @@ class _Conditions:
         return [self.new[k] for k in self.ORDER if k in self.new]
 
 
+def _finite(value: float | None) -> float | None:
+    """`value` unless it is None, NaN or infinite (nothing non-finite reaches status: json.dumps
+    would write it as `Infinity`, which is no JSON)."""
+    return value if value is not None and math.isfinite(value) else None
+
+
 def _ms(value: float | None) -> float | None:
-    return round(value * 1e3, 1) if value is not None else None
+    scaled = _finite(value * 1e3) if value is not None else None
+    return round(scaled, 1) if scaled is not None else None
 
 
 def _pct(value: float | None) -> float | None:
-    return round(value * 100, 1) if value is not None else None
+    scaled = _finite(value * 100) if value is not None else None
+    return round(scaled, 1) if scaled is not None else None
 
 
 def _round(value: float | None) -> float | None:
@@ -361,16 +370,24 @@ def _ready_address(pod: dict[str, Any]) -> str | None:
     return f"{host}:{port}"
 
 
-def window_figures(figures: Figures) -> WindowFigures:
+def window_figures(figures: Figures) -> WindowFigures | None:
+    """The window's figures for status; None when one it needs is not finite (no check compares
+    against it), and an optional one that is not finite is left out."""
+    context = _finite(figures.context_tokens)
+    tokens = _finite(figures.tokens_per_s_per_pod)
+    tpot_p99 = _finite(figures.tpot_p99_s * 1e3)
+    preemptions = _finite(figures.preemptions_per_s)
+    if context is None or tokens is None or tpot_p99 is None or preemptions is None:
+        return None
+    tpot_mean = _finite(figures.tpot_mean_s * 1e3) if figures.tpot_mean_s is not None else None
+    prompt = _finite(figures.prompt_tokens)
     return WindowFigures(
-        context_tokens=round(figures.context_tokens),
-        tokens_per_second_per_pod=round(figures.tokens_per_s_per_pod, 1),
-        tpot_p99_milliseconds=round(figures.tpot_p99_s * 1e3, 2),
-        preemptions_per_second=round(figures.preemptions_per_s, 3),
-        tpot_mean_milliseconds=round(figures.tpot_mean_s * 1e3, 2)
-        if figures.tpot_mean_s is not None
-        else None,
-        prompt_tokens=round(figures.prompt_tokens) if figures.prompt_tokens is not None else None,
+        context_tokens=round(context),
+        tokens_per_second_per_pod=round(tokens, 1),
+        tpot_p99_milliseconds=round(tpot_p99, 2),
+        preemptions_per_second=round(preemptions, 3),
+        tpot_mean_milliseconds=round(tpot_mean, 2) if tpot_mean is not None else None,
+        prompt_tokens=round(prompt) if prompt is not None else None,
     )
 
 

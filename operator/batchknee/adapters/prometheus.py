@@ -14,8 +14,10 @@ URL without its credentials and carry the HTTP status and a short, single-line e
 Metric renames across engine versions are handled with PromQL `or` chains (newest first), and both
 spellings of vLLM's names (`vllm:x` and, through OpenMetrics negotiation, `vllm_x`) are matched.
 
-Anything missing, NaN, infinite, negative, stale (no sample inside the window) or thin (fewer samples
-than `min_samples`) becomes `Reading.unavailable(reason)` — never a zero.
+Anything missing, NaN, infinite, negative, past any engine's bounds (an average context under one
+token or over the largest KV pool, a latency of hours, a fraction well above one), stale (no sample
+inside the window) or thin (fewer samples than `min_samples`, or a sample count that is no count)
+becomes `Reading.unavailable(reason)`, the reason naming the metric — never a zero.
 """
 
 from __future__ import annotations
@@ -70,6 +72,14 @@ ERROR_BODY_BYTES = 8 * 1024  # of an error answer, only this much is read
 EXCERPT_CHARS = 200
 MAX_KV_USAGE = 1.05  # a fraction of the pool; averaged over a window it may round a little above one
 MAX_POOL_TOKENS = 1e9  # tokens of one pod's KV pool: far beyond any GPU's memory at any model's size
+# Finite but impossible figures are no readings either (and, multiplied into milliseconds or
+# percent, would overflow to infinity on the way to status). Each bound is far past anything real.
+MIN_CONTEXT_TOKENS = 1.0  # an average context under one token is no context: the knee would run away
+MAX_LATENCY_S = 1e4  # a TPOT or TTFT p99 (seconds) of nearly three hours is no engine's latency
+MAX_FRACTION = MAX_KV_USAGE  # a fraction (KV usage, prefix hits, DRAM active), rounding a little above one
+MAX_SEQUENCES = 1e9  # running or waiting requests of one LLMServing, all pods
+MAX_EVENT_RATE = 1e12  # generated tokens or preemptions per second of one LLMServing, all pods
+MAX_READ_BYTES_PER_S = 1e15  # bytes one GPU reads per second: 200 times an H200's HBM
 
 
 # --- what may be shown ----------------------------------------------------------------------------
@@ -435,10 +445,12 @@ class ScopeData:
     def _prompt_mean(self, value: Callable[..., Reading]) -> Reading:
         """The mean prompt of the requests finished in the window: from the engine's histogram, or
         (TensorRT-LLM, which has none) prompt tokens per finished request from its counters."""
-        histogram = value("prompt_length_mean", "mean prompt length", empty="no requests finished")
+        histogram = value(
+            "prompt_length_mean", "mean prompt length", "no requests finished", MAX_POOL_TOKENS, " tokens"
+        )
         if histogram.available or "reserved_prompt" not in self.values:
             return histogram
-        return value("reserved_prompt", "mean prompt", empty="no requests finished")
+        return self._reserved_prompt(value, "")
 
     def observation(self, key: Key) -> Observation:
         now = self.sampled_at
@@ -449,8 +461,8 @@ class ScopeData:
         def rows(name: str) -> list[Row]:
             return self.pod_rows.get(name, {}).get(key, [])
 
-        def value(name: str, what: str, empty: str = "") -> Reading:
-            return _value(self.values.get(name, {}), key, what, window_text, empty)
+        def value(name: str, what: str, empty: str = "", limit: float = math.inf, unit: str = "") -> Reading:
+            return _value(self.values.get(name, {}), key, what, window_text, empty, limit, unit)
 
         window_text = f"in the last {scope.window_s}s"
         running_rows = rows("running")
@@ -467,25 +479,32 @@ class ScopeData:
                 f"the window; every sum would count it {n:g} times, so the observation waits for one",
             )
         samples = [v for _, v in rows("samples")]
-        thin = min(samples, default=0) < self.min_samples
+        # a count that is NaN, infinite or negative counts nothing: too few samples, like none
+        uncounted = next((v for v in samples if not (math.isfinite(v) and v >= 0)), None)
+        thin = uncounted is not None or min(samples, default=0) < self.min_samples
         # a pod scraped for part of the window (drained or started by a rollout) counts by that part
+        # (each pod's share of the largest count: a sum of huge counts cannot overflow)
+        top = max(samples) if samples and uncounted is None else 0.0
         pods_served = (
-            Reading.of(sum(samples) / max(samples))
-            if samples and max(samples) > 0
+            Reading.of(sum(v / top for v in samples))
+            if top > 0
             else Reading.unavailable(f"no sample counts {window_text}")
         )
         thin_reason = (
             f"only {min(samples, default=0):.0f} samples per pod {window_text} (need {self.min_samples})"
+            if uncounted is None
+            else f"no usable sample count per pod {window_text}: the count of samples is {uncounted:g} "
+            f"(need {self.min_samples})"
         )
 
-        def gauge(name: str, what: str, combine: str = "sum") -> Reading:
+        def gauge(name: str, what: str, limit: float, combine: str = "sum") -> Reading:
             if thin:
                 return Reading.unavailable(thin_reason)
             values = [v for _, v in rows(name)]
             if not values:
                 return Reading.unavailable(f"no {what} series {window_text}")
             total = sum(values) if combine == "sum" else sum(values) / len(values)
-            return _checked(total, what)
+            return _checked(total, what, limit)
 
         if thin:
             context = Reading.unavailable(thin_reason)
@@ -493,7 +512,8 @@ class ScopeData:
         else:
             context = _kv_context(running_rows, rows("usage"), rows("capacity"))
             if not context.available:
-                fallback = value("length_fallback", "prompt and generation length histograms")
+                what = "average context from the prompt and generation length histograms"
+                fallback = _context(value("length_fallback", what), what)
                 if fallback.available:
                     context = fallback
                 else:
@@ -501,36 +521,51 @@ class ScopeData:
             recent_context = _kv_context(rows("recent_running"), rows("recent_usage"), rows("capacity"))
             metrics = ENGINE_METRICS[scope.engine]
             if metrics.prompt_tokens and metrics.finished_requests:
-                context = decode_context_under_reservation(
-                    context, value("reserved_prompt", "mean prompt", empty="no requests finished")
-                )
+                context = decode_context_under_reservation(context, self._reserved_prompt(value, ""))
                 recent_context = decode_context_under_reservation(
-                    recent_context,
-                    value("recent_reserved_prompt", "mean prompt", empty="no requests finished"),
+                    recent_context, self._reserved_prompt(value, "recent_")
                 )
+            # whatever path gave it, an average context is between one token and the largest pool
+            context = _context(context, "average context")
+            recent_context = _context(recent_context, "recent average context")
+        tokens, seconds = MAX_POOL_TOKENS, MAX_LATENCY_S
         return Observation(
             sampled_at=now,
             pods=len(pods),
             pods_served=pods_served,
             avg_context_tokens=context,
-            tpot_p99_s=value("tpot_p99", "TPOT p99", empty="no requests finished"),
-            tpot_mean_s=value("tpot_mean", "TPOT mean", empty="no requests finished"),
-            ttft_p99_s=value("ttft_p99", "TTFT p99", empty="no requests started"),
-            running=gauge("running", "running-requests"),
-            waiting=gauge("waiting", "waiting-requests"),
-            kv_cache_usage=gauge("usage", "KV-cache usage", combine="mean"),
-            prefix_hit_ratio=value("prefix", "prefix-cache hit ratio", empty="no prefix-cache queries"),
-            preemptions_per_s=value("preemptions", "preemption rate"),
-            generation_tokens_per_s=value("generation", "generation token rate"),
+            tpot_p99_s=value("tpot_p99", "TPOT p99", "no requests finished", seconds, " s"),
+            tpot_mean_s=value("tpot_mean", "TPOT mean", "no requests finished", seconds, " s"),
+            ttft_p99_s=value("ttft_p99", "TTFT p99", "no requests started", seconds, " s"),
+            running=gauge("running", "running-requests", MAX_SEQUENCES),
+            waiting=gauge("waiting", "waiting-requests", MAX_SEQUENCES),
+            kv_cache_usage=gauge("usage", "KV-cache usage", MAX_FRACTION, combine="mean"),
+            prefix_hit_ratio=value(
+                "prefix", "prefix-cache hit ratio", "no prefix-cache queries", MAX_FRACTION
+            ),
+            preemptions_per_s=value("preemptions", "preemption rate", limit=MAX_EVENT_RATE, unit="/s"),
+            generation_tokens_per_s=value(
+                "generation", "generation token rate", limit=MAX_EVENT_RATE, unit="/s"
+            ),
             recent_avg_context_tokens=recent_context,
             prompt_tokens_mean=self._prompt_mean(value),
             output_tokens_mean=value(
-                "output_length_mean", "mean output length", empty="no requests finished"
+                "output_length_mean", "mean output length", "no requests finished", tokens, " tokens"
             ),
             read_bytes_per_s_per_gpu=self._read_bandwidth(
-                rows("read_bytes"), value("generation", "generation token rate"), thin, thin_reason
+                rows("read_bytes"),
+                value("generation", "generation token rate", limit=MAX_EVENT_RATE, unit="/s"),
+                thin,
+                thin_reason,
             ),
-            dram_active=value("dram_active", "DRAM-active fraction (dcgm-exporter)"),
+            dram_active=value("dram_active", "DRAM-active fraction (dcgm-exporter)", limit=MAX_FRACTION),
+        )
+
+    @staticmethod
+    def _reserved_prompt(value: Callable[..., Reading], recent: str) -> Reading:
+        """The mean prompt per finished request, from the token counters (`recent`: of the last third)."""
+        return value(
+            f"{recent}reserved_prompt", "mean prompt", "no requests finished", MAX_POOL_TOKENS, " tokens"
         )
 
     def _read_bandwidth(
@@ -556,7 +591,7 @@ class ScopeData:
                 f"the read-bytes counter stays at zero while tokens are generated: the engine counts "
                 f"only with {switch}"
             )
-        return _checked(per_gpu, "read bandwidth")
+        return _checked(per_gpu, "read bandwidth", MAX_READ_BYTES_PER_S, " B/s")
 
 
 class PrometheusObserver:
@@ -833,23 +868,50 @@ def _read_within(
         response.close()
 
 
-def _checked(value: float, what: str) -> Reading:
+def _checked(value: float, what: str, limit: float = math.inf, unit: str = "") -> Reading:
+    """`value` as a reading, unless it is NaN, infinite, negative or over `limit` (in `unit`):
+    then unavailable, the reason naming `what`."""
     if math.isnan(value):
         return Reading.unavailable(f"{what} is NaN")
     if math.isinf(value):
         return Reading.unavailable(f"{what} is infinite")
     if value < 0:
         return Reading.unavailable(f"{what} is negative ({value:g})")
+    if value > limit:
+        return Reading.unavailable(f"{what} is {value:g}{unit}, over the {limit:g}{unit} any engine reports")
     return Reading.of(value)
 
 
-def _value(values: dict[Key, float], key: Key, what: str, window_text: str, empty: str = "") -> Reading:
+def _value(
+    values: dict[Key, float],
+    key: Key,
+    what: str,
+    window_text: str,
+    empty: str = "",
+    limit: float = math.inf,
+    unit: str = "",
+) -> Reading:
     if key not in values:
         return Reading.unavailable(f"no {what} series {window_text}")
     value = values[key]
     if math.isnan(value) and empty:  # a ratio or quantile over zero events
         return Reading.unavailable(f"{empty} {window_text}")
-    return _checked(value, what)
+    return _checked(value, what, limit, unit)
+
+
+def _context(reading: Reading, what: str) -> Reading:
+    """An average context of at least one token and at most the largest pool accepted, else
+    unavailable, the reason naming `what` (a tiny one sends the knee to infinity, a huge one to zero)."""
+    tokens = reading.value
+    if tokens is None:
+        return reading
+    if tokens < MIN_CONTEXT_TOKENS:
+        return Reading.unavailable(f"{what} is {tokens:g} tokens, under {MIN_CONTEXT_TOKENS:g}")
+    if tokens > MAX_POOL_TOKENS:
+        return Reading.unavailable(
+            f"{what} is {tokens:g} tokens, over the largest KV pool accepted ({MAX_POOL_TOKENS:g})"
+        )
+    return reading
 
 
 def _kv_context(running_rows: list[Row], usage_rows: list[Row], capacity_rows: list[Row]) -> Reading:
@@ -891,7 +953,9 @@ def _kv_context(running_rows: list[Row], usage_rows: list[Row], capacity_rows: l
         sequences += running[pod]
     if sequences < 0.5:
         return Reading.unavailable("no running sequences to average over")
-    return _checked(tokens / sequences, "average context")
+    return _context(
+        _checked(tokens / sequences, "average context"), "average context from KV usage × pool / running"
+    )
 
 
 # --- the operator's cache: one refresh in flight per URL ----------------------------------------------

@@ -124,6 +124,9 @@ SLO_CLIMB_NUMERATOR, SLO_CLIMB_DENOMINATOR = 3, 2  # goal SLO, uncalibrated: at 
 SLO_CLIMB_MIN_FILL = 0.9  # climb only while the running batch fills the limit (it binds)
 TPOT_QUANTILE = 0.99
 HOUR = timedelta(hours=1)
+# An average context under one token is no context (the adapter says so first): the knee of such a
+# context runs to infinity, and the limit with it.
+MIN_CONTEXT_TOKENS = 1.0
 
 
 def _z(moment: datetime) -> str:
@@ -761,7 +764,9 @@ def _slo_target(
     and the spec's bounds. While traffic shifts to longer contexts the bound is taken at the
     window's last third: the stricter one, where traffic is going (one rollout, not two)."""
     recent = observation.recent_avg_context_tokens.value if observation is not None else None
-    bound_context = max(context_tokens, recent) if recent is not None and recent > 0 else context_tokens
+    bound_context = (
+        max(context_tokens, recent) if recent is not None and recent >= MIN_CONTEXT_TOKENS else context_tokens
+    )
     bound = _slo_bound(rules, roofline, bound_context, observation, applied, knee, fit, calibration_text, mix)
     # finer than the granularity at small batches: the bound sits on a TPOT cliff
     value = round_down_fine(bound.cap, rules.granularity)
@@ -898,7 +903,10 @@ def decide(
     `recent_targets` are what earlier evaluations' `Decision.recent_targets` said to remember."""
     ctx_reading = observation.avg_context_tokens if observation is not None else None
     observed_ctx = ctx_reading.value if ctx_reading is not None else None
-    if observed_ctx is not None and observed_ctx <= 0:
+    if observed_ctx is not None and observed_ctx < MIN_CONTEXT_TOKENS:
+        ctx_reading = Reading.unavailable(
+            f"average context is {observed_ctx:g} tokens, under {MIN_CONTEXT_TOKENS:g}"
+        )
         observed_ctx = None
     current = applied.max_num_seqs
 
@@ -1040,7 +1048,7 @@ def decide(
     # the knee of the window's last third: the trend (a decrease that goes at once is not held for it)
     lately = (
         _knee(rules, roofline, kv_pool_bytes, recent_ctx)
-        if not goes_now and recent_ctx is not None and recent_ctx > 0
+        if not goes_now and recent_ctx is not None and recent_ctx >= MIN_CONTEXT_TOKENS
         else None
     )
     if lately is not None and _moves_past(rules, lately.unrounded, target.recommendation.unrounded):
