@@ -38,13 +38,15 @@ class TransientApiError(Exception):
 
 
 class KubernetesPort(Protocol):
-    def get_llmserving(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """The LLMServing as stored (metadata, spec, status), or None when it is gone."""
+    def get_llmserving(self, namespace: str, name: str, *, fresh: bool = False) -> dict[str, Any] | None:
+        """The LLMServing as stored (metadata, spec, status), or None when it is gone (`fresh`: from
+        the apiserver, not what the watch delivered)."""
         ...
 
     def tuners(self, namespace: str, kind: str, name: str) -> list[tuple[str, str]]:
         """The LLMServings not being deleted whose spec.targetRef is this workload, as
-        (creationTimestamp, name): two must not adopt the same workload."""
+        (creationTimestamp, name), as the watch knows them (one deleted while the watch was down
+        may linger until the next start): two must not adopt the same workload."""
         ...
 
     def get_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from batchknee.adopt import KNOB_FLAG, Target, adopt, env_patch, tuner, wiring_argument
+from batchknee.adopt import KNOB_FLAG, Target, adopt, env_patch, tuned_workload, tuner, wiring_argument
 from batchknee.api.admission import AdmissionRules, Forbidden, check_admission
 from batchknee.api.models import (
     API_VERSION,
@@ -1083,8 +1083,18 @@ class _Reconcile:
     def rival(self, ref: TargetRef) -> str | None:
         """The LLMServing that tunes the same workload and came first (older, then by name)."""
         me = tuner(self.raw)
-        earlier = [t for t in self.ports.kube.tuners(self.namespace, ref.kind, ref.name) if t < me]
-        return min(earlier)[1] if earlier else None
+        tuners = self.ports.kube.tuners(self.namespace, ref.kind, ref.name)
+        for earlier in sorted(t for t in tuners if t < me and t[1] != self.name):
+            # as stored now: the watch's index keeps an object deleted while the watch was down
+            # (kopf's next listing does not say what went), which would hold this one off for good
+            stored = self.ports.kube.get_llmserving(self.namespace, earlier[1], fresh=True)
+            if (
+                stored is not None
+                and tuned_workload(stored) == (ref.kind, ref.name)
+                and tuner(stored) == earlier
+            ):
+                return earlier[1]
+        return None
 
     def recorded_rollouts(self) -> tuple[Rollout, ...]:
         return tuple(Rollout(h.time, h.from_, h.to, h.reason) for h in self.old.history)

@@ -48,7 +48,7 @@ class MemoryKube:
     _writing: threading.Lock = field(default_factory=threading.Lock)
 
     # --- the port ---
-    def get_llmserving(self, namespace: str, name: str) -> dict[str, Any] | None:
+    def get_llmserving(self, namespace: str, name: str, *, fresh: bool = False) -> dict[str, Any] | None:
         found = self.objects.get(("LLMServing", namespace, name))
         return copy.deepcopy(found) if found else None
 

@@ -192,6 +192,28 @@ def test_a_second_llmserving_on_the_same_workload_writes_nothing(world: World) -
     assert world.kube.condition("default", "first", "Wired")["status"] == "True"
 
 
+def test_a_rival_the_watch_still_lists_but_the_apiserver_no_longer_has_holds_nothing_off(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The watch's index of adopted workloads keeps an LLMServing deleted while the watch was down
+    (kopf's next listing does not say what went), and this one's own earlier self under an old uid:
+    neither holds the adoption off for good — a rival counts only as stored now."""
+    world.kube.apply(user_workload())
+    world.kube.create(adopting("second"))
+    lingering = [("2026-03-01T11:00:00Z", "first"), ("2026-03-01T10:00:00Z", "second")]
+    listed = world.kube.tuners
+    monkeypatch.setattr(world.kube, "tuners", lambda *ref: lingering + listed(*ref))
+    world.reconcile("second")
+    assert world.kube.condition("default", "second", "Wired")["status"] == "True"
+    assert env(world)[TARGET_ENV_VAR] == "64"
+    # one that is there, older, on the same workload: it still holds this one off
+    first = world.kube.create(adopting("first"))
+    first["metadata"]["creationTimestamp"] = "2026-03-01T11:00:00Z"
+    world.reconcile("second")
+    wired = world.kube.condition("default", "second", "Wired")
+    assert wired["reason"] == "AlreadyTargeted" and "LLMServing first" in wired["message"]
+
+
 def test_a_statefulset_is_adopted_the_same_way(world: World) -> None:
     world.kube.apply(user_workload("sglang-like", kind="StatefulSet"))
     world.kube.create(adopting(target="sglang-like", kind="StatefulSet"))

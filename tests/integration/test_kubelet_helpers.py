@@ -61,6 +61,12 @@ def test_engine_pods_are_scraped_on_their_engines_path_as_the_podmonitors_do() -
         assert target["labels"]["__metrics_path__"] == path, engine
         assert (target["labels"]["namespace"], target["labels"]["pod"]) == ("team-a", "chat-0")
         assert target["labels"]["llmserving"] == "chat"
+    # an engine pod's other ports are not scraped (the PodMonitors name the `http` port)
+    sidecar = engine_pod("VLLM")
+    sidecar["spec"]["containers"].append(
+        {"name": "proxy", "ports": [{"name": "admin", "containerPort": 9901}]}
+    )
+    assert [t["targets"] for t in scrape_targets(sidecar, "127.0.0.9")] == [["127.0.0.9:8000"]]
     annotated = engine_pod("TensorRTLLM")
     annotated["metadata"]["annotations"] = {"prometheus.io/path": "/other"}
     assert scrape_targets(annotated, "127.0.0.9")[0]["labels"]["__metrics_path__"] == "/other"

@@ -369,7 +369,8 @@ def test_who_adopts_a_workload_is_read_from_kopfs_index_not_listed() -> None:
     for body in bodies:  # as kopf feeds an indexer: the object's key → what the function returned
         index._replace(("ml", body["metadata"]["name"], "uid"), llmserving_tuners(namespace="ml", body=body))
     kube = KubernetesAdapter(timeout_s=0.1)  # no apiserver: a request would fail the test
-    kube.tuners_index = Tuners(index)
+    wire_index(kube, index)
+    assert isinstance(kube.tuners_index, Tuners)
     assert sorted(kube.tuners("ml", "Deployment", "llama")) == [
         ("2026-03-01T00:00:00Z", "first"),
         ("2026-03-02T00:00:00Z", "second"),
@@ -380,3 +381,29 @@ def test_who_adopts_a_workload_is_read_from_kopfs_index_not_listed() -> None:
     # deleted: kopf discards the object's entries
     index._discard(("ml", "first", "uid"))
     assert kube.tuners("ml", "Deployment", "llama") == [("2026-03-02T00:00:00Z", "second")]
+
+
+def wire_index(kube: Any, index: Any) -> None:
+    """What the operator's start does: kopf passes its indexes to the startup handler by name."""
+    import asyncio
+
+    from batchknee import handlers
+    from batchknee.reconcile import Ports
+
+    async def scenario() -> None:
+        rt = handlers.Runtime(
+            Ports(kube=kube, observer=Recording()),
+            RoutedObserver(Recording(), "http://127.0.0.1:9090", []),
+            OperatorMetrics(),
+        )
+        handlers.RUNTIME = rt
+        try:
+            await handlers.start_scheduler(llmserving_intervals={}, llmserving_tuners=index)
+            assert rt.scheduler is not None
+            await rt.scheduler.stop()
+            for task in rt.background:
+                task.cancel()
+        finally:
+            handlers.RUNTIME = None
+
+    asyncio.run(scenario())

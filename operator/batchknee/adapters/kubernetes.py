@@ -225,8 +225,8 @@ class KubernetesAdapter:
     def cached(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         return self.cache.get(kind, namespace, name) if self.cache is not None else None
 
-    def get_llmserving(self, namespace: str, name: str) -> dict[str, Any] | None:
-        cached = self.cached("LLMServing", namespace, name)
+    def get_llmserving(self, namespace: str, name: str, *, fresh: bool = False) -> dict[str, Any] | None:
+        cached = None if fresh else self.cached("LLMServing", namespace, name)
         if cached is not None:
             return cached
         if self.cache is not None:

@@ -54,7 +54,7 @@ DEFAULT_WINDOW_SECONDS = 300  # spec.tuning.windowSeconds
 OPERATOR_KEY_PREFIX = f"{GROUP}/"
 # Kubernetes' syntax of label keys (IsQualifiedName) and values (IsValidLabelValue), checked at
 # admission rather than at the Deployment write. '[.]', not an escaped dot: CEL strings have no such
-# escape. A key's prefix is not bounded to 253 characters here (the Deployment write refuses it).
+# escape. A key's prefix is bounded to 253 characters apart (LONG_LABEL_KEY_PREFIX).
 LABEL_KEY = (
     "^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
     "[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"

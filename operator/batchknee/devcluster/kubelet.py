@@ -821,15 +821,17 @@ def scrape_targets(pod: Mapping[str, Any], ip: str) -> list[dict[str, Any]]:
     """The file_sd entries of a running pod: each container port, labelled with the pod's labels
     (sanitized) and, as the chart's PodMonitors relabel them, `namespace`, `pod` and `llmserving`.
     The path is `prometheus.io/path` where a pod has it, else its engine's (by its
-    `app.kubernetes.io/name`, as the PodMonitors scrape them), else /metrics."""
+    `app.kubernetes.io/name`, as the PodMonitors scrape them: on the `http` port), else /metrics."""
     meta = pod["metadata"]
     annotations = meta.get("annotations") or {}
     pod_labels = meta.get("labels") or {}
     if annotations.get("prometheus.io/scrape") == "false":
         return []
-    only_port = annotations.get("prometheus.io/port")
+    engine_path = METRICS_PATHS.get(str(pod_labels.get(ENGINE_POD_LABEL)))
+    # an engine's pod: its `http` port only, as the PodMonitors scrape it
+    only_port = annotations.get("prometheus.io/port") or ("http" if engine_path else None)
     labels = {sanitize_label(k): str(v) for k, v in pod_labels.items()}
-    path = annotations.get("prometheus.io/path") or METRICS_PATHS.get(str(pod_labels.get(ENGINE_POD_LABEL)))
+    path = annotations.get("prometheus.io/path") or engine_path
     targets = []
     for c in pod["spec"].get("containers", []):
         for p in c.get("ports") or []:
