@@ -33,7 +33,7 @@ from batchknee.adapters.prometheus import (
     queries,
     scope_for,
 )
-from batchknee.core.observation import ObservationTarget
+from batchknee.core.observation import Observation, ObservationTarget
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
@@ -212,20 +212,14 @@ def test_an_answer_of_many_small_values_is_refused_before_it_is_parsed() -> None
     """json.loads of `[{},{},...]` takes 25 bytes of memory per byte: 8 MiB of it parsed to 200 MiB
     (under the old 64-MiB limit, one answer took 1.6 GiB: the operator's whole memory, and with it
     every tenant's loop). The values are counted in the raw bytes first: refused unparsed."""
-    import tracemalloc
 
     head = b'{"status":"success","data":{"resultType":"vector","result":['
     body = head + b"{}," * ((MAX_BODY_BYTES - len(head) - 16) // 3) + b"{}]}}"
     assert len(body) <= MAX_BODY_BYTES
     with FakePrometheus("answer", payload=body) as prom:
-        observer = PrometheusObserver(prom.url, timeout_s=10.0, max_concurrent_queries=1)
-        tracemalloc.start()
-        try:
-            seen = observer.observe([target("llama")], NOW)[("prod", "llama")]
-            _, peak = tracemalloc.get_traced_memory()
-        finally:
-            tracemalloc.stop()
-            observer.close()
+        seen, peak = observed_with_peak(
+            PrometheusObserver(prom.url, timeout_s=10.0, max_concurrent_queries=1)
+        )
     reason = seen.avg_context_tokens.reason or ""
     assert reason == (
         f"Prometheus at {prom.url} answered {body.count(b',') + body.count(b'{') + body.count(b'['):,} "
@@ -412,18 +406,24 @@ def answering_a_negative_chunk() -> Iterator[str]:
         server.server_close()
 
 
+def observed_with_peak(observer: PrometheusObserver) -> tuple[Observation, int]:
+    """One observation of `llama` and the most memory traced while it was taken (the observer is
+    closed after)."""
+    tracemalloc.start()
+    try:
+        seen = observer.observe([target("llama")], NOW)[("prod", "llama")]
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        observer.close()
+    return seen, peak
+
+
 def test_a_negative_chunk_size_is_refused_before_the_rest_is_read() -> None:
     """`-1` parses as a chunk size, and reading a chunk of -1 bytes reads to the end of the stream:
     the answer is refused as broken at once, not read as a body until its size is refused."""
     with answering_a_negative_chunk() as url:
-        observer = PrometheusObserver(url, timeout_s=5.0, max_concurrent_queries=1)
-        tracemalloc.start()
-        try:
-            seen = observer.observe([target("llama")], NOW)[("prod", "llama")]
-            _, peak = tracemalloc.get_traced_memory()
-        finally:
-            tracemalloc.stop()
-            observer.close()
+        seen, peak = observed_with_peak(PrometheusObserver(url, timeout_s=5.0, max_concurrent_queries=1))
     assert seen.avg_context_tokens.reason == f"Prometheus at {url} unreachable: ProtocolError"
     assert peak < 2**20, peak  # of the 8 MiB a body may be: nothing past the chunk size was kept
 

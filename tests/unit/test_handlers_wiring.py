@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -244,9 +246,7 @@ def test_live_llmservings_are_scheduled_in_lanes_by_namespace() -> None:
             RoutedObserver(Recording(), "http://127.0.0.1:9090", ["http://prometheus.team-a:9090"]),
             OperatorMetrics(),
         )
-        handlers.RUNTIME = rt
-        try:
-            await handlers.start_scheduler(llmserving_intervals={})
+        async with started(rt):
             assert rt.scheduler is not None
             assert rt.scheduler.lane_limit == handlers.LIVE_EVALUATIONS_PER_NAMESPACE == 2
             assert rt.scheduler.lane(("team-a", "chat")) is None
@@ -259,13 +259,26 @@ def test_live_llmservings_are_scheduled_in_lanes_by_namespace() -> None:
             assert rt.scheduler.lane(("team-a", "own")) == "team-a"
             rt.note("team-a", "own", {"spec": {}})
             assert rt.scheduler.lane(("team-a", "own")) is None
-            await rt.scheduler.stop()
-            for task in rt.background:
-                task.cancel()
-        finally:
-            handlers.RUNTIME = None
 
     asyncio.run(scenario())
+
+
+@contextlib.asynccontextmanager
+async def started(rt: Any, **indexes: Any) -> AsyncIterator[None]:
+    """The operator's start with runtime `rt` (kopf passes its indexes to the startup handler by
+    name), and its stop."""
+    from batchknee import handlers
+
+    handlers.RUNTIME = rt
+    try:
+        await handlers.start_scheduler(llmserving_intervals={}, **indexes)
+        yield
+        assert rt.scheduler is not None
+        await rt.scheduler.stop()
+        for task in rt.background:
+            task.cancel()
+    finally:
+        handlers.RUNTIME = None
 
 
 class SlowPrometheus:
@@ -384,7 +397,7 @@ def test_who_adopts_a_workload_is_read_from_kopfs_index_not_listed() -> None:
 
 
 def wire_index(kube: Any, index: Any) -> None:
-    """What the operator's start does: kopf passes its indexes to the startup handler by name."""
+    """What the operator's start does with the index of adopted workloads."""
     import asyncio
 
     from batchknee import handlers
@@ -396,14 +409,7 @@ def wire_index(kube: Any, index: Any) -> None:
             RoutedObserver(Recording(), "http://127.0.0.1:9090", []),
             OperatorMetrics(),
         )
-        handlers.RUNTIME = rt
-        try:
-            await handlers.start_scheduler(llmserving_intervals={}, llmserving_tuners=index)
-            assert rt.scheduler is not None
-            await rt.scheduler.stop()
-            for task in rt.background:
-                task.cancel()
-        finally:
-            handlers.RUNTIME = None
+        async with started(rt, llmserving_tuners=index):
+            pass
 
     asyncio.run(scenario())
