@@ -46,9 +46,12 @@ class MemoryKube:
     _versions: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     # a reconcile applies some objects together (reconcile.together): one write at a time, as etcd
     _writing: threading.Lock = field(default_factory=threading.Lock)
+    fresh_reads: list[str] = field(default_factory=list)  # LLMServings read past the watch's cache
 
     # --- the port ---
     def get_llmserving(self, namespace: str, name: str, *, fresh: bool = False) -> dict[str, Any] | None:
+        if fresh:
+            self.fresh_reads.append(name)
         found = self.objects.get(("LLMServing", namespace, name))
         return copy.deepcopy(found) if found else None
 

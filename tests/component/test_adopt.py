@@ -206,6 +206,7 @@ def test_a_rival_the_watch_still_lists_but_the_apiserver_no_longer_has_holds_not
     world.reconcile("second")
     assert world.kube.condition("default", "second", "Wired")["status"] == "True"
     assert env(world)[TARGET_ENV_VAR] == "64"
+    assert world.kube.fresh_reads == ["first"]  # past the watch's cache, which may keep it too
     # one that is there, older, on the same workload: it still holds this one off
     first = world.kube.create(adopting("first"))
     first["metadata"]["creationTimestamp"] = "2026-03-01T11:00:00Z"

@@ -201,3 +201,22 @@ def test_a_rate_count_or_fraction_past_any_engine_is_unavailable(
     assert reading.value is None and name in reading.reason and "1e+300" in reading.reason, reading
     status_json(seen)
     settled_decision(seen)
+
+
+@pytest.mark.parametrize(
+    ("query", "value", "attribute"),
+    [
+        # SGLang counts a retracted request's cached tokens again when it prefills it anew (hit
+        # ratios of 2 under KV pressure); the policy reads the ratio as at most one
+        ("prefix", "2.05", "prefix_hit_ratio"),
+        # a TTFT p99 of hours, from SGLang's TTFT buckets set by the user: over its target, a reading
+        ("ttft_p99", "20000", "ttft_p99_s"),
+        # a prompt of a million-token model, a fleet's token rate, a B200 read at TP 8 summed
+        ("prompt_length_mean", "1e6", "prompt_tokens_mean"),
+        ("generation", "5e8", "generation_tokens_per_s"),
+        ("read_bytes", "6.4e13", "read_bytes_per_s_per_gpu"),
+    ],
+)
+def test_large_figures_real_engines_report_are_readings(query: str, value: str, attribute: str) -> None:
+    reading: Reading = getattr(observe(**{query: value}), attribute)
+    assert reading.value == pytest.approx(float(value)), reading

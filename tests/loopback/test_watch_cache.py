@@ -107,6 +107,14 @@ def test_the_adapter_reads_the_cache_and_the_apiserver_only_around_it(
     assert kube.get_llmserving("ml", "chat") is not None
     assert script.requests == ["GET /apis/batchknee.io/v1alpha1/namespaces/ml/llmservings"]
 
+    # a fresh read asks the apiserver though the cache has it (the watch may have missed a delete)
+    script.requests.clear()
+    cache.seen("LLMServing", {"metadata": {"name": "gone", "namespace": "ml", "resourceVersion": "3"}})
+    assert kube.get_llmserving("ml", "gone") is not None and script.requests == []
+    script.answers.append((200, {"items": []}))
+    assert kube.get_llmserving("ml", "gone", fresh=True) is None
+    assert script.requests == ["GET /apis/batchknee.io/v1alpha1/namespaces/ml/llmservings"]
+
     # after the operator's own write, the next read is the apiserver's until the watch brings it
     script.requests.clear()
     script.answers.append((200, {"metadata": {"name": "chat", "namespace": "ml", "resourceVersion": "8"}}))

@@ -15,7 +15,7 @@ Metric renames across engine versions are handled with PromQL `or` chains (newes
 spellings of vLLM's names (`vllm:x` and, through OpenMetrics negotiation, `vllm_x`) are matched.
 
 Anything missing, NaN, infinite, negative, past any engine's bounds (an average context under one
-token or over the largest KV pool, a latency of hours, a fraction well above one), stale (no sample
+token or over the largest KV pool, a latency of days, a fraction well above one), stale (no sample
 inside the window) or thin (fewer samples than `min_samples`, or a sample count that is no count)
 becomes `Reading.unavailable(reason)`, the reason naming the metric — never a zero.
 """
@@ -75,8 +75,13 @@ MAX_POOL_TOKENS = 1e9  # tokens of one pod's KV pool: far beyond any GPU's memor
 # Finite but impossible figures are no readings either (and, multiplied into milliseconds or
 # percent, would overflow to infinity on the way to status). Each bound is far past anything real.
 MIN_CONTEXT_TOKENS = 1.0  # an average context under one token is no context: the knee would run away
-MAX_LATENCY_S = 1e4  # a TPOT or TTFT p99 (seconds) of nearly three hours is no engine's latency
-MAX_FRACTION = MAX_KV_USAGE  # a fraction (KV usage, prefix hits, DRAM active), rounding a little above one
+# a TPOT or TTFT p99 of eleven days is no engine's latency (SGLang's TTFT buckets are the user's to
+# set, so a p99 of hours may be real: it must read as over its target, not as no reading)
+MAX_LATENCY_S = 1e6
+MAX_FRACTION = MAX_KV_USAGE  # a fraction of something (KV usage, DRAM active), rounding a little above one
+# SGLang's prefix hit ratio (cached / prompt tokens) counts a retracted request's cached tokens again
+# when it is prefilled anew: above one under KV pressure (the policy reads it as at most one)
+MAX_PREFIX_HIT_RATIO = 1e3
 MAX_SEQUENCES = 1e9  # running or waiting requests of one LLMServing, all pods
 MAX_EVENT_RATE = 1e12  # generated tokens or preemptions per second of one LLMServing, all pods
 MAX_READ_BYTES_PER_S = 1e15  # bytes one GPU reads per second: 200 times an H200's HBM
@@ -512,8 +517,10 @@ class ScopeData:
         else:
             context = _kv_context(running_rows, rows("usage"), rows("capacity"))
             if not context.available:
-                what = "average context from the prompt and generation length histograms"
-                fallback = _context(value("length_fallback", what), what)
+                fallback = _context(
+                    value("length_fallback", "prompt and generation length histograms"),
+                    "average context from the prompt and generation length histograms",
+                )
                 if fallback.available:
                     context = fallback
                 else:
@@ -541,7 +548,7 @@ class ScopeData:
             waiting=gauge("waiting", "waiting-requests", MAX_SEQUENCES),
             kv_cache_usage=gauge("usage", "KV-cache usage", MAX_FRACTION, combine="mean"),
             prefix_hit_ratio=value(
-                "prefix", "prefix-cache hit ratio", "no prefix-cache queries", MAX_FRACTION
+                "prefix", "prefix-cache hit ratio", "no prefix-cache queries", MAX_PREFIX_HIT_RATIO
             ),
             preemptions_per_s=value("preemptions", "preemption rate", limit=MAX_EVENT_RATE, unit="/s"),
             generation_tokens_per_s=value(

@@ -356,7 +356,7 @@ def calibration_point(observation: Observation) -> CalibrationPoint | None:
     if ctx is None or tpot is None or running is None or observation.pods < 1:
         return None
     batch = running / observation.pods
-    if not (batch > 0 and ctx > 0 and tpot > 0):
+    if not (batch > 0 and ctx >= MIN_CONTEXT_TOKENS and tpot > 0):
         return None
     mean = observation.tpot_mean_s.value
     prompt, output = observation.prompt_tokens_mean.value, observation.output_tokens_mean.value
