@@ -161,6 +161,9 @@ def main() -> None:
         if name != "dram_active":
             metric.labels(**label)
     stop = threading.Event()
+    # a scrape sees each tick's observations whole: a histogram's sum and count from the same
+    # requests (a scrape between them shifts a 10-s window's mean by a percent)
+    ticking = threading.Lock()
 
     def advance() -> None:
         owed = 0.0
@@ -170,31 +173,32 @@ def main() -> None:
                 current = {**DEFAULT_STATE, **json.loads(args.state.read_text())}
             except (OSError, ValueError):
                 continue  # mid-write: keep the last good state
-            now = time.monotonic()
-            elapsed, last = now - last, now
-            metrics["running"].labels(**label).set(current["running"])
-            metrics["waiting"].labels(**label).set(current["waiting"])
-            metrics["usage"].labels(**label).set(current["kvUsage"])
-            owed += current["requestsPerSecond"] * elapsed
-            finished, owed = int(owed), owed - int(owed)
-            for _ in range(finished):
-                metrics["tpot"].labels(**label).observe(current["tpotSeconds"])
-                if "itl" in metrics:
-                    itl = current["itlSeconds"]
-                    metrics["itl"].labels(**label).observe(current["tpotSeconds"] if itl is None else itl)
-                metrics["ttft"].labels(**label).observe(current["ttftSeconds"])
-                metrics["prompt_len"].labels(**label).observe(current["promptTokens"])
-                metrics["gen_len"].labels(**label).observe(current["generationTokens"])
-                metrics["prompt_tokens"].labels(**label).inc(current["promptTokens"])
-                metrics["gen_tokens"].labels(**label).inc(current["generationTokens"])
-                metrics["queries"].labels(**label).inc(current["promptTokens"])
-                metrics["hits"].labels(**label).inc(current["promptTokens"] * current["prefixHitRatio"])
-            metrics["preemptions"].labels(**label).inc(current["preemptionsPerSecond"] * elapsed)
-            metrics["read_bytes"].labels(**label).inc(current["readBytesPerSecond"] * elapsed)
-            if current["dramActive"] is None:
-                metrics["dram_active"].clear()
-            else:
-                metrics["dram_active"].labels(**gpu).set(current["dramActive"])
+            with ticking:
+                now = time.monotonic()
+                elapsed, last = now - last, now
+                metrics["running"].labels(**label).set(current["running"])
+                metrics["waiting"].labels(**label).set(current["waiting"])
+                metrics["usage"].labels(**label).set(current["kvUsage"])
+                owed += current["requestsPerSecond"] * elapsed
+                finished, owed = int(owed), owed - int(owed)
+                for _ in range(finished):
+                    metrics["tpot"].labels(**label).observe(current["tpotSeconds"])
+                    if "itl" in metrics:
+                        itl = current["itlSeconds"]
+                        metrics["itl"].labels(**label).observe(current["tpotSeconds"] if itl is None else itl)
+                    metrics["ttft"].labels(**label).observe(current["ttftSeconds"])
+                    metrics["prompt_len"].labels(**label).observe(current["promptTokens"])
+                    metrics["gen_len"].labels(**label).observe(current["generationTokens"])
+                    metrics["prompt_tokens"].labels(**label).inc(current["promptTokens"])
+                    metrics["gen_tokens"].labels(**label).inc(current["generationTokens"])
+                    metrics["queries"].labels(**label).inc(current["promptTokens"])
+                    metrics["hits"].labels(**label).inc(current["promptTokens"] * current["prefixHitRatio"])
+                metrics["preemptions"].labels(**label).inc(current["preemptionsPerSecond"] * elapsed)
+                metrics["read_bytes"].labels(**label).inc(current["readBytesPerSecond"] * elapsed)
+                if current["dramActive"] is None:
+                    metrics["dram_active"].clear()
+                else:
+                    metrics["dram_active"].labels(**gpu).set(current["dramActive"])
 
     ceiling = int(wanted) if wanted is not None else 256
     live = {"cap": ceiling}
@@ -238,11 +242,13 @@ def main() -> None:
             if self.path.startswith("/metrics"):
                 # Negotiate like vLLM does (prometheus_client): an OpenMetrics scrape stores
                 # `vllm_x`, the plain text format keeps `vllm:x`. The state can force plain text.
-                if json.loads(args.state.read_text()).get("forceTextFormat"):
-                    body, content_type = generate_latest(registry), CONTENT_TYPE_LATEST
-                else:
-                    encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
-                    body = encoder(registry)
+                force_text = json.loads(args.state.read_text()).get("forceTextFormat")
+                with ticking:
+                    if force_text:
+                        body, content_type = generate_latest(registry), CONTENT_TYPE_LATEST
+                    else:
+                        encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
+                        body = encoder(registry)
             elif self.path == "/health":
                 body, content_type = b"ok", "text/plain"
             else:
