@@ -1269,7 +1269,7 @@ class _Reconcile:
                 tpot_mean_s=None if s.tpot_mean_milliseconds is None else s.tpot_mean_milliseconds / 1e3,
                 prompt_tokens=s.prompt_tokens,
                 output_tokens=s.output_tokens,
-                prefix_hit_ratio=(s.prefix_hit_percent or 0.0) / 100,
+                prefix_hit_ratio=None if s.prefix_hit_percent is None else s.prefix_hit_percent / 100,
                 read_bytes_per_s=None
                 if s.read_gigabytes_per_second is None
                 else s.read_gigabytes_per_second * 1e9,
@@ -1381,7 +1381,9 @@ class _Reconcile:
                     tpot_mean_milliseconds=None if p.tpot_mean_s is None else round(p.tpot_mean_s * 1e3, 3),
                     prompt_tokens=None if p.prompt_tokens is None else round(p.prompt_tokens, 1),
                     output_tokens=None if p.output_tokens is None else round(p.output_tokens, 1),
-                    prefix_hit_percent=round(p.prefix_hit_ratio * 100, 1),
+                    prefix_hit_percent=None
+                    if p.prefix_hit_ratio is None
+                    else round(p.prefix_hit_ratio * 100, 1),
                     read_gigabytes_per_second=None
                     if p.read_bytes_per_s is None
                     else round(p.read_bytes_per_s / 1e9, 3),

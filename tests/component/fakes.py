@@ -243,6 +243,7 @@ def observation(
     tokens_per_s: float = 1000.0,
     preemptions_per_s: float = 0.0,
     with_mean: bool = True,
+    prefix_hit: float | None = 0.1,
 ) -> Observation:
     def reading(value: float | None) -> Reading:
         return Reading.of(value) if value is not None else Reading.unavailable(reason)
@@ -257,7 +258,7 @@ def observation(
         running=reading(running),
         waiting=reading(0.0),
         kv_cache_usage=reading(0.4),
-        prefix_hit_ratio=reading(0.1),
+        prefix_hit_ratio=reading(prefix_hit),
         preemptions_per_s=reading(preemptions_per_s),
         generation_tokens_per_s=reading(tokens_per_s),
     )

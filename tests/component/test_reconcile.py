@@ -476,6 +476,23 @@ def test_calibration_samples_accumulate_and_reset_on_a_new_model(world: World) -
     assert world.kube.status("default", "chat")["calibration"]["samples"] == []
 
 
+def test_a_window_without_a_prefix_cache_reading_is_calibrated_as_unknown_not_as_no_hits(
+    world: World,
+) -> None:
+    """An engine that does not count prefix-cache hits (TensorRT-LLM, caching off) leaves the hit
+    ratio unknown in the sample status shows, and it stays unknown when the next evaluation reads
+    the samples back (it was written as 0 %)."""
+    world.kube.create(llmserving(tuning={"windowSeconds": 60}))
+    world.reconcile()
+    settle(world, 61)
+    for prefix_hit in (None, 0.3, None):
+        world.observer.set("default", "chat", observation(world.clock.now, prefix_hit=prefix_hit))
+        world.reconcile()
+        world.clock.advance(61)
+    samples = world.kube.status("default", "chat")["calibration"]["samples"]
+    assert [s.get("prefixHitPercent") for s in samples] == [None, 30.0, None]
+
+
 def test_a_damaged_status_is_rebuilt(world: World) -> None:
     world.kube.create(llmserving())
     world.reconcile()

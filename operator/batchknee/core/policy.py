@@ -289,7 +289,7 @@ class CalibrationPoint:
     tpot_mean_s: float | None = None
     prompt_tokens: float | None = None
     output_tokens: float | None = None
-    prefix_hit_ratio: float = 0.0
+    prefix_hit_ratio: float | None = None  # None: the engine does not say (no cache, TensorRT-LLM)
     # Bytes the engine read per GPU per second over the window (--enable-mfu-metrics): measures
     # the bandwidth efficiency directly in decode-dominated windows.
     read_bytes_per_s: float | None = None
@@ -297,9 +297,9 @@ class CalibrationPoint:
     def mix(self, max_num_batched_tokens: int) -> PrefillMix | None:
         if self.prompt_tokens is None or self.output_tokens is None or self.output_tokens < 1:
             return None
-        return PrefillMix(
-            self.prompt_tokens, self.output_tokens, max_num_batched_tokens, self.prefix_hit_ratio
-        )
+        # An unknown hit ratio models every prompt token as prefilled: the cautious TPOT.
+        cached = self.prefix_hit_ratio if self.prefix_hit_ratio is not None else 0.0
+        return PrefillMix(self.prompt_tokens, self.output_tokens, max_num_batched_tokens, cached)
 
 
 @dataclass(frozen=True)
@@ -369,7 +369,7 @@ def calibration_point(observation: Observation) -> CalibrationPoint | None:
         tpot_mean_s=mean if mean is not None and mean > 0 else None,
         prompt_tokens=prompt if prompt is not None and output is not None and output >= 1 else None,
         output_tokens=output if prompt is not None and output is not None and output >= 1 else None,
-        prefix_hit_ratio=min(1.0, max(0.0, hits)) if hits is not None else 0.0,
+        prefix_hit_ratio=min(1.0, max(0.0, hits)) if hits is not None else None,
         read_bytes_per_s=read if (read := observation.read_bytes_per_s_per_gpu.value) else None,
     )
 
