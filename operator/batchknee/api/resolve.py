@@ -52,18 +52,19 @@ def _location(loc: tuple[int | str, ...]) -> str:
 
 
 def deepest(value: Any) -> tuple[int, str]:
-    """How many maps and lists `value` nests, and the top-level key (or index) it is deepest under.
-    Without recursion (the value may be nested past Python's recursion limit), and holding nothing
-    per node but the node: a spec of 1.5 MB may hold a million of them."""
+    """How many maps and lists `value` (parsed JSON: dicts and lists) nests, and the top-level key
+    (or index) it is deepest under. Without recursion (the value may be nested past Python's
+    recursion limit), and holding nothing per node but the node: a spec of 1.5 MB may hold a
+    million of them, walked on every evaluation, so the checks are exact types (an ABC check per
+    node took five times as long)."""
     depth, top = 0, ""
-    stack: list[tuple[Any, int, str]] = [(value, 1, "")] if isinstance(value, Mapping | list) else []
+    stack: list[tuple[Any, int, str]] = [(value, 1, "")] if type(value) in (dict, list) else []
     while stack:
         node, level, under = stack.pop()
         if level > depth:
             depth, top = level, under
-        children = node.items() if isinstance(node, Mapping) else enumerate(node)
-        for key, child in children:
-            if isinstance(child, Mapping | list):
+        for key, child in node.items() if type(node) is dict else enumerate(node):
+            if type(child) is dict or type(child) is list:
                 stack.append((child, level + 1, under or str(key)))
     return depth, top
 
