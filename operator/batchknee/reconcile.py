@@ -792,7 +792,7 @@ class _Reconcile:
             and rules.mode != "Recommend"
         ):
             bad, good = last.to_value, last.from_value
-            context = round(decision.context_tokens or 0)
+            context = None if decision.context_tokens is None else round(decision.context_tokens)
             why = f"pods with max-num-seqs {bad} were not Ready by the progress deadline ({state.message})"
             quarantine.append(
                 QuarantineEntry(
@@ -820,7 +820,11 @@ class _Reconcile:
                 QuarantineEntry(
                     max_num_seqs=bad,
                     direction="Above" if bad > good else "Below",
-                    context_tokens=before.context_tokens if before else round(decision.context_tokens or 0),
+                    context_tokens=before.context_tokens
+                    if before
+                    else None
+                    if decision.context_tokens is None
+                    else round(decision.context_tokens),
                     until=until,
                     reason=check.reason,
                 )
@@ -848,21 +852,24 @@ class _Reconcile:
 
         seen = decision.context_tokens
         for entry in quarantine:
-            band = max(1.0, entry.context_tokens * rules.dead_band_percent / 100)
+            failed_at = entry.context_tokens
+            band = max(1.0, (failed_at or 0) * rules.dead_band_percent / 100)
             # A raised limit that failed is no better at a longer context (each sequence holds more
             # KV), a lowered one no better at a shorter: the quarantine holds there too, not only
-            # within the dead band of the context it failed at.
+            # within the dead band of the context it failed at. One that failed where no context
+            # was seen holds at every context.
             if entry.direction == "Above":
-                covered = seen is not None and seen >= entry.context_tokens - band
+                covered = failed_at is None or (seen is not None and seen >= failed_at - band)
                 beyond = decision.value >= entry.max_num_seqs
             else:
-                covered = seen is not None and seen <= entry.context_tokens + band
+                covered = failed_at is None or (seen is not None and seen <= failed_at + band)
                 beyond = decision.value <= entry.max_num_seqs
             if beyond and covered:
+                where = "an unobserved context" if failed_at is None else f"avg ctx {failed_at} tok"
                 return hold(
                     "quarantined",
-                    f"{decision.value} would reach the quarantined {entry.max_num_seqs} (failed at avg ctx "
-                    f"{entry.context_tokens} tok, until {format_timestamp(entry.until)})",
+                    f"{decision.value} would reach the quarantined {entry.max_num_seqs} (failed at "
+                    f"{where}, until {format_timestamp(entry.until)})",
                 ), quarantine
         rollout = obj.spec.rolling_update
         if (

@@ -122,6 +122,35 @@ def test_a_rollout_that_never_gets_ready_is_rolled_back_and_quarantined(world: W
     assert world.kube.status("default", "chat").get("quarantine", []) == []
 
 
+def test_a_rollout_that_stalls_while_no_context_is_seen_is_quarantined_at_every_context(
+    world: World,
+) -> None:
+    """The metrics are gone when the stall shows (the new pods never serve): the failed value's
+    context is unknown, not 0 tokens, so it is held wherever the traffic goes, until it expires."""
+    started(world)
+    shift(world, 512)
+    assert applied(world) == 240
+    stall(world)
+    world.observer.set("default", "chat", observation(world.clock.now, ctx=None))
+    world.reconcile()
+
+    assert applied(world) == 64
+    [entry] = world.kube.status("default", "chat")["quarantine"]
+    assert entry["maxNumSeqs"] == 240 and "contextTokens" not in entry
+
+    world.kube.finish_rollout("default", "chat")
+    world.reconcile()
+    world.clock.advance(121)
+    shift(world, 384, evaluations=8)  # the knee there is above 240: held, though 384 < 512
+    assert applied(world) == 64
+    status = world.kube.status("default", "chat")
+    assert status["holdReason"] == "quarantined"
+    assert "failed at an unobserved context" in status["reason"]
+
+    shift(world, 8192, evaluations=8)  # below the failed value: not held
+    assert applied(world) == 16
+
+
 def settled_window(world: World, ctx: int, **figures: float) -> None:
     """The rollout completes, then a whole settle window of traffic with these figures."""
     world.kube.finish_rollout("default", "chat")

@@ -1638,10 +1638,12 @@ class QuarantineEntry(_Model):
         "Above",
         description="Above: the failed change raised the limit (larger values are held too); Below: it lowered it.",
     )
-    context_tokens: int = Field(
+    context_tokens: int | None = Field(
+        None,
         ge=0,
         description="The average context it failed at; held within the dead band of it and beyond it "
-        "in the direction that makes the value no lighter (longer for Above, shorter for Below).",
+        "in the direction that makes the value no lighter (longer for Above, shorter for Below). "
+        "Absent when no context was observed then: held at every context.",
     )
     until: Timestamp = Field(description="When it may be tried again.")
     reason: ReasonText = Field(description="What went wrong.")
