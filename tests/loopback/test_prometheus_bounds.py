@@ -60,11 +60,11 @@ def answers(of: ObservationTarget, figures: dict[str, str | list[str] | None]) -
     return answer
 
 
-def observe(**changes: str | list[str] | None) -> Observation:
-    with FakePrometheus("answer", answer=answers(TARGET, {**HEALTHY, **changes})) as prom:
+def observe(target: ObservationTarget = TARGET, **changes: str | list[str] | None) -> Observation:
+    with FakePrometheus("answer", answer=answers(target, {**HEALTHY, **changes})) as prom:
         observer = PrometheusObserver(prom.url, timeout_s=2.0, min_samples=3)
         try:
-            return observer.observe([TARGET], NOW)[TARGET.key]
+            return observer.observe([target], NOW)[target.key]
         finally:
             observer.close()
 
@@ -220,3 +220,50 @@ def test_a_rate_count_or_fraction_past_any_engine_is_unavailable(
 def test_large_figures_real_engines_report_are_readings(query: str, value: str, attribute: str) -> None:
     reading: Reading = getattr(observe(**{query: value}), attribute)
     assert reading.value == pytest.approx(float(value)), reading
+
+
+@pytest.mark.parametrize(
+    ("query", "attribute", "name"),
+    [("running", "running", "running-requests"), ("usage", "kv_cache_usage", "KV-cache usage")],
+)
+def test_one_pods_impossible_figure_does_not_hide_in_the_fleets(
+    query: str, attribute: str, name: str
+) -> None:
+    """(Was: running −20 and 60 summed to 40, KV usage −0.6 and 1.6 averaged to 0.5: readings.)"""
+    figures = {"running": ["-20", "60"], "usage": ["-0.6", "1.6"]}
+    seen = observe(**{query: figures[query], "samples": ["10", "10"], "scrapes": ["1", "1"]})
+    reading: Reading = getattr(seen, attribute)
+    assert reading.value is None and f"one pod's {name} is negative" in reading.reason, reading
+    status_json(seen)
+
+
+TRTLLM = ObservationTarget("prod", "chat", "TensorRTLLM", 120)
+
+
+def test_a_mean_prompt_under_one_token_is_unavailable_not_a_halved_context() -> None:
+    """TensorRT-LLM counts a prompt's tokens as its request starts and the request as it ends: a
+    window where arrivals stopped and long requests finished has no prompt tokens per request. (Was:
+    a mean prompt of 0, and the decode context read as half the reservation: 250 for 500.)"""
+    reserved = {
+        "capacity": "16000",
+        "usage": "0.5",
+        "recent_usage": "0.5",
+        "running": "16",
+        "recent_running": "16",
+    }
+    healthy = observe(TRTLLM, **reserved, reserved_prompt="100", recent_reserved_prompt="100")
+    assert healthy.avg_context_tokens.value == pytest.approx((500 + 100) / 2)
+    seen = observe(TRTLLM, **reserved, reserved_prompt="0", recent_reserved_prompt="0")
+    for reading in (seen.prompt_tokens_mean, seen.avg_context_tokens, seen.recent_avg_context_tokens):
+        assert reading.value is None and "mean prompt is 0 tokens, under one" in reading.reason, reading
+    rolls, value, hold, _ = settled_decision(seen)
+    assert (rolls, value, hold) == (False, 64, "metrics-unavailable")
+    assert observe(prompt_length_mean="0.5").prompt_tokens_mean.value is None  # vLLM's histogram
+
+
+def test_a_read_bytes_counter_at_zero_is_idle_only_when_nothing_is_generated() -> None:
+    """(Was: with the generation rate unknown, a switched-off counter read as 0 % of peak.)"""
+    assert observe(read_bytes="0", generation="0").read_bytes_per_s_per_gpu.value == 0
+    for generation in ("2400", ABSENT):
+        reading = observe(read_bytes="0", generation=generation).read_bytes_per_s_per_gpu
+        assert reading.value is None and "--enable-mfu-metrics" in reading.reason, reading

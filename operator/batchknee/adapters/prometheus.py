@@ -450,8 +450,10 @@ class ScopeData:
     def _prompt_mean(self, value: Callable[..., Reading]) -> Reading:
         """The mean prompt of the requests finished in the window: from the engine's histogram, or
         (TensorRT-LLM, which has none) prompt tokens per finished request from its counters."""
-        histogram = value(
-            "prompt_length_mean", "mean prompt length", "no requests finished", MAX_POOL_TOKENS, " tokens"
+        histogram = _prompt(
+            value(
+                "prompt_length_mean", "mean prompt length", "no requests finished", MAX_POOL_TOKENS, " tokens"
+            )
         )
         if histogram.available or "reserved_prompt" not in self.values:
             return histogram
@@ -508,6 +510,12 @@ class ScopeData:
             values = [v for _, v in rows(name)]
             if not values:
                 return Reading.unavailable(f"no {what} series {window_text}")
+            # each pod's own (a negative one would hide in the sum)
+            broken = next(
+                (r for v in values if not (r := _checked(v, f"one pod's {what}", limit)).available), None
+            )
+            if broken is not None:
+                return broken
             total = sum(values) if combine == "sum" else sum(values) / len(values)
             return _checked(total, what, limit)
 
@@ -571,8 +579,10 @@ class ScopeData:
     @staticmethod
     def _reserved_prompt(value: Callable[..., Reading], recent: str) -> Reading:
         """The mean prompt per finished request, from the token counters (`recent`: of the last third)."""
-        return value(
-            f"{recent}reserved_prompt", "mean prompt", "no requests finished", MAX_POOL_TOKENS, " tokens"
+        return _prompt(
+            value(
+                f"{recent}reserved_prompt", "mean prompt", "no requests finished", MAX_POOL_TOKENS, " tokens"
+            )
         )
 
     def _read_bandwidth(
@@ -593,10 +603,13 @@ class ScopeData:
                 f"no read-bytes series in the last {self.scope.window_s}s (start the engine with {switch})"
             )
         per_gpu = sum(values) / len(values)
-        if per_gpu == 0 and generation.value is not None and generation.value > 0:
+        if per_gpu == 0 and generation.value != 0:
             return Reading.unavailable(
                 f"the read-bytes counter stays at zero while tokens are generated: the engine counts "
                 f"only with {switch}"
+                if generation.value is not None
+                else f"the read-bytes counter stays at zero and the generation rate is unknown "
+                f"({generation.reason}): a counter the engine only runs with {switch} is not an idle GPU"
             )
         return _checked(per_gpu, "read bandwidth", MAX_READ_BYTES_PER_S, " B/s")
 
@@ -904,6 +917,19 @@ def _value(
     if math.isnan(value) and empty:  # a ratio or quantile over zero events
         return Reading.unavailable(f"{empty} {window_text}")
     return _checked(value, what, limit, unit)
+
+
+def _prompt(reading: Reading) -> Reading:
+    """A mean prompt of at least one token, else unavailable: every prompt has one. Under one, the
+    window counted prompt tokens and finished requests at different moments (TensorRT-LLM's
+    counters: the prompt as a request starts, the request as it ends)."""
+    tokens = reading.value
+    if tokens is not None and tokens < MIN_CONTEXT_TOKENS:
+        return Reading.unavailable(
+            f"mean prompt is {tokens:g} tokens, under one: the window's prompt tokens and finished "
+            "requests do not match"
+        )
+    return reading
 
 
 def _context(reading: Reading, what: str) -> Reading:
