@@ -702,7 +702,7 @@ class _Reconcile:
         )
         spec_changed = self.old.observed_generation != self.generation
         if settled and observation is not None and not decision.rolls and not spec_changed:
-            point = calibration_point(observation)
+            point = calibration_point(observation, roofline)
             offset_s = refresh_offset_s(self.namespace, self.name, rules.window_s)
             if point is not None and calibration_due(calibration, point, rules.window_s, offset_s):
                 calibration = add_calibration_point(calibration, point)

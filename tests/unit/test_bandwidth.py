@@ -109,6 +109,12 @@ def test_one_word_from_the_bandwidth_and_the_queues(fraction: float, kwargs: dic
     assert f"{fraction:.0%}" in why
 
 
+@pytest.mark.parametrize(("fraction", "word"), [(0.3, "underused"), (0.7, "balanced")])
+def test_an_unknown_queue_is_not_an_empty_one(fraction: float, word: str) -> None:
+    found, why = diagnose(fraction, waiting=None, share_of_prefill=0.05)
+    assert found == word and "nothing waits" not in why and "how many requests wait is unknown" in why
+
+
 def test_prefill_share_follows_the_request_mix() -> None:
     roofline = naive()
     # Long prompts, short answers: each output token brings 128 prompt tokens of prefill compute.

@@ -332,3 +332,23 @@ def test_few_windows_that_a_line_does_not_fit_closely_are_not_trusted() -> None:
 def test_goal_slo_rounds_finer_than_the_granularity_at_small_batches(cap: int, value: int) -> None:
     # a step of at most 1/8 of the value: vLLM takes any integer and pads to its CUDA graphs
     assert round_down_fine(cap, 8) == value
+
+
+def test_an_unknown_ttft_does_not_meet_its_target_and_stops_the_climb() -> None:
+    """(Was: an unknown TTFT p99 counted as within its target, and the limit climbed.)"""
+    rules = replace(SLO, ttft_p99_target_ms=500)
+    settled = Applied(64, settled_since=T0 - timedelta(hours=2))
+    window = seen(2048, 20, 64, mean_ms=real_mean_ms(64))
+    assert steady(rules, NAIVE, POOL, window, settled, (), T0).value > 64  # TTFT 200 ms: climbs
+    unknown = replace(window, ttft_p99_s=Reading.unavailable("no TTFT p99 series"))
+    d = steady(rules, NAIVE, POOL, unknown, settled, (), T0)
+    assert (d.rolls, d.recommended) == (False, 64), d.reason
+    assert "TTFT p99 unknown (no TTFT p99 series)" in d.reason
+
+
+def test_a_tpot_mean_faster_than_any_decode_step_is_not_climbed_on() -> None:
+    """A mean TPOT of 1 µs (a histogram in the wrong unit) is under what reading the weights alone
+    takes at peak bandwidth: no estimate is made from it. (Was: it climbed 64 → 96.)"""
+    settled = Applied(64, settled_since=T0 - timedelta(hours=2))
+    d = steady(SLO, NAIVE, POOL, seen(2048, 20, 64, mean_ms=0.001), settled, (), T0)
+    assert (d.rolls, d.recommended) == (False, 64), d.reason

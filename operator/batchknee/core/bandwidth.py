@@ -114,9 +114,10 @@ def diagnose(
             f"{waiting:.1f} requests wait while decode reads {fraction:.0%} of peak bandwidth: the batch "
             "limit or the KV pool holds them back"
         )
+    queue = "nothing waits" if waiting is not None else "how many requests wait is unknown"
     if fraction < UNDERUSED_FRACTION:
-        return "underused", f"decode reads {fraction:.0%} of peak bandwidth and nothing waits"
-    return "balanced", f"decode reads {fraction:.0%} of peak bandwidth and nothing waits"
+        return "underused", f"decode reads {fraction:.0%} of peak bandwidth and {queue}"
+    return "balanced", f"decode reads {fraction:.0%} of peak bandwidth and {queue}"
 
 
 def observed_mix(observation: Observation, max_num_batched_tokens: int) -> PrefillMix | None:

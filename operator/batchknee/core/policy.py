@@ -346,8 +346,9 @@ class Decision:
 # --- calibration -----------------------------------------------------------------------------------
 
 
-def calibration_point(observation: Observation) -> CalibrationPoint | None:
-    """A calibration sample from a settled observation, or None when any input is missing."""
+def calibration_point(observation: Observation, roofline: DecodeRoofline) -> CalibrationPoint | None:
+    """A calibration sample from a settled observation, or None when any input is missing or its
+    TPOT is faster than any decode step can be (`_under_floor`)."""
     ctx, tpot, running = (
         observation.avg_context_tokens.value,
         observation.tpot_p99_s.value,
@@ -361,7 +362,7 @@ def calibration_point(observation: Observation) -> CalibrationPoint | None:
     mean = observation.tpot_mean_s.value
     prompt, output = observation.prompt_tokens_mean.value, observation.output_tokens_mean.value
     hits = observation.prefix_hit_ratio.value
-    return CalibrationPoint(
+    point = CalibrationPoint(
         observation.sampled_at,
         batch,
         ctx,
@@ -372,15 +373,29 @@ def calibration_point(observation: Observation) -> CalibrationPoint | None:
         prefix_hit_ratio=min(1.0, max(0.0, hits)) if hits is not None else None,
         read_bytes_per_s=read if (read := observation.read_bytes_per_s_per_gpu.value) else None,
     )
+    return None if _under_floor(point, roofline) else point
+
+
+def _under_floor(point: CalibrationPoint, roofline: DecodeRoofline) -> bool:
+    """Whether the window's mean TPOT is under the time one decode step takes to read the weights
+    and its batch's KV at the GPU's peak bandwidth: no decode step is that fast (a histogram in the
+    wrong unit, weights lighter than the spec says, speculative decoding), and extrapolating from
+    it would raise the limit on a figure the roofline cannot explain. (The p99 is interpolated
+    within coarse buckets: not exact enough to judge by.)"""
+    floor = unit_roofline(roofline).tpot_s(point.batch, point.context_tokens)
+    return point.tpot_mean_s is not None and point.tpot_mean_s < floor
 
 
 def current_mix(
-    observation: Observation | None, points: Sequence[CalibrationPoint], max_num_batched_tokens: int
+    observation: Observation | None,
+    points: Sequence[CalibrationPoint],
+    max_num_batched_tokens: int,
+    roofline: DecodeRoofline,
 ) -> PrefillMix | None:
     """The request mix now: the observation's, else the newest calibration sample's, else None
     (then TPOT is modelled by decode steps alone)."""
     if observation is not None:
-        point = calibration_point(observation)
+        point = calibration_point(observation, roofline)
         if point is not None and (mix := point.mix(max_num_batched_tokens)) is not None:
             return mix
     for point in reversed(points):
@@ -504,9 +519,16 @@ def _guard(
             "calibrated",
             f"TPOT p99 ≤ {target_ms} ms allows {calibrated_cap} ({calibration_text})",
         )
-    p99 = observation.tpot_p99_s.value if observation is not None else None
-    if p99 is None or applied is None:
+    if observation is None or applied is None:
         return None
+    p99 = observation.tpot_p99_s.value
+    if p99 is None:  # unknown is not within the target: hold what runs, lower only
+        return TpotGuard(
+            applied,
+            "no-raise",
+            f"TPOT p99 unknown ({observation.tpot_p99_s.reason}): no raise past {applied} "
+            f"({calibration_text})",
+        )
     p99_ms = p99 * 1e3
     if p99_ms > target_ms:
         stepped = round_down_under_cap(
@@ -568,7 +590,7 @@ def _target(
 ) -> _Target:
     fit, calibration_text = (None, "")
     calibrated_cap: int | None = None
-    mix = current_mix(observation, calibration, rules.max_num_batched_tokens)
+    mix = current_mix(observation, calibration, rules.max_num_batched_tokens, roofline)
     if rules.tpot_p99_target_ms is not None:
         fit, calibration_text = calibrate(roofline, calibration, rules.max_num_batched_tokens)
         if fit is not None:
@@ -643,10 +665,11 @@ def _slo_bound(
     running = observation.running.value
     binds = running is not None and running / max(1, observation.pods) >= SLO_CLIMB_MIN_FILL * applied
     ttft = observation.ttft_p99_s.value
-    ttft_over = (
-        rules.ttft_p99_target_ms is not None and ttft is not None and ttft * 1e3 > rules.ttft_p99_target_ms
+    # an unknown TTFT does not meet its target: no climb on it
+    ttft_over = rules.ttft_p99_target_ms is not None and (
+        ttft is None or ttft * 1e3 > rules.ttft_p99_target_ms
     )
-    point = calibration_point(observation)
+    point = calibration_point(observation, roofline)
     if point is None or point.tpot_mean_s is None:
         p99 = observation.tpot_p99_s.value
         if p99 is None:
@@ -685,6 +708,8 @@ def _slo_bound(
         else "the limit does not bind"
         if not binds
         else "TTFT p99 over its target"
+        if ttft is not None
+        else f"TTFT p99 unknown ({observation.ttft_p99_s.reason})"
     )
     return SloBound(applied, "hold", f"{why}: stay at {applied} ({calibration_text})")
 
@@ -712,7 +737,7 @@ def _estimated_bound(
     """Before calibration: the TPOT cap one window's exact mean TPOT implies (`_one_point_bound`),
     rather than the p99 Prometheus interpolates within 25 ms-wide buckets (a p99 of 26 ms reads
     ~49 ms); None when the window has no mean."""
-    point = calibration_point(observation) if observation is not None else None
+    point = calibration_point(observation, roofline) if observation is not None else None
     if point is None or point.tpot_mean_s is None:
         return None
     cap, _ = _one_point_bound(rules, roofline, point, target_s, context_tokens, mix)

@@ -488,7 +488,7 @@ def run_policy(
                 and settled_since is not None
                 and at >= settled_since + timedelta(seconds=rules.window_s)
             ):
-                point = calibration_point(observation)
+                point = calibration_point(observation, setup.operator_roofline)
                 # as the operator samples (one simulated object: where its slots start is moot)
                 if point is not None and calibration_due(calibration, point, rules.window_s, 0.0):
                     calibration = add_calibration_point(calibration, point)
