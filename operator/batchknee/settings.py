@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import ipaddress
+import re
+import urllib.parse
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from batchknee.api.admission import (
@@ -15,6 +18,34 @@ from batchknee.api.admission import (
     AdmissionRules,
 )
 
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+DNS_SUBDOMAIN = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+DOTTED_NUMBERS = re.compile(r"^[0-9.]+$")
+HOST_NAME = re.compile(
+    r"^[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?)*$"
+)
+# Past these a setting is a typo: a query deadline or a shared reading of minutes is already stale.
+MAX_PROMETHEUS_SECONDS = 300.0
+
+
+def _prometheus_url(url: str) -> str:
+    try:
+        parts = urllib.parse.urlsplit(url)
+        usable = parts.scheme in ("http", "https") and bool(parts.hostname)
+    except ValueError:  # such as an unclosed IPv6 bracket
+        usable = False
+    if not usable:  # (not echoed: a URL may carry credentials)
+        raise ValueError("not an http(s) URL with a host; write it as http(s)://host[:port][/path]")
+    return url
+
+
+def _split(value: Any) -> Any:
+    """A comma-separated list (the environment's form; a flag given once per item may carry commas too)."""
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list):
+        return value
+    return [part.strip() for item in items for part in str(item).split(",") if part.strip()]
+
 
 class OperatorSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="BATCHKNEE_", extra="ignore")
@@ -24,7 +55,10 @@ class OperatorSettings(BaseSettings):
         description="Prometheus base URL (an LLMServing's spec.prometheus.url overrides)",
     )
     prometheus_timeout_seconds: float = Field(
-        5.0, gt=0, description="Total deadline of one Prometheus query (not per read)"
+        5.0,
+        gt=0,
+        le=MAX_PROMETHEUS_SECONDS,
+        description="Total deadline of one Prometheus query (not per read)",
     )
     prometheus_min_samples: int = Field(3, ge=1, description="Fewer samples in the window read as too thin")
     namespaces: Annotated[list[str], NoDecode] = Field(
@@ -39,7 +73,10 @@ class OperatorSettings(BaseSettings):
     )
     peering_name: str = Field("batchknee", description="Name of the kopf peering object")
     peering_priority: int | None = Field(
-        None, description="This replica's peering priority (default: random, so two replicas never tie)"
+        None,
+        ge=-(2**31),
+        le=2**31 - 1,
+        description="This replica's peering priority (default: random, so two replicas never tie)",
     )
     vllm_image: str = Field("vllm/vllm-openai:v0.11.0", description="Default vLLM image")
     trtllm_image: str = Field(
@@ -102,7 +139,10 @@ class OperatorSettings(BaseSettings):
         "(the default URL always may); empty: none, `*`: any",
     )
     prometheus_cache_seconds: float = Field(
-        5.0, gt=0, description="How long one refresh of the engine metrics serves every LLMServing"
+        5.0,
+        gt=0,
+        le=MAX_PROMETHEUS_SECONDS,
+        description="How long one refresh of the engine metrics serves every LLMServing",
     )
     reconcile_workers: int = Field(
         1,
@@ -115,8 +155,70 @@ class OperatorSettings(BaseSettings):
     @field_validator("prometheus_allowed_urls", mode="before")
     @classmethod
     def _split_urls(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return [part.strip() for part in value.split(",") if part.strip()]
+        return _split(value)
+
+    @field_validator("prometheus_url")
+    @classmethod
+    def _check_url(cls, value: str) -> str:
+        return _prometheus_url(value.strip())
+
+    @field_validator("prometheus_allowed_urls")
+    @classmethod
+    def _check_allowed_urls(cls, value: list[str]) -> list[str]:
+        for number, url in enumerate(value, 1):
+            if url != "*":
+                try:
+                    _prometheus_url(url)
+                except ValueError as error:
+                    raise ValueError(f"entry {number}: {error}") from None
+        return value
+
+    @field_validator("namespaces", mode="before")
+    @classmethod
+    def _split_namespaces(cls, value: Any) -> Any:
+        names = _split(value)
+        # garbage must not widen the watch to the whole cluster (which an empty list means)
+        if names == [] and value not in ("", []):
+            raise ValueError(
+                f"{value!r} names no namespace; list names, or leave it unset to watch every namespace"
+            )
+        return names
+
+    @field_validator("namespaces")
+    @classmethod
+    def _check_namespaces(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not DNS_LABEL.match(name):
+                raise ValueError(
+                    f"{name!r} is not a namespace name (lowercase letters, digits and '-', at most 63)"
+                )
+        return value
+
+    @field_validator("peering_name")
+    @classmethod
+    def _check_peering_name(cls, value: str) -> str:
+        if not DNS_SUBDOMAIN.match(value):
+            raise ValueError(f"{value!r} is not an object name (lowercase letters, digits, '-' and '.')")
+        return value
+
+    @field_validator("metrics_address", "health_address")
+    @classmethod
+    def _check_address(cls, value: str) -> str:
+        try:
+            ipaddress.ip_address(value)
+            return value
+        except ValueError:
+            if DOTTED_NUMBERS.match(value) or not HOST_NAME.match(value):
+                raise ValueError(f"{value!r} is neither an IP address nor a host name") from None
+        return value
+
+    @field_validator("health_port")
+    @classmethod
+    def _distinct_ports(cls, value: int, info: ValidationInfo) -> int:
+        if value and value == info.data.get("metrics_port"):
+            raise ValueError(
+                f"{value} is the metrics port too: give them different ports, or 0 to turn one off"
+            )
         return value
 
     def admission_rules(self) -> AdmissionRules:
@@ -137,7 +239,6 @@ class OperatorSettings(BaseSettings):
         )
 
     @field_validator(
-        "namespaces",
         "allowed_images",
         "allowed_tolerations",
         "allowed_priority_classes",
@@ -148,7 +249,5 @@ class OperatorSettings(BaseSettings):
         mode="before",
     )
     @classmethod
-    def _split(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return [part.strip() for part in value.split(",") if part.strip()]
-        return value
+    def _split_patterns(cls, value: Any) -> Any:
+        return _split(value)

@@ -38,3 +38,42 @@ def test_a_bad_setting_is_one_line(
     assert main(["operator"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "metrics_port" in err
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "words"),
+    [
+        # (was: accepted; every reading then failed with `InvalidURL` or `MissingSchema`)
+        ("BATCHKNEE_PROMETHEUS_URL", "localhost:9090", ["prometheus_url", "http(s)://host"]),
+        ("BATCHKNEE_PROMETHEUS_URL", "http://", ["prometheus_url", "http(s)://host"]),
+        ("BATCHKNEE_PROMETHEUS_ALLOWED_URLS", "*,prom:9090", ["prometheus_allowed_urls", "entry 2"]),
+        # (was: accepted; a query deadline of 1e10 s broke every reading, a cache of inf never refreshed)
+        ("BATCHKNEE_PROMETHEUS_TIMEOUT_SECONDS", "1e10", ["prometheus_timeout_seconds", "300"]),
+        ("BATCHKNEE_PROMETHEUS_CACHE_SECONDS", "inf", ["prometheus_cache_seconds", "300"]),
+        # (was: `[]`, which watches every namespace: garbage widened the watch)
+        ("BATCHKNEE_NAMESPACES", ",,,", ["namespaces", "names no namespace"]),
+        ("BATCHKNEE_NAMESPACES", "ml,Bad_NS!", ["namespaces", "'Bad_NS!' is not a namespace name"]),
+        ("BATCHKNEE_PEERING_NAME", "", ["peering_name", "not an object name"]),
+        ("BATCHKNEE_METRICS_ADDRESS", "999.1.1.1", ["metrics_address", "neither an IP address nor a host"]),
+        ("BATCHKNEE_METRICS_PORT", "8080", ["health_port", "8080 is the metrics port too"]),
+        ("BATCHKNEE_PEERING_PRIORITY", "99999999999999999999999", ["peering_priority"]),
+    ],
+)
+def test_a_setting_that_cannot_work_is_refused_naming_it(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    variable: str,
+    value: str,
+    words: list[str],
+) -> None:
+    monkeypatch.setenv(variable, value)
+    assert main(["operator"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    for word in words:
+        assert word in err, err
+
+
+def test_namespace_flags_may_carry_commas_as_the_environment_does() -> None:
+    args = build_parser().parse_args(["operator", "--namespace", "ml,serving", "--namespace", "batch"])
+    assert settings_from(args).namespaces == ["ml", "serving", "batch"]
