@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
@@ -53,7 +55,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         status: int = args.handler(args)
+        sys.stdout.flush()  # here, not at exit, where a closed pipe could still raise
     except UsageError as error:
         print(f"batchknee {args.command}: error: {error}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader went away (`batchknee plan | head -1`): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # what is still buffered goes nowhere
+        return 128 + signal.SIGPIPE
     return status

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+from pathlib import Path
 
 # What each optional extra of the distribution adds (pyproject's [project.optional-dependencies]):
 # the operator itself needs neither.
@@ -26,3 +28,15 @@ def require_extra(extra: str, what: str, modules: tuple[str, ...] | None = None)
             f"{what} needs the {extra} extra: pip install 'batchknee[{extra}]' "
             f"(not installed: {', '.join(missing)})"
         )
+
+
+def check_output_path(option: str, path: Path) -> None:
+    """Raise a UsageError naming `option` when `path` cannot be written: checked before the work
+    whose result goes there, not after it."""
+    folder = path.parent
+    if not folder.is_dir():
+        raise UsageError(f"{option}: folder {folder} does not exist; create it or give another path")
+    if path.is_dir():
+        raise UsageError(f"{option}: {path} is a folder; give a file name")
+    if not os.access(path if path.exists() else folder, os.W_OK):
+        raise UsageError(f"{option}: cannot write {path} (permission denied)")

@@ -9,6 +9,7 @@ from pathlib import Path
 from batchknee.argtypes import (
     bandwidth,
     fraction,
+    int_list,
     non_negative_float,
     positive_float,
     positive_int,
@@ -19,9 +20,46 @@ from batchknee.core.catalog import CatalogError, ModelArchitecture, find_gpu, fi
 from batchknee.core.dtypes import KV_DTYPES, WEIGHT_DTYPES
 from batchknee.core.hf_config import ConfigError, architecture_from_hf_config
 from batchknee.core.roofline import DecodeRoofline
+from batchknee.emulator.workload import MAX_TOKENS
 from batchknee.engines import sglang
 
 ENGINE_CHOICES = ("vllm", "trtllm", "sglang")
+MAX_TP = 64  # GPUs per replica, as the LLMServing API bounds spec.gpu.count
+MAX_BATCH_LIMIT = 65536  # the LLMServing API's bound on a batch limit (maxMaxNumSeqs)
+MAX_STEP_TOKENS = MAX_TOKENS  # the longest request the simulation takes: a larger step budget changes nothing
+MAX_SIMULATED_S = 86400.0  # a day of simulated time
+MAX_PARAMS = 1e14  # a hundred times the largest model in the catalog
+
+
+def param_count(text: str) -> float:
+    value = positive_float(text)
+    if value > MAX_PARAMS:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at most {MAX_PARAMS:.0e} parameters")
+    return value
+
+
+def simulated_seconds(text: str) -> float:
+    """A simulated duration: positive, at most a day."""
+    value = positive_float(text)
+    if value > MAX_SIMULATED_S:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at most {MAX_SIMULATED_S:.0f} s (a day)")
+    return value
+
+
+def step_tokens(text: str) -> int:
+    """An engine's token budget per step (--max-num-batched-tokens)."""
+    value = positive_int(text)
+    if value > MAX_STEP_TOKENS:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at most {MAX_STEP_TOKENS:,}")
+    return value
+
+
+def batch_limits(text: str) -> list[int]:
+    """`8,64,256`: batch limits, each at most the API's bound."""
+    values = int_list(text)
+    if max(values) > MAX_BATCH_LIMIT:
+        raise argparse.ArgumentTypeError(f"each value must be at most {MAX_BATCH_LIMIT}")
+    return values
 
 
 def add_engine_option(parser: argparse.ArgumentParser) -> None:
@@ -48,7 +86,7 @@ def add_roofline_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-config", type=Path, metavar="PATH", help="a local Hugging Face config.json")
     parser.add_argument("--gpu", required=True, help="catalog name, e.g. a100-80gb, h100-sxm, h200, l40s")
     parser.add_argument("--tp", type=positive_int, default=1, help="tensor parallel size (GPUs per replica)")
-    parser.add_argument("--params", type=positive_float, help="override the parameter count, e.g. 8.0e9")
+    parser.add_argument("--params", type=param_count, help="override the parameter count, e.g. 8.0e9")
     parser.add_argument(
         "--bandwidth", type=bandwidth, help="override HBM bandwidth, e.g. 2.0TB/s or 2039GB/s"
     )
@@ -85,6 +123,10 @@ def resolve_model(args: argparse.Namespace) -> ModelArchitecture:
             config = json.loads(args.model_config.read_text())
         except OSError as error:
             raise UsageError(f"--model-config: cannot read {args.model_config}: {error.strerror}") from None
+        except UnicodeDecodeError:
+            raise UsageError(
+                f"--model-config: {args.model_config} is not UTF-8 text (a config.json)"
+            ) from None
         except json.JSONDecodeError as error:
             raise UsageError(f"--model-config: {args.model_config} is not JSON ({error.msg})") from None
         if not isinstance(config, dict):
@@ -109,6 +151,14 @@ def resolve_roofline(args: argparse.Namespace) -> DecodeRoofline:
         gpu = find_gpu(args.gpu)
     except CatalogError as error:
         raise UsageError(f"--gpu: {error.args[0]}") from None
+    if args.tp > MAX_TP:
+        raise UsageError(f"--tp: {args.tp} GPUs per replica is more than {MAX_TP} (spec.gpu.count's bound)")
+    if model.attention_heads % args.tp:  # the engines split the heads evenly (vLLM refuses other sizes)
+        sizes = [tp for tp in range(1, MAX_TP + 1) if model.attention_heads % tp == 0]
+        raise UsageError(
+            f"--tp: {args.tp} does not divide {model.name}'s {model.attention_heads} attention heads; "
+            f"use one of {', '.join(map(str, sizes))}"
+        )
     return DecodeRoofline(
         model=model,
         gpu=gpu,
@@ -122,6 +172,14 @@ def resolve_roofline(args: argparse.Namespace) -> DecodeRoofline:
         # --prefix-sharing is a share of the prompt; each command converts it to the roofline's unit
         # (a share of the context) where it knows the prompt and output lengths
         shared_prefix_read_once=not args.prefix_reread,
+    )
+
+
+def no_kv_memory(roofline: DecodeRoofline, utilization: float) -> str:
+    """Why a setup has no KV cache, with the figures."""
+    return (
+        f"{roofline.model.name} ({roofline.weight_bytes_per_gpu / 1e9:.1f} GB of weights per GPU) leaves no KV "
+        f"cache memory on {roofline.gpu.name} ({roofline.gpu.memory_bytes / 1e9:.1f} GB at {utilization:g})"
     )
 
 

@@ -16,9 +16,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from batchknee.argtypes import int_list, non_negative_float, positive_float, positive_int
-from batchknee.commands import UsageError, require_extra
-from batchknee.commands._options import add_roofline_options, describe, resolve_roofline
+from batchknee.argtypes import int_list, non_negative_float, positive_int
+from batchknee.commands import UsageError, check_output_path, require_extra
+from batchknee.commands._options import (
+    add_roofline_options,
+    describe,
+    no_kv_memory,
+    resolve_roofline,
+    simulated_seconds,
+    step_tokens,
+)
 from batchknee.core.policy import TuningRules
 from batchknee.emulator.bench import POLICIES, BenchSetup, TraceResult, bench_trace, standard_traces
 
@@ -44,7 +51,12 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--trace", type=_trace_list, default=list(traces), help=f"traces to run, of {', '.join(traces)}"
     )
-    parser.add_argument("--duration", type=positive_float, default=3600.0, help="simulated seconds per trace")
+    parser.add_argument(
+        "--duration",
+        type=simulated_seconds,
+        default=3600.0,
+        help="simulated seconds per trace, at most a day",
+    )
     parser.add_argument(
         "--tpot-target-ms", type=positive_int, default=30, help="TPOT p99 target (goodput, goal SLO)"
     )
@@ -67,7 +79,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--cooldown-seconds", type=int, default=600)
     parser.add_argument("--max-rollouts-per-hour", type=int, default=4)
     parser.add_argument("--window-seconds", type=int, default=300)
-    parser.add_argument("--max-num-batched-tokens", type=positive_int, default=2048)
+    parser.add_argument("--max-num-batched-tokens", type=step_tokens, default=2048)
     parser.add_argument(
         "--candidates",
         type=int_list,
@@ -86,10 +98,25 @@ def register(subparsers: Any) -> None:
 def _trace_list(text: str) -> list[str]:
     names = [name.strip() for name in text.split(",") if name.strip()]
     known = standard_traces()
+    if not names:
+        raise argparse.ArgumentTypeError(f"give one or more traces, comma-separated, of {', '.join(known)}")
     for name in names:
         if name not in known:
             raise argparse.ArgumentTypeError(f"unknown trace {name!r} (known: {', '.join(known)})")
     return names
+
+
+# The fields TuningRules' errors name, as this command's options
+_RULE_OPTIONS = {
+    "kneeFactorPercent": "--knee-factor-percent",
+    "tpotP99TargetMilliseconds": "--tpot-target-ms",
+    "ttftP99TargetMilliseconds": "--ttft-target-ms",
+    "sloMarginPercent": "--slo-margin-percent",
+    "deadBandPercent": "--dead-band-percent",
+    "cooldownSeconds": "--cooldown-seconds",
+    "windowSeconds": "--window-seconds",
+    "maxRolloutsPerHour": "--max-rollouts-per-hour",
+}
 
 
 def _rules(args: argparse.Namespace, goal: str) -> TuningRules:
@@ -109,12 +136,18 @@ def _rules(args: argparse.Namespace, goal: str) -> TuningRules:
             max_num_batched_tokens=args.max_num_batched_tokens,
         )
     except ValueError as error:
-        raise UsageError(str(error)) from None
+        message = str(error)
+        for field, option in _RULE_OPTIONS.items():
+            message = message.replace(field, option)
+        raise UsageError(message) from None
 
 
 def run(args: argparse.Namespace) -> int:
     if args.plot:
         require_extra("plot", "--plot")  # before an hour of simulation, not after
+        check_output_path("--plot", Path(args.plot))
+    if args.json_file:
+        check_output_path("--json-file", args.json_file)
     engine_roofline = resolve_roofline(args)
     operator_roofline = replace(engine_roofline, bandwidth_efficiency=1.0, overhead_s=0.0)
     knee_rules, slo_rules = _rules(args, "Knee"), _rules(args, "SLO")
@@ -129,6 +162,14 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.candidates:
         setup = replace(setup, candidates=tuple(sorted(set(args.candidates))))
+    pool_tokens = setup.num_gpu_blocks * setup.block_size
+    if pool_tokens < setup.max_model_len:
+        what = (
+            no_kv_memory(engine_roofline, setup.gpu_memory_utilization)
+            if pool_tokens == 0
+            else f"the KV pool holds {pool_tokens:,} tokens, less than one {setup.max_model_len:,}-token sequence"
+        )
+        raise UsageError(f"--tp/--gpu: {what}; raise --tp or pick a larger GPU")
     traces = standard_traces(args.duration)
     started = time.perf_counter()
     results: list[TraceResult] = []

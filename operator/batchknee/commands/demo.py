@@ -26,10 +26,29 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(handler=run)
 
 
+def check_before_starting(args: argparse.Namespace) -> None:
+    """What would fail only once the cluster is up (the emulated engines' GPU) or halfway through
+    starting it (a missing binary): refused before anything starts or is written."""
+    from batchknee.commands import UsageError
+    from batchknee.core.catalog import CatalogError, find_gpu
+    from batchknee.devcluster.tools import ToolsNotFoundError, prometheus_binary, tools_bin
+
+    try:
+        find_gpu(args.gpu)
+    except CatalogError as error:
+        raise UsageError(f"--gpu: {error.args[0]}") from None
+    try:
+        tools_bin()
+        prometheus_binary()
+    except ToolsNotFoundError as error:
+        raise UsageError(str(error)) from None
+
+
 def run(args: argparse.Namespace) -> int:
     from batchknee.commands import require_extra
 
     require_extra("demo", "batchknee demo")
+    check_before_starting(args)
     from batchknee.devcluster import netns
 
     # Like a real node: pods on their own addresses in a network namespace this run creates, so the

@@ -66,11 +66,28 @@ def settings_from(args: argparse.Namespace) -> Any:
     except ValidationError as error:
         first = error.errors(include_url=False)[0]
         field = ".".join(str(part) for part in first["loc"])
-        raise UsageError(f"{field}: {first['msg']} (BATCHKNEE_{field.upper()} or its flag)") from None
+        message = str(first["msg"]).removeprefix("Value error, ")
+        raise UsageError(f"{field}: {message} (BATCHKNEE_{field.upper()} or its flag)") from None
+
+
+def check_cluster_config() -> None:
+    """Neither a pod's service account nor a kubeconfig: say so, and how to give one."""
+    from kubernetes.config import ConfigException
+
+    from batchknee.adapters.kubernetes import load_config
+
+    try:
+        load_config()
+    except ConfigException as error:
+        raise UsageError(
+            f"no cluster configuration found ({error}): set KUBECONFIG to a kubeconfig file (or write "
+            "~/.kube/config), or run the operator in a pod with a service account"
+        ) from None
 
 
 def run(args: argparse.Namespace) -> int:
     settings = settings_from(args)
+    check_cluster_config()
     from batchknee.handlers import run as run_operator
 
     return run_operator(settings)

@@ -4,19 +4,22 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
-from batchknee.argtypes import fraction, int_list, non_negative_float, positive_float, positive_int
-from batchknee.commands import UsageError, require_extra
+from batchknee.argtypes import fraction, int_list, non_negative_float, positive_float
+from batchknee.commands import UsageError, check_output_path, require_extra
 from batchknee.commands._options import (
     add_engine_option,
     add_roofline_options,
     describe,
     knob_flag,
+    no_kv_memory,
     resolve_roofline,
+    step_tokens,
 )
 from batchknee.core.plan import ContextPlan, build_plan
-from batchknee.core.roofline import DecodeRoofline
+from batchknee.core.roofline import DecodeRoofline, PrefillMix
 from batchknee.engines import sglang
 
 
@@ -35,7 +38,7 @@ def register(subparsers: Any) -> None:
         "--batch", type=int_list, default=[1, 8, 32, 64, 128, 256], help="batch sizes for the rows"
     )
     parser.add_argument(
-        "--knee-factor", type=positive_float, default=1.0, help="max-num-seqs = factor × B_knee"
+        "--knee-factor", type=knee_factor, default=1.0, help="max-num-seqs = factor × B_knee (at most 2)"
     )
     parser.add_argument(
         "--tpot-target-ms", type=positive_float, help="cap the batch so TPOT stays under this"
@@ -66,7 +69,7 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--max-num-batched-tokens",
-        type=positive_int,
+        type=step_tokens,
         default=None,
         help=f"the engine's token budget per step (default 2048; sglang: {sglang.DEFAULT_CHUNKED_PREFILL_SIZE})",
     )
@@ -75,10 +78,29 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(handler=run)
 
 
+MAX_KNEE_FACTOR = 2.0  # spec.tuning.kneeFactorPercent's bound, 200 %
+
+
+def knee_factor(text: str) -> float:
+    value = positive_float(text)
+    if value > MAX_KNEE_FACTOR:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} must be at most {MAX_KNEE_FACTOR:g} (kneeFactorPercent 200)"
+        )
+    return value
+
+
 def run(args: argparse.Namespace) -> int:
     if args.plot:
         require_extra("plot", "--plot")
+        check_output_path("--plot", Path(args.plot))
     roofline = resolve_roofline(args)
+    gpu_memory_utilization = sglang.DEFAULT_MEM_FRACTION_STATIC if args.engine == "sglang" else 0.9
+    pool = roofline.kv_pool_bytes(gpu_memory_utilization)
+    if pool <= 0:
+        raise UsageError(
+            f"--tp/--gpu: {no_kv_memory(roofline, gpu_memory_utilization)}; raise --tp or pick a larger GPU"
+        )
     tpot_target_s = args.tpot_target_ms / 1e3 if args.tpot_target_ms else None
     if args.goal == "slo":
         if tpot_target_s is None:
@@ -86,6 +108,9 @@ def run(args: argparse.Namespace) -> int:
         if args.slo_margin_percent >= 100:
             raise UsageError("--slo-margin-percent: must be below 100")
         tpot_target_s *= 1.0 - args.slo_margin_percent / 100.0
+    step_budget = args.max_num_batched_tokens or (
+        sglang.DEFAULT_CHUNKED_PREFILL_SIZE if args.engine == "sglang" else 2048
+    )
     plans = build_plan(
         roofline,
         args.context,
@@ -95,11 +120,12 @@ def run(args: argparse.Namespace) -> int:
         prefix_sharing_of_prompt=args.prefix_sharing or None,
         output_tokens=args.output_tokens,
         prompt_fraction=args.prompt_fraction,
-        max_num_batched_tokens=args.max_num_batched_tokens
-        or (sglang.DEFAULT_CHUNKED_PREFILL_SIZE if args.engine == "sglang" else 2048),
-        gpu_memory_utilization=sglang.DEFAULT_MEM_FRACTION_STATIC if args.engine == "sglang" else 0.9,
+        max_num_batched_tokens=step_budget,
+        gpu_memory_utilization=gpu_memory_utilization,
         goal="SLO" if args.goal == "slo" else "Knee",
     )
+    for plan in plans:
+        check_feasible(roofline, plan, pool, tpot_target_s, args.prompt_fraction, step_budget, args.goal)
     if args.output == "json":
         print(json.dumps([plan.to_json() for plan in plans], indent=2))
     else:
@@ -114,12 +140,40 @@ def run(args: argparse.Namespace) -> int:
                 f"--mem-fraction-static {sglang.DEFAULT_MEM_FRACTION_STATIC}, context length {max(args.context):,})"
             )
     if args.plot:
-        from pathlib import Path
-
         from batchknee.plots import plot_plan
 
         plot_plan(plans, describe(roofline), Path(args.plot))
     return 0
+
+
+def check_feasible(
+    roofline: DecodeRoofline,
+    plan: ContextPlan,
+    pool: float,
+    tpot_target_s: float | None,
+    prompt_fraction: float,
+    step_budget: int,
+    goal: str,
+) -> None:
+    """Refuse a plan no batch limit can run: one sequence's KV over the pool, or a TPOT target that
+    one sequence alone misses (the recommendation would be the minimum bound, 1, a wrong figure)."""
+    ctx = plan.context_tokens
+    if plan.recommendation.capacity_batch < 1:
+        raise UsageError(
+            f"--context: one sequence of {ctx:,} tokens needs {plan.kv_bytes_per_seq / 1e9:,.1f} GB of KV cache, "
+            f"more than the {pool / 1e9:.1f} GB KV pool per GPU; lower --context, or raise --tp"
+        )
+    if tpot_target_s is not None and plan.recommendation.slo_batch == 0:
+        if prompt_fraction > 0:  # the SLO batch keeps the p99 with the prefill chunks under the target
+            mix = PrefillMix.for_context(ctx, prompt_fraction, step_budget)
+            alone, what = roofline.tpot_with_prefill_s(1, ctx, mix, 0.99), "TPOT p99"
+        else:
+            alone, what = roofline.tpot_s(1, ctx), "TPOT"
+        target = "the target" if goal == "knee" else "the target less --slo-margin-percent"
+        raise UsageError(
+            f"--tpot-target-ms: {target} ({tpot_target_s * 1e3:g} ms) cannot be met at any batch: one "
+            f"sequence alone has a {what} of {alone * 1e3:.1f} ms at context {ctx:,}; raise the target"
+        )
 
 
 def _change(current: float, previous: float | None) -> str:

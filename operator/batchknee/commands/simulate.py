@@ -16,14 +16,23 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from batchknee.argtypes import fraction, int_list, non_negative_float, positive_float, positive_int
-from batchknee.commands import UsageError, require_extra
-from batchknee.commands._options import add_engine_option, add_roofline_options, describe, resolve_roofline
+from batchknee.argtypes import fraction, non_negative_float, positive_float, positive_int
+from batchknee.commands import UsageError, check_output_path, require_extra
+from batchknee.commands._options import (
+    add_engine_option,
+    add_roofline_options,
+    batch_limits,
+    describe,
+    no_kv_memory,
+    resolve_roofline,
+    simulated_seconds,
+    step_tokens,
+)
 from batchknee.core.recommend import recommend
 from batchknee.core.roofline import DecodeRoofline, PrefillMix
 from batchknee.emulator.engine import Engine, EngineConfig, EngineConfigError, vllm_num_gpu_blocks
 from batchknee.emulator.engine_args import load_from_args
-from batchknee.emulator.sweep import SweepResult, default_duration_s, sweep
+from batchknee.emulator.sweep import SweepResult, default_duration_s, request_lifetime_s, sweep
 from batchknee.emulator.workload import DISTRIBUTIONS, MAX_REQUEST_RATE, LoadError, LoadSpec
 from batchknee.engines import sglang
 
@@ -51,7 +60,7 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--output-spread", type=non_negative_float, default=0.5)
     parser.add_argument(
-        "--sweep", type=int_list, default=[16, 32, 64, 128, 256], help="max-num-seqs values to simulate"
+        "--sweep", type=batch_limits, default=[16, 32, 64, 128, 256], help="max-num-seqs values to simulate"
     )
     parser.add_argument(
         "--request-rate",
@@ -75,14 +84,16 @@ def register(subparsers: Any) -> None:
         help="headroom under the target (goal slo)",
     )
     parser.add_argument(
-        "--duration", type=positive_float, help="simulated seconds per point (default: 10 request lifetimes)"
+        "--duration",
+        type=simulated_seconds,
+        help="simulated seconds per point, at most a day (default: 10 request lifetimes)",
     )
     parser.add_argument(
         "--warmup", type=non_negative_float, help="simulated seconds not measured (default: 30%% of duration)"
     )
     parser.add_argument(
         "--max-num-batched-tokens",
-        type=positive_int,
+        type=step_tokens,
         default=None,
         help=f"default 2048 (sglang: --chunked-prefill-size {sglang.DEFAULT_CHUNKED_PREFILL_SIZE})",
     )
@@ -135,10 +146,19 @@ def _engine_config(args: argparse.Namespace, roofline: DecodeRoofline, max_num_s
     if args.gpu_memory_utilization > 1.0:
         raise UsageError("--gpu-memory-utilization: must be in (0, 1]")
     max_model_len = args.max_model_len or max(8192, args.prompt_tokens + args.output_tokens)
+    pool = roofline.kv_pool_bytes(args.gpu_memory_utilization)
+    if pool <= 0:
+        if roofline.kv_pool_bytes(1.0) > 0:
+            option, fix = "--gpu-memory-utilization", "raise it"
+        else:
+            option, fix = "--tp/--gpu", "raise --tp or pick a larger GPU"
+        raise UsageError(f"{option}: {no_kv_memory(roofline, args.gpu_memory_utilization)}; {fix}")
     blocks = vllm_num_gpu_blocks(roofline, args.gpu_memory_utilization, args.block_size)
     if blocks <= 0:
+        block_bytes = args.block_size * roofline.kv_bytes_per_token
         raise UsageError(
-            f"--gpu-memory-utilization: {roofline.model.name} leaves no KV cache memory on {roofline.gpu.name}"
+            f"--block-size: one block of {args.block_size:,} tokens ({block_bytes / 1e9:,.1f} GB) is larger than "
+            f"the {pool / 1e9:.1f} GB KV pool"
         )
     try:
         return EngineConfig(
@@ -160,8 +180,12 @@ def _load(args: argparse.Namespace, rate: float | None) -> LoadSpec:
         raise UsageError(f"--request-rate: must be at most {MAX_REQUEST_RATE:g}")
     try:
         return load_from_args(args, rate)
-    except LoadError as error:
-        raise UsageError(str(error)) from None
+    except LoadError as error:  # it names the field, e.g. `promptSpread: …`: name the option instead
+        field, _, problem = str(error).partition(": ")
+        if not problem or not field.isalpha():
+            raise UsageError(str(error)) from None
+        option = "--" + "".join(f"-{c.lower()}" if c.isupper() else c for c in field)
+        raise UsageError(f"{option}: {problem.removesuffix(' or null')}") from None
 
 
 def _planner_roofline(roofline: DecodeRoofline, load: LoadSpec) -> DecodeRoofline:
@@ -174,6 +198,7 @@ def _planner_roofline(roofline: DecodeRoofline, load: LoadSpec) -> DecodeRooflin
 def run(args: argparse.Namespace) -> int:
     if args.plot:
         require_extra("plot", "--plot")
+        check_output_path("--plot", Path(args.plot))
     roofline = resolve_roofline(args)
     if args.request_rate is not None and args.concurrency is not None:
         raise UsageError("--concurrency: give either --request-rate or --concurrency, not both")
@@ -192,6 +217,15 @@ def run(args: argparse.Namespace) -> int:
     if args.goal is not None:
         goal_pick = goal_max_num_seqs(args, config, load, tpot_target_s)
         batches = sorted({*batches, goal_pick})
+    lifetime = request_lifetime_s(config, load, max(batches))
+    if duration - warmup < lifetime:
+        # nothing would finish in the measured window: the rows would show 0 tok/s and no latencies
+        needed = math.ceil(warmup + lifetime if args.warmup is not None else lifetime / 0.7)
+        raise UsageError(
+            f"{'--duration' if args.duration is not None else '--warmup'}: {duration - warmup:.3g} s measured "
+            f"after the warm-up is shorter than one request's decode ({lifetime:.1f} s at max-num-seqs "
+            f"{max(batches)}); give --duration {needed} or more"
+        )
     result = sweep(
         config,
         load,

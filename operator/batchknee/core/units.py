@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 _BANDWIDTH = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z]*)(?:/s)?\s*$")
@@ -17,4 +18,6 @@ def parse_bandwidth(text: str) -> float:
     value = float(match.group(1)) * _BANDWIDTH_SCALE[unit]
     if value <= 0:
         raise ValueError(f"{text!r}: bandwidth must be positive")
+    if not math.isfinite(value):
+        raise ValueError(f"{text!r}: bandwidth must be finite; write it like 2.0TB/s or 2039GB/s")
     return value

@@ -713,6 +713,8 @@ def read_trtllm_yaml(path: Path) -> dict[str, Any]:
         document = yaml.safe_load(path.read_text())
     except OSError as error:
         raise EngineArgsError(f"--extra_llm_api_options: cannot read {path}: {error.strerror}") from None
+    except UnicodeDecodeError:
+        raise EngineArgsError(f"--extra_llm_api_options: {path} is not UTF-8 text (a YAML file)") from None
     except yaml.YAMLError as error:
         raise EngineArgsError(f"--extra_llm_api_options: {path} is not YAML ({error})") from None
     if document is None:
