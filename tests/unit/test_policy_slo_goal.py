@@ -325,6 +325,17 @@ def test_few_windows_that_a_line_does_not_fit_closely_are_not_trusted() -> None:
     assert fit is None and "residual" in text, text
 
 
+def test_stored_windows_under_the_rooflines_floor_do_not_enter_the_fit() -> None:
+    """Samples a status kept from before the floor was checked (a mean of 1 µs) are left out of
+    the fit, not fitted with the rest."""
+    far = [window_at(64, 512, 0), window_at(176, 512, 5), window_at(80, 2048, 10)]
+    absurd = [replace(p, tpot_mean_s=1e-6) for p in far]
+    fit, text = calibrate(NAIVE, [*absurd, *far])
+    assert fit is not None and "calibrated on 3 samples" in text, text
+    assert fit.bandwidth_efficiency == pytest.approx(0.8, rel=1e-3)
+    assert calibrate(NAIVE, absurd)[0] is None
+
+
 @pytest.mark.parametrize(
     ("cap", "value"),
     [(21, 20), (25, 24), (17, 16), (15, 15), (7, 7), (33, 32), (47, 44), (63, 60), (64, 64), (71, 64)],
@@ -352,3 +363,4 @@ def test_a_tpot_mean_faster_than_any_decode_step_is_not_climbed_on() -> None:
     settled = Applied(64, settled_since=T0 - timedelta(hours=2))
     d = steady(SLO, NAIVE, POOL, seen(2048, 20, 64, mean_ms=0.001), settled, (), T0)
     assert (d.rolls, d.recommended) == (False, 64), d.reason
+    assert "no usable TPOT mean" in d.reason and "under the 7.9 ms any step takes" in d.reason, d.reason

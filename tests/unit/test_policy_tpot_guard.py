@@ -7,8 +7,9 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from batchknee.core import DecodeRoofline, find_gpu, find_model
+from batchknee.core.calibration import unit_roofline
 from batchknee.core.observation import Observation, Reading
-from batchknee.core.policy import Applied, TuningRules, decide
+from batchknee.core.policy import Applied, TuningRules, decide, tpot_floor_s
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 ROOFLINE = DecodeRoofline(find_model("llama-3-8b"), find_gpu("a100-80gb"))
@@ -49,3 +50,19 @@ def test_a_tpot_mean_under_the_rooflines_floor_does_not_lift_the_step_down() -> 
     d = decide(GUARDED, ROOFLINE, POOL, over, at64, (), T0)
     assert d.rolls and d.value == 48, d.reason
     assert d.guard is not None and d.guard.source == "step-down"
+    assert "TPOT mean 0.001 ms is under the 7.9 ms any step takes to read the weights" in d.reason
+
+
+def test_the_floor_is_the_weights_alone_not_the_batchs_kv() -> None:
+    """How much KV a GPU reads depends on what the context reading counts (data-parallel attention
+    groups, TensorRT-LLM's reservations): a mean under the roofline with the batch's KV but over
+    the weights' time is a reading (the one-window estimate takes it as peak bandwidth)."""
+    at64 = Applied(64, settled_since=T0 - timedelta(hours=2))
+    weights_only = tpot_floor_s(ROOFLINE)
+    with_kv = unit_roofline(ROOFLINE).tpot_s(64, 2048)
+    assert with_kv > 2 * weights_only
+    between = (weights_only + with_kv) / 2
+    d = decide(
+        GUARDED, ROOFLINE, POOL, window(2048, Reading.of(0.040), Reading.of(between), 64), at64, (), T0
+    )
+    assert d.guard is not None and d.guard.source == "estimated", d.reason

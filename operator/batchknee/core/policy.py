@@ -376,14 +376,31 @@ def calibration_point(observation: Observation, roofline: DecodeRoofline) -> Cal
     return None if _under_floor(point, roofline) else point
 
 
+def tpot_floor_s(roofline: DecodeRoofline) -> float:
+    """The least time any decode step takes: the weights one token needs, read at the GPU's peak
+    bandwidth. The batch's KV is left out: how much of it a GPU reads depends on what the context
+    reading counts (data-parallel attention groups, TensorRT-LLM's reservations)."""
+    return unit_roofline(roofline).tpot_s(1, 1)
+
+
 def _under_floor(point: CalibrationPoint, roofline: DecodeRoofline) -> bool:
-    """Whether the window's mean TPOT is under the time one decode step takes to read the weights
-    and its batch's KV at the GPU's peak bandwidth: no decode step is that fast (a histogram in the
-    wrong unit, weights lighter than the spec says, speculative decoding), and extrapolating from
-    it would raise the limit on a figure the roofline cannot explain. (The p99 is interpolated
-    within coarse buckets: not exact enough to judge by.)"""
-    floor = unit_roofline(roofline).tpot_s(point.batch, point.context_tokens)
-    return point.tpot_mean_s is not None and point.tpot_mean_s < floor
+    """Whether the window's mean TPOT is under `tpot_floor_s`: no decode step is that fast (a
+    histogram in the wrong unit, weights lighter than the spec says, speculative decoding), and
+    extrapolating from it would raise the limit on a figure the roofline cannot explain. (The p99
+    is interpolated within coarse buckets: not exact enough to judge by.)"""
+    return point.tpot_mean_s is not None and point.tpot_mean_s < tpot_floor_s(roofline)
+
+
+def _floor_note(observation: Observation | None, roofline: DecodeRoofline) -> str:
+    """Why the window's mean TPOT is not used, when it is under the floor ("" otherwise)."""
+    mean = observation.tpot_mean_s.value if observation is not None else None
+    floor = tpot_floor_s(roofline)
+    if mean is None or mean >= floor:
+        return ""
+    return (
+        f"TPOT mean {mean * 1e3:.3g} ms is under the {floor * 1e3:.1f} ms any step takes to read the "
+        "weights: not used (a histogram in another unit, lighter weights than the spec's, speculative decoding?)"
+    )
 
 
 def current_mix(
@@ -427,6 +444,7 @@ def calibrate(
     sample's prefill mix; the p99 is then predicted by the same model (a bucketed p99 is
     interpolated within 25 ms-wide buckets: too coarse to fit). Older samples without the mean fit
     the p99 to decode steps alone. None (and why) until there are enough, varied, consistent samples."""
+    points = [p for p in points if not _under_floor(p, roofline)]  # (stored before the floor was checked)
     if len(points) < MIN_VARIED_CALIBRATION_SAMPLES:
         return None, f"uncalibrated, {len(points)}/{MIN_CALIBRATION_SAMPLES} samples"
     unit = unit_roofline(roofline)
@@ -593,6 +611,8 @@ def _target(
     mix = current_mix(observation, calibration, rules.max_num_batched_tokens, roofline)
     if rules.tpot_p99_target_ms is not None:
         fit, calibration_text = calibrate(roofline, calibration, rules.max_num_batched_tokens)
+        if note := _floor_note(observation, roofline):
+            calibration_text = f"{calibration_text}; {note}"
         if fit is not None:
             calibrated_cap = _calibrated_bound(
                 rules, roofline, fit, rules.tpot_p99_target_ms / 1e3, context_tokens, mix
@@ -682,7 +702,8 @@ def _slo_bound(
                 f"TPOT p99 {p99 * 1e3:.0f} ms > target {target_ms} ms: step {applied} → {stepped} "
                 f"({calibration_text})",
             )
-        return SloBound(applied, "hold", f"no TPOT mean observed: stay at {applied} ({calibration_text})")
+        unused = "no TPOT mean observed" if observation.tpot_mean_s.value is None else "no usable TPOT mean"
+        return SloBound(applied, "hold", f"{unused}: stay at {applied} ({calibration_text})")
     # One window fixes one parameter; `_one_point_bound` takes the reading that errs on the safe
     # side of the batch it observed, to climb on (in bounded steps) and to step down on.
     estimate, one = _one_point_bound(rules, roofline, point, rules.slo_tpot_s, context_tokens, mix)
