@@ -215,7 +215,11 @@ class OperatorSettings(BaseSettings):
     @field_validator("health_port")
     @classmethod
     def _distinct_ports(cls, value: int, info: ValidationInfo) -> int:
-        if value and value == info.data.get("metrics_port"):
+        addresses = {info.data.get("metrics_address"), info.data.get("health_address")}
+        overlap = len(addresses) == 1 or bool(
+            addresses & {"0.0.0.0", "::"}
+        )  # a wildcard takes the port on every address
+        if value and value == info.data.get("metrics_port") and overlap:
             raise ValueError(
                 f"{value} is the metrics port too: give them different ports, or 0 to turn one off"
             )

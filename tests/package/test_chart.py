@@ -242,6 +242,22 @@ def test_several_standalone_replicas_are_refused(helm: Helm) -> None:
     assert done.returncode != 0 and "needs kopf peering" in done.stderr
 
 
+@pytest.mark.parametrize(
+    ("operator", "words"),
+    [
+        # the operator refuses each at start (settings.py): the chart refuses it at install instead
+        ({"metricsPort": 8080, "healthPort": 8080}, "are both 8080"),
+        ({"prometheusUrl": "http://:9090"}, "prometheusUrl"),
+        ({"prometheusAllowedUrls": ["http://?x"]}, "prometheusAllowedUrls"),
+    ],
+)
+def test_settings_the_operator_would_refuse_are_refused_at_install(
+    helm: Helm, operator: dict[str, Any], words: str
+) -> None:
+    done = helm("template", {"operator": operator}, check=False)
+    assert done.returncode != 0 and words in done.stderr, done.stderr
+
+
 # --- RBAC ------------------------------------------------------------------------------------------
 
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from batchknee.cli import build_parser, main
+from batchknee.commands import UsageError
 from batchknee.commands.operator import settings_from
 
 
@@ -77,3 +80,43 @@ def test_a_setting_that_cannot_work_is_refused_naming_it(
 def test_namespace_flags_may_carry_commas_as_the_environment_does() -> None:
     args = build_parser().parse_args(["operator", "--namespace", "ml,serving", "--namespace", "batch"])
     assert settings_from(args).namespaces == ["ml", "serving", "batch"]
+
+
+@pytest.mark.parametrize(
+    ("metrics", "health", "refused"),
+    [("127.0.0.1", "127.0.0.1", True), ("0.0.0.0", "127.0.0.1", True), ("10.0.0.5", "127.0.0.1", False)],
+)
+def test_one_port_for_both_endpoints_is_refused_where_the_addresses_overlap(
+    monkeypatch: pytest.MonkeyPatch, metrics: str, health: str, refused: bool
+) -> None:
+    for variable, value in (
+        ("METRICS_ADDRESS", metrics),
+        ("HEALTH_ADDRESS", health),
+        ("METRICS_PORT", "8080"),
+    ):
+        monkeypatch.setenv(f"BATCHKNEE_{variable}", value)
+    args = build_parser().parse_args(["operator"])
+    if refused:
+        with pytest.raises(UsageError, match="8080 is the metrics port too"):
+            settings_from(args)
+    else:
+        assert settings_from(args).health_port == 8080
+
+
+@pytest.mark.parametrize("kubeconfig", ["apiVersion: v1\nclusters: [\n", "just text"])
+def test_a_kubeconfig_that_does_not_load_is_one_line(tmp_path: Path, kubeconfig: str) -> None:
+    """(Was: a YAML parser's or a TypeError's traceback.)"""
+    path = tmp_path / "config"
+    path.write_text(kubeconfig)
+    done = subprocess.run(
+        [sys.executable, "-m", "batchknee", "operator"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={
+            **{k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")},
+            "KUBECONFIG": str(path),
+        },
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith("batchknee operator: error: the kubeconfig does not load")

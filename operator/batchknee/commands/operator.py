@@ -83,6 +83,9 @@ def check_cluster_config() -> None:
             f"no cluster configuration found ({error}): set KUBECONFIG to a kubeconfig file (or write "
             "~/.kube/config), or run the operator in a pod with a service account"
         ) from None
+    except Exception as error:  # a malformed kubeconfig: YAML errors, wrong shapes
+        first = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise UsageError(f"the kubeconfig does not load ({first}); check the file KUBECONFIG names") from None
 
 
 def run(args: argparse.Namespace) -> int:
