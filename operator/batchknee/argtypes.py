@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import math
 import re
+from collections.abc import Callable
+from typing import TypeVar
 
 from batchknee.core.units import parse_bandwidth
 
@@ -55,6 +57,21 @@ def unit_fraction(text: str) -> float:
     if value > 1.0:
         raise argparse.ArgumentTypeError(f"{text!r} must be in (0, 1]")
     return value
+
+
+Bounded = TypeVar("Bounded", int, float)
+
+
+def at_most(parse: Callable[[str], Bounded], limit: float, said: str = "") -> Callable[[str], Bounded]:
+    """`parse`, refusing a value over `limit` (`said`: the limit as the message words it)."""
+
+    def bounded(text: str) -> Bounded:
+        value = parse(text)
+        if value > limit:
+            raise argparse.ArgumentTypeError(f"{text!r} must be at most {said or f'{limit:g}'}")
+        return value
+
+    return bounded
 
 
 def port(text: str) -> int:

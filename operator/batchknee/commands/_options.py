@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from batchknee.argtypes import (
+    at_most,
     bandwidth,
     fraction,
     int_list,
@@ -31,27 +32,9 @@ MAX_SIMULATED_S = 86400.0  # a day of simulated time
 MAX_PARAMS = 1e14  # a hundred times the largest model in the catalog
 
 
-def param_count(text: str) -> float:
-    value = positive_float(text)
-    if value > MAX_PARAMS:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at most {MAX_PARAMS:.0e} parameters")
-    return value
-
-
-def simulated_seconds(text: str) -> float:
-    """A simulated duration: positive, at most a day."""
-    value = positive_float(text)
-    if value > MAX_SIMULATED_S:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at most {MAX_SIMULATED_S:.0f} s (a day)")
-    return value
-
-
-def step_tokens(text: str) -> int:
-    """An engine's token budget per step (--max-num-batched-tokens)."""
-    value = positive_int(text)
-    if value > MAX_STEP_TOKENS:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at most {MAX_STEP_TOKENS:,}")
-    return value
+param_count = at_most(positive_float, MAX_PARAMS, f"{MAX_PARAMS:.0e} parameters")
+simulated_seconds = at_most(positive_float, MAX_SIMULATED_S, f"{MAX_SIMULATED_S:.0f} s (a day)")
+step_tokens = at_most(positive_int, MAX_STEP_TOKENS, f"{MAX_STEP_TOKENS:,}")  # --max-num-batched-tokens
 
 
 def batch_limits(text: str) -> list[int]:

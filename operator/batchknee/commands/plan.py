@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from batchknee.argtypes import fraction, int_list, non_negative_float, positive_float
+from batchknee.argtypes import at_most, fraction, int_list, non_negative_float, positive_float
 from batchknee.commands import UsageError, check_output_path, require_extra
 from batchknee.commands._options import (
     add_engine_option,
@@ -79,15 +79,7 @@ def register(subparsers: Any) -> None:
 
 
 MAX_KNEE_FACTOR = 2.0  # spec.tuning.kneeFactorPercent's bound, 200 %
-
-
-def knee_factor(text: str) -> float:
-    value = positive_float(text)
-    if value > MAX_KNEE_FACTOR:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} must be at most {MAX_KNEE_FACTOR:g} (kneeFactorPercent 200)"
-        )
-    return value
+knee_factor = at_most(positive_float, MAX_KNEE_FACTOR, f"{MAX_KNEE_FACTOR:g} (kneeFactorPercent 200)")
 
 
 def run(args: argparse.Namespace) -> int:

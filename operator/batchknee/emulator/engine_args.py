@@ -27,6 +27,7 @@ from typing import Any, NoReturn
 import yaml
 
 from batchknee.argtypes import (
+    at_most,
     bandwidth,
     fraction,
     non_negative_float,
@@ -110,18 +111,8 @@ def _is_option(token: str) -> bool:
 # --- the parsers -----------------------------------------------------------------------------
 
 
-def _speedup(text: str) -> float:
-    value = positive_float(text)
-    if value > MAX_SPEEDUP:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at most {MAX_SPEEDUP:g}")
-    return value
-
-
-def _rate(text: str) -> float:
-    value = non_negative_float(text)
-    if value > MAX_REQUEST_RATE:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at most {MAX_REQUEST_RATE:g} requests/s")
-    return value
+_speedup = at_most(positive_float, MAX_SPEEDUP)
+_rate = at_most(non_negative_float, MAX_REQUEST_RATE, f"{MAX_REQUEST_RATE:g} requests/s")
 
 
 def _non_negative_int(text: str) -> int:
