@@ -780,6 +780,8 @@ class _Reconcile:
         quarantine = [q for q in self.old.quarantine if q.until > self.now]
         last = applied.rollouts[-1] if applied.rollouts else None
         until = self.now + timedelta(seconds=max(QUARANTINE_S, rules.cooldown_s))
+        # the context a failure is quarantined at (None: none was observed, held at every context)
+        context = None if decision.context_tokens is None else round(decision.context_tokens)
         if (
             state is not None
             and state.stalled
@@ -792,7 +794,6 @@ class _Reconcile:
             and rules.mode != "Recommend"
         ):
             bad, good = last.to_value, last.from_value
-            context = None if decision.context_tokens is None else round(decision.context_tokens)
             why = f"pods with max-num-seqs {bad} were not Ready by the progress deadline ({state.message})"
             quarantine.append(
                 QuarantineEntry(
@@ -820,11 +821,7 @@ class _Reconcile:
                 QuarantineEntry(
                     max_num_seqs=bad,
                     direction="Above" if bad > good else "Below",
-                    context_tokens=before.context_tokens
-                    if before
-                    else None
-                    if decision.context_tokens is None
-                    else round(decision.context_tokens),
+                    context_tokens=before.context_tokens if before else context,
                     until=until,
                     reason=check.reason,
                 )

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import ipaddress
 import re
-import urllib.parse
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from batchknee.adapters.observing import URL_FORM, has_host
 from batchknee.api.admission import (
     DEFAULT_ALLOWED_IMAGES,
     DEFAULT_ALLOWED_RESOURCES,
@@ -17,9 +17,8 @@ from batchknee.api.admission import (
     DEFAULT_ALLOWED_TOLERATIONS,
     AdmissionRules,
 )
+from batchknee.api.models import DNS_LABEL_PATTERN, OBJECT_NAME_PATTERN
 
-DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-DNS_SUBDOMAIN = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 DOTTED_NUMBERS = re.compile(r"^[0-9.]+$")
 HOST_NAME = re.compile(
     r"^[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?)*$"
@@ -29,13 +28,9 @@ MAX_PROMETHEUS_SECONDS = 300.0
 
 
 def _prometheus_url(url: str) -> str:
-    try:
-        parts = urllib.parse.urlsplit(url)
-        usable = parts.scheme in ("http", "https") and bool(parts.hostname)
-    except ValueError:  # such as an unclosed IPv6 bracket
-        usable = False
-    if not usable:  # (not echoed: a URL may carry credentials)
-        raise ValueError("not an http(s) URL with a host; write it as http(s)://host[:port][/path]")
+    # the URL is not echoed: it may carry credentials
+    if not (url.lower().startswith(("http://", "https://")) and has_host(url)):
+        raise ValueError(f"not an http(s) URL with a host; write it as {URL_FORM}")
     return url
 
 
@@ -188,7 +183,7 @@ class OperatorSettings(BaseSettings):
     @classmethod
     def _check_namespaces(cls, value: list[str]) -> list[str]:
         for name in value:
-            if not DNS_LABEL.match(name):
+            if len(name) > 63 or not re.match(DNS_LABEL_PATTERN, name):
                 raise ValueError(
                     f"{name!r} is not a namespace name (lowercase letters, digits and '-', at most 63)"
                 )
@@ -197,7 +192,7 @@ class OperatorSettings(BaseSettings):
     @field_validator("peering_name")
     @classmethod
     def _check_peering_name(cls, value: str) -> str:
-        if not DNS_SUBDOMAIN.match(value):
+        if not (0 < len(value) <= 253 and re.match(OBJECT_NAME_PATTERN, value)):
             raise ValueError(f"{value!r} is not an object name (lowercase letters, digits, '-' and '.')")
         return value
 

@@ -26,6 +26,9 @@ class UrlObserver(Protocol):
     def observation(self, url: str, target: ObservationTarget, now: datetime) -> Observation: ...
 
 
+URL_FORM = "http(s)://host[:port][/path]"
+
+
 def normalise_url(url: str) -> str:
     return url.strip().rstrip("/")
 
@@ -33,7 +36,7 @@ def normalise_url(url: str) -> str:
 ANY_URL = "*"
 
 
-def _has_host(url: str) -> bool:
+def has_host(url: str) -> bool:
     try:
         return bool(urllib.parse.urlsplit(url).hostname)
     except ValueError:  # such as an unclosed IPv6 bracket
@@ -68,14 +71,14 @@ class RoutedObserver:
 
     def allows(self, url: str | None) -> bool:
         """May an LLMServing name `url` as its Prometheus? (Never one without a host.)"""
-        return not url or (_has_host(url) and (self.any_url or normalise_url(url) in self.allowed_urls))
+        return not url or (has_host(url) and (self.any_url or normalise_url(url) in self.allowed_urls))
 
     def refusal(self, url: str) -> str | None:
         """Why an LLMServing may not name `url` (None: it may)."""
         if self.allows(url):
             return None
-        if not _has_host(url):
-            return f"{redact_url(url)} is not a URL with a host; write it as http(s)://host[:port][/path]"
+        if not has_host(url):
+            return f"{redact_url(url)} is not a URL with a host; write it as {URL_FORM}"
         return (
             f"{redact_url(url)} is not among the Prometheus URLs the operator allows "
             "(its prometheusAllowedUrls setting, BATCHKNEE_PROMETHEUS_ALLOWED_URLS): name one of "

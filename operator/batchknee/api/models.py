@@ -614,8 +614,10 @@ class RolloutSpec(_Model):
 # (`batchknee.api.admission`). Never allowed: privileged containers, host namespaces and ports.
 
 # A name of another object in the namespace (a DNS subdomain).
-ObjectName = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")]
-DnsLabel = Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")]
+OBJECT_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+ObjectName = Annotated[str, Field(min_length=1, max_length=253, pattern=OBJECT_NAME_PATTERN)]
+DnsLabel = Annotated[str, Field(min_length=1, max_length=63, pattern=DNS_LABEL_PATTERN)]
 ShortText = Annotated[str, Field(max_length=1024)]
 # The name of the volume the operator mounts TensorRT-LLM's options file from.
 RESERVED_VOLUME = "batchknee-engine-config"

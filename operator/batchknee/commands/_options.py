@@ -158,14 +158,6 @@ def resolve_roofline(args: argparse.Namespace) -> DecodeRoofline:
     )
 
 
-def no_kv_memory(roofline: DecodeRoofline, utilization: float) -> str:
-    """Why a setup has no KV cache, with the figures."""
-    return (
-        f"{roofline.model.name} ({roofline.weight_bytes_per_gpu / 1e9:.1f} GB of weights per GPU) leaves no KV "
-        f"cache memory on {roofline.gpu.name} ({roofline.gpu.memory_bytes / 1e9:.1f} GB at {utilization:g})"
-    )
-
-
 def describe(roofline: DecodeRoofline) -> str:
     return (
         f"{roofline.model.name} on {roofline.gpu.name} ×{roofline.tensor_parallel} (TP), "

@@ -21,13 +21,13 @@ from batchknee.commands import UsageError, check_output_path, require_extra
 from batchknee.commands._options import (
     add_roofline_options,
     describe,
-    no_kv_memory,
     resolve_roofline,
     simulated_seconds,
     step_tokens,
 )
 from batchknee.core.policy import TuningRules
 from batchknee.emulator.bench import POLICIES, BenchSetup, TraceResult, bench_trace, standard_traces
+from batchknee.emulator.engine import no_kv_memory
 
 # What `make bench` checks (printed, not asserted: benchmarks print figures).
 SLO_TO_ORACLE_TARGET = 0.95

@@ -14,12 +14,12 @@ from batchknee.commands._options import (
     add_roofline_options,
     describe,
     knob_flag,
-    no_kv_memory,
     resolve_roofline,
     step_tokens,
 )
 from batchknee.core.plan import ContextPlan, build_plan
 from batchknee.core.roofline import DecodeRoofline, PrefillMix
+from batchknee.emulator.engine import no_kv_memory
 from batchknee.engines import sglang
 
 

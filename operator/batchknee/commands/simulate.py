@@ -23,14 +23,19 @@ from batchknee.commands._options import (
     add_roofline_options,
     batch_limits,
     describe,
-    no_kv_memory,
     resolve_roofline,
     simulated_seconds,
     step_tokens,
 )
 from batchknee.core.recommend import recommend
 from batchknee.core.roofline import DecodeRoofline, PrefillMix
-from batchknee.emulator.engine import Engine, EngineConfig, EngineConfigError, vllm_num_gpu_blocks
+from batchknee.emulator.engine import (
+    Engine,
+    EngineConfig,
+    EngineConfigError,
+    no_kv_memory,
+    vllm_num_gpu_blocks,
+)
 from batchknee.emulator.engine_args import load_from_args
 from batchknee.emulator.sweep import SweepResult, default_duration_s, request_lifetime_s, sweep
 from batchknee.emulator.workload import DISTRIBUTIONS, MAX_REQUEST_RATE, LoadError, LoadSpec

@@ -111,6 +111,14 @@ def blocks_for_pool(roofline: DecodeRoofline, pool_bytes: float, block_size: int
     return math.floor(pool_bytes / (block_size * roofline.kv_bytes_per_token))
 
 
+def no_kv_memory(roofline: DecodeRoofline, utilization: float) -> str:
+    """Why a setup has no KV cache, with the figures."""
+    return (
+        f"{roofline.model.name} ({roofline.weight_bytes_per_gpu / 1e9:.1f} GB of weights per GPU) leaves no KV "
+        f"cache memory on {roofline.gpu.name} ({roofline.gpu.memory_bytes / 1e9:.1f} GB at {utilization:g})"
+    )
+
+
 def vllm_num_gpu_blocks(
     roofline: DecodeRoofline,
     gpu_memory_utilization: float,

@@ -42,6 +42,7 @@ from batchknee.core.roofline import DecodeRoofline
 from batchknee.emulator.engine import (
     EngineConfig,
     EngineConfigError,
+    no_kv_memory,
     trtllm_num_blocks,
     vllm_num_gpu_blocks,
 )
@@ -578,10 +579,7 @@ def _vllm(
         roof, args.gpu_memory_utilization, args.block_size
     )
     if blocks <= 0:
-        raise EngineArgsError(
-            f"--gpu-memory-utilization: {roof.model.name} ({roof.weight_bytes_per_gpu / 1e9:.1f} GB of weights per "
-            f"GPU) leaves no KV cache memory on {roof.gpu.name} at {args.gpu_memory_utilization}"
-        )
+        raise EngineArgsError(f"--gpu-memory-utilization: {no_kv_memory(roof, args.gpu_memory_utilization)}")
     try:
         config = EngineConfig(
             roofline=roof,
@@ -658,10 +656,7 @@ def _sglang(
     if args.max_total_tokens is not None:
         pages = min(pages, args.max_total_tokens // args.page_size)
     if pages <= 0:
-        raise EngineArgsError(
-            f"--mem-fraction-static: {roof.model.name} ({roof.weight_bytes_per_gpu / 1e9:.1f} GB of weights per "
-            f"GPU) leaves no KV cache memory on {roof.gpu.name} at {args.mem_fraction_static}"
-        )
+        raise EngineArgsError(f"--mem-fraction-static: {no_kv_memory(roof, args.mem_fraction_static)}")
     pool_tokens = pages * args.page_size
     context_length = args.context_length or DEFAULT_MAX_MODEL_LEN
     if pool_tokens < context_length:
