@@ -69,6 +69,15 @@ class Target:
     problem: tuple[str, str] | None = None
 
 
+ALREADY_TARGETED = "AlreadyTargeted"  # another LLMServing tunes it: its pods are still this one's to watch
+
+
+def unobservable(target: Target) -> bool:
+    """Whether the engine pods cannot be found and read (the workload or its engine container is
+    missing, or its selector is more than matchLabels); one tuned by another LLMServing is read."""
+    return target.problem is not None and target.problem[0] != ALREADY_TARGETED
+
+
 def _words(container: Mapping[str, Any]) -> list[str]:
     return [str(w) for w in (*(container.get("command") or []), *(container.get("args") or []))]
 

@@ -19,7 +19,17 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from batchknee.adopt import KNOB_FLAG, Target, adopt, env_patch, tuned_workload, tuner, wiring_argument
+from batchknee.adopt import (
+    ALREADY_TARGETED,
+    KNOB_FLAG,
+    Target,
+    adopt,
+    env_patch,
+    tuned_workload,
+    tuner,
+    unobservable,
+    wiring_argument,
+)
 from batchknee.api.admission import AdmissionRules, Forbidden, check_admission
 from batchknee.api.models import (
     API_VERSION,
@@ -592,7 +602,7 @@ class _Reconcile:
             history = state.rollouts if state else ()
         else:
             target = self.adopted(obj.spec.target_ref, obj.spec.engine)
-            state = target.state if target.problem is None else None
+            state = target.state  # with a problem too: status shows the pods that run, nothing is written
             history = self.recorded_rollouts()  # nothing but the one env value is kept on the workload
             if target.problem is not None or not target.wired:
                 rules = replace(rules, mode="Recommend")  # report only, write nothing
@@ -721,7 +731,7 @@ class _Reconcile:
             and (state.rolling or state.ready_replicas < state.replicas)
         )
         crashing = crash_looping(self.pods) if unready else []
-        self.set_conditions(obj, state, observation, decision, rolled, apply_error, crashing)
+        self.set_conditions(obj, state, observation, decision, rolled, apply_error, crashing, target)
         if target is not None:
             self.set_wired(obj.spec.engine, target)
         else:
@@ -1077,7 +1087,7 @@ class _Reconcile:
                 target = replace(
                     target,
                     problem=(
-                        "AlreadyTargeted",
+                        ALREADY_TARGETED,
                         f"{ref.kind} {self.namespace}/{ref.name} is already tuned by LLMServing {rival}; "
                         "one workload takes one LLMServing — delete one of them",
                     ),
@@ -1224,6 +1234,8 @@ class _Reconcile:
         if state.replicas == 0:
             return Observation.unavailable(self.now, "scaled to zero replicas")
         where = observation_target(obj)
+        if target is not None and target.problem is not None and unobservable(target):
+            return Observation.unavailable(self.now, target.problem[1])  # its pods cannot be told apart
         if target is not None:
             names = tuple(
                 p["metadata"]["name"] for p in self.pods if not p["metadata"].get("deletionTimestamp")
@@ -1290,10 +1302,14 @@ class _Reconcile:
         rolled: bool,
         apply_error: str | None,
         crashing: Sequence[str] = (),
+        target: Target | None = None,
     ) -> None:
         c = self.conditions
+        problem = target.problem if target is not None else None
         # Ready: the engines are rolled out and available.
-        if state is None:
+        if state is None and problem is not None:
+            c.set("Ready", "False", problem[0], problem[1])
+        elif state is None:
             c.set("Ready", "False", "Deploying", "the engine Deployment is being created")
         elif state.replicas == 0:
             c.set("Ready", "False", "ScaledToZero", "spec.replicas is 0")
@@ -1303,7 +1319,9 @@ class _Reconcile:
             c.set("Ready", "True", "EngineAvailable", state.message)
 
         # MetricsAvailable: can the knee be computed from what the engines report?
-        if observation is None:
+        if problem is not None and target is not None and unobservable(target):
+            c.set("MetricsAvailable", "Unknown", problem[0], f"not observed: {problem[1]}")
+        elif observation is None:
             c.set("MetricsAvailable", "Unknown", "NoEnginePods", "no engine pods to observe yet")
         elif observation.avg_context_tokens.available:
             c.set("MetricsAvailable", "True", "Observed", f"{observation.pods} pods reporting")

@@ -221,3 +221,59 @@ def test_a_statefulset_is_adopted_the_same_way(world: World) -> None:
     world.reconcile("tuner")
     assert env(world, "sglang-like", "StatefulSet")[TARGET_ENV_VAR] == "64"
     assert world.kube.status("default", "tuner")["selector"] == "app=sglang-like"
+
+
+def test_a_workload_tuned_by_another_llmserving_is_still_watched_and_recommended_for(world: World) -> None:
+    """The second LLMServing writes nothing, yet its status shows the pods that run and what it
+    would recommend — not an empty fleet ("no engine pods") beside a running one."""
+    world.kube.apply(user_workload())
+    first = world.kube.create(adopting("first"))
+    first["metadata"]["creationTimestamp"] = "2026-03-01T11:00:00Z"
+    world.kube.create(adopting("second"))
+    world.reconcile("first")
+    finish(world)
+    world.kube.objects[("Pod", "default", "vllm-0")] = pod("vllm-0")
+    world.observer.set("default", "second", observation(world.clock.now, ctx=8192))
+    value_before = env(world)[TARGET_ENV_VAR]
+    world.reconcile("second")
+
+    assert env(world)[TARGET_ENV_VAR] == value_before  # still written by the first only
+    status = world.kube.status("default", "second")
+    assert status["replicas"] == 2 and status["selector"] == "app=vllm"
+    assert status["maxNumSeqs"] == int(value_before) and status["recommendedMaxNumSeqs"] == 16
+    assert status["action"] == "recommend"
+    assert world.kube.condition("default", "second", "Ready")["status"] == "True"
+    metrics = world.kube.condition("default", "second", "MetricsAvailable")
+    assert metrics["status"] == "True" and metrics["reason"] == "Observed"
+    assert world.kube.condition("default", "second", "Wired")["reason"] == "AlreadyTargeted"
+
+
+def test_a_workload_whose_pods_cannot_be_told_apart_says_so_in_every_condition(world: World) -> None:
+    workload = user_workload()
+    workload["spec"]["selector"]["matchExpressions"] = [{"key": "tier", "operator": "In", "values": ["gpu"]}]
+    world.kube.apply(workload)
+    world.kube.create(adopting())
+    finish(world)
+    world.kube.objects[("Pod", "default", "vllm-0")] = pod("vllm-0")
+    world.observer.set("default", "tuner", observation(world.clock.now, ctx=8192))
+    world.reconcile("tuner")
+
+    status = world.kube.status("default", "tuner")
+    assert status["replicas"] == 2
+    assert world.kube.condition("default", "tuner", "Ready")["status"] == "True"
+    metrics = world.kube.condition("default", "tuner", "MetricsAvailable")
+    assert metrics["status"] == "Unknown" and metrics["reason"] == "SelectorUnsupported"
+    assert "matchExpressions" in metrics["message"]
+    # no knee read from pods it cannot tell apart (the 8,192-token pods would say 16)
+    assert status["recommendedMaxNumSeqs"] == 64 and "initial" in status["reason"]
+    assert not [e for e in world.kube.events if e["reason"] == "MetricsUnavailable"]
+
+
+def test_a_missing_target_is_not_reported_as_a_deployment_being_created(world: World) -> None:
+    world.kube.create(adopting())
+    world.reconcile("tuner")
+    ready = world.kube.condition("default", "tuner", "Ready")
+    assert ready["status"] == "False" and ready["reason"] == "TargetNotFound"
+    assert "does not exist" in ready["message"]
+    metrics = world.kube.condition("default", "tuner", "MetricsAvailable")
+    assert metrics["reason"] == "TargetNotFound"
