@@ -39,4 +39,5 @@ def configure(verbose: bool) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     for handler in logging.getLogger().handlers:
-        handler.addFilter(OneLineRecords())
+        if not any(isinstance(f, OneLineRecords) for f in handler.filters):  # configured once
+            handler.addFilter(OneLineRecords())

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import re
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
@@ -17,11 +19,25 @@ from batchknee.api.admission import (
     DEFAULT_ALLOWED_TOLERATIONS,
     AdmissionRules,
 )
-from batchknee.api.models import DNS_LABEL_PATTERN, OBJECT_NAME_PATTERN
+from batchknee.api.models import DNS_LABEL_PATTERN, OBJECT_NAME_PATTERN, TARGET_ENV_VAR
 
 DOTTED_NUMBERS = re.compile(r"^[0-9.]+$")
 HOST_NAME = re.compile(
     r"^[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?)*$"
+)
+# The project's BATCHKNEE_* variables that are not operator settings (the operator does not warn of them):
+OTHER_VARIABLES = frozenset(
+    {
+        TARGET_ENV_VAR,  # BATCHKNEE_MAX_NUM_SEQS: the operator writes it into adopted engine containers
+        "BATCHKNEE_EMULATOR_GPU",  # emulator/engine_args.py: the emulated GPU
+        "BATCHKNEE_EMULATOR_LIVE_ENDPOINTS",  # emulator/engine_args.py: the emulator's live endpoints
+        "BATCHKNEE_TOOLS_BIN",  # devcluster/tools.py: the folder of kube-apiserver, etcd, kubectl, helm
+        "BATCHKNEE_PROMETHEUS",  # devcluster/tools.py: the prometheus binary
+        "BATCHKNEE_KEEP_DEVCLUSTER",  # devcluster/cluster.py: leave the dev cluster running
+        "BATCHKNEE_POD_NETNS",  # devcluster/netns.py: the pods' network namespace
+        "BATCHKNEE_KEEP_LOGS",  # tests/integration/test_operator.py: keep the operator's logs
+        "BATCHKNEE_WHEELHOUSE",  # tests/package/test_image.py: the wheels the image installs
+    }
 )
 # Past these a setting is a typo: a query deadline or a shared reading of minutes is already stale.
 MAX_PROMETHEUS_SECONDS = 300.0
@@ -250,3 +266,27 @@ class OperatorSettings(BaseSettings):
     @classmethod
     def _split_patterns(cls, value: Any) -> Any:
         return _split(value)
+
+
+def setting_variables() -> frozenset[str]:
+    """The environment variables OperatorSettings reads: its env prefix before each field's name."""
+    prefix = str(OperatorSettings.model_config.get("env_prefix", ""))
+    return frozenset((prefix + name).upper() for name in OperatorSettings.model_fields)
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[tuple[str, str | None]]:
+    """Each variable of `environ` with the settings' prefix that is neither a setting nor one of
+    OTHER_VARIABLES (a typo, read by nothing), with the setting its name is close to, if one is.
+    Names only: a value may be a secret."""
+    prefix = str(OperatorSettings.model_config.get("env_prefix", "")).upper()
+    settings = setting_variables()
+    # compared without the prefix, which every name shares (and would make any two look alike)
+    suffixes = {name.removeprefix(prefix): name for name in settings}
+    unknown = []
+    for name in sorted(environ):
+        upper = name.upper()  # pydantic-settings matches names in any case
+        if not upper.startswith(prefix) or upper in settings or upper in OTHER_VARIABLES:
+            continue
+        close = difflib.get_close_matches(upper.removeprefix(prefix), sorted(suffixes), n=1)
+        unknown.append((name, suffixes[close[0]] if close else None))
+    return unknown

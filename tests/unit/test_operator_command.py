@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -120,3 +121,93 @@ def test_a_kubeconfig_that_does_not_load_is_one_line(tmp_path: Path, kubeconfig:
     )
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.startswith("batchknee operator: error: the kubeconfig does not load")
+
+
+@pytest.fixture
+def stopped_at_the_cluster_check(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """`batchknee operator` up to its cluster check (which refuses), in an environment of no BATCHKNEE_*."""
+    for name in list(os.environ):
+        if name.upper().startswith("BATCHKNEE_"):
+            monkeypatch.delenv(name)
+
+    def no_cluster() -> None:
+        raise UsageError("no cluster here")
+
+    monkeypatch.setattr("batchknee.commands.operator.check_cluster_config", no_cluster)
+    return monkeypatch
+
+
+def test_a_misspelt_setting_is_one_warning_naming_the_setting_meant(
+    stopped_at_the_cluster_check: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """(Was: silently ignored, so the operator ran with the 5-second default.)"""
+    stopped_at_the_cluster_check.setenv("BATCHKNEE_PROMETHEUS_TIMEOUT", "s3cret-77")
+    with caplog.at_level("WARNING"):
+        assert main(["operator"]) == 2
+    warnings = [record.getMessage() for record in caplog.records if record.levelname == "WARNING"]
+    assert warnings == [
+        "environment variable BATCHKNEE_PROMETHEUS_TIMEOUT is not an operator setting and is ignored; "
+        "did you mean BATCHKNEE_PROMETHEUS_TIMEOUT_SECONDS?"
+    ]
+    # the value is never written: it may be a secret
+    assert "s3cret" not in caplog.text and "s3cret" not in "".join(capsys.readouterr())
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("BATCHKNEE_TOOLS_BIN", "/opt/bin"),  # devcluster's, not the operator's
+        ("BATCHKNEE_MAX_NUM_SEQS", "64"),  # the operator writes it into adopted workloads
+        ("BATCHKNEE_PROMETHEUS_TIMEOUT_SECONDS", "7"),  # a setting
+        ("batchknee_metrics_port", "9100"),  # a setting too (pydantic-settings reads any case)
+        ("PROMETHEUS_TIMEOUT", "7"),  # not ours at all
+    ],
+)
+def test_a_variable_something_reads_is_not_warned_of(
+    stopped_at_the_cluster_check: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    variable: str,
+    value: str,
+) -> None:
+    stopped_at_the_cluster_check.setenv("BATCHKNEE_FOO", "s3cret-77")  # the witness: warnings are on
+    stopped_at_the_cluster_check.setenv(variable, value)
+    with caplog.at_level("WARNING"):
+        assert main(["operator"]) == 2
+    warnings = [record.getMessage() for record in caplog.records if record.levelname == "WARNING"]
+    assert warnings == ["environment variable BATCHKNEE_FOO is not an operator setting and is ignored"]
+
+
+def test_a_name_close_to_no_setting_is_warned_of_without_a_guess(
+    stopped_at_the_cluster_check: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # (the shared prefix alone must not make every name look like some setting)
+    stopped_at_the_cluster_check.setenv("BATCHKNEE_FOO", "1")
+    with caplog.at_level("WARNING"):
+        assert main(["operator"]) == 2
+    warnings = [record.getMessage() for record in caplog.records if record.levelname == "WARNING"]
+    assert warnings == ["environment variable BATCHKNEE_FOO is not an operator setting and is ignored"]
+
+
+def test_every_batchknee_variable_of_the_project_is_a_setting_or_known() -> None:
+    """A BATCHKNEE_* variable added to the project's code must be a setting or in OTHER_VARIABLES:
+    else the operator warns of it."""
+    from batchknee.settings import OTHER_VARIABLES, setting_variables
+
+    root = Path(__file__).resolve().parents[2]
+    paths = [root / name for name in ("Makefile", "Dockerfile", "README.md")]
+    for folder in ("operator", "tests", "tools", "charts", ".ci", "docs", "crds", "examples"):
+        paths += (root / folder).rglob("*")
+    found: set[str] = set()
+    for path in paths:
+        parts = path.relative_to(root).parts
+        if (
+            not path.is_file()
+            or parts[:2] == ("tests", "unit")  # tests here name misspelt ones
+            or any(part == "__pycache__" or part.endswith(".egg-info") for part in parts)
+        ):
+            continue
+        found |= set(re.findall(r"\bBATCHKNEE_[A-Z0-9_]*[A-Z0-9]\b", path.read_text(errors="ignore")))
+    assert "BATCHKNEE_TOOLS_BIN" in found and "BATCHKNEE_PROMETHEUS_URL" in found  # the scan sees them
+    assert found - setting_variables() - OTHER_VARIABLES == set()

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import logging
+import os
+from collections.abc import Mapping
 from typing import Any
 
 from batchknee.commands import UsageError
@@ -70,6 +73,19 @@ def settings_from(args: argparse.Namespace) -> Any:
         raise UsageError(f"{field}: {message} (BATCHKNEE_{field.upper()} or its flag)") from None
 
 
+def warn_of_unknown_variables(environ: Mapping[str, str]) -> None:
+    """One warning per BATCHKNEE_* variable that nothing reads (a misspelt setting would otherwise
+    leave its default in force unseen). Not an error: it may be meant for something else."""
+    from batchknee.settings import unknown_variables
+
+    for name, close in unknown_variables(environ):
+        hint = f"; did you mean {close}?" if close else ""
+        # the name only, never the value: it may be a secret
+        logging.getLogger("batchknee").warning(
+            "environment variable %s is not an operator setting and is ignored%s", name, hint
+        )
+
+
 def check_cluster_config() -> None:
     """Neither a pod's service account nor a kubeconfig: say so, and how to give one."""
     from kubernetes.config import ConfigException
@@ -89,7 +105,11 @@ def check_cluster_config() -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from batchknee import logs
+
     settings = settings_from(args)
+    logs.configure(settings.verbose)  # for the warnings below; handlers.run's own call adds nothing
+    warn_of_unknown_variables(os.environ)
     check_cluster_config()
     from batchknee.handlers import run as run_operator
 
