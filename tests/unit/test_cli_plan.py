@@ -225,3 +225,99 @@ def test_sglang_shared_prefix_raises_the_knee(capsys: pytest.CaptureFixture[str]
         return float(json.loads(out)[0]["bKnee"])
 
     assert knee("--prefix-sharing", "0.6", "--output-tokens", "256") > 1.8 * knee()
+
+
+# llama-3-8b on one H100: a 59.8 GB KV pool, so one 1,000,000-token sequence (131.1 GB) never fits;
+# alone at 131,072 tokens its TPOT is 9.9 ms, at 512 tokens 4.8 ms
+H100 = ["plan", "--model", "llama-3-8b", "--gpu", "h100-sxm"]
+KV_TOO_BIG = "one sequence needs 131.1 GB of KV cache, more than the 59.8 GB KV pool per GPU"
+
+
+def _block(out: str, context: str) -> list[str]:
+    """The lines of one context's block in the table, its header first."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"context {context} tokens:"))
+    end = next((i for i in range(start + 1, len(lines)) if not lines[i]), len(lines))
+    return lines[start:end]
+
+
+def test_a_context_whose_sequence_outgrows_the_kv_pool_is_marked_and_the_others_are_shown(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """(was: exit 2 and no table for every context when one could not run)"""
+    status, out, err = run(capsys, *H100, "--context", "2048,1000000,8192", "--batch", "1,64")
+    assert status == 0, err
+    assert "recommended --max-num-seqs 64" in "\n".join(_block(out, "2,048"))
+    assert "recommended --max-num-seqs 16" in "\n".join(_block(out, "8,192"))
+    # the marked context: its size and why, and no knee, recommendation or rows to misread
+    assert _block(out, "1,000,000") == [
+        "context 1,000,000 tokens: KV per sequence 131,072.0 MB",
+        f"  cannot run: {KV_TOO_BIG}",
+    ]
+
+
+def test_a_context_where_no_batch_meets_the_tpot_target_is_marked(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [
+        *H100,
+        "--context",
+        "512,131072",
+        "--batch",
+        "1,8",
+        "--tpot-target-ms",
+        "8",
+        "--prompt-fraction",
+        "0",
+    ]
+    status, out, err = run(capsys, *argv)
+    assert status == 0, err
+    assert "recommended --max-num-seqs" in "\n".join(_block(out, "512"))
+    assert _block(out, "131,072")[1:] == [
+        "  cannot run: one sequence alone has a TPOT of 9.9 ms, over the target (8 ms)"
+    ]
+    status, out, err = run(capsys, *argv, "--goal", "slo")
+    assert status == 0, err
+    assert _block(out, "131,072")[1:] == [
+        "  cannot run: one sequence alone has a TPOT of 9.9 ms, over the target less --slo-margin-percent (7.2 ms)"
+    ]
+
+
+def test_json_gives_a_context_that_cannot_run_its_reason_and_no_figures(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    status, out, err = run(capsys, *H100, "--context", "2048,1000000", "--batch", "1,64", "--output", "json")
+    assert status == 0, err
+    fits, too_big = json.loads(out)
+    assert set(fits) == set(too_big)  # one schema: tools read the same keys in every entry
+    assert fits["cannotRun"] is None and fits["recommendedMaxNumSeqs"] == 64 and len(fits["rows"]) == 2
+    assert too_big["cannotRun"] == KV_TOO_BIG
+    assert too_big["contextLength"] == 1_000_000 and too_big["kvBytesPerSeq"] == 131072 * 1_000_000
+    # null, not the minimum bound 1 or a capacity of 0 that reads as a figure to use
+    for key in ("bKnee", "recommendedMaxNumSeqs", "recommendedMaxTokens", "limitedBy", "sloBatch"):
+        assert too_big[key] is None, key
+    assert too_big["kvCapacityBatch"] is None and too_big["explanation"] is None and too_big["rows"] == []
+
+
+def test_the_plot_and_sglangs_own_pick_leave_out_a_context_that_cannot_run(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    plotted: list[int] = []
+    monkeypatch.setattr(
+        "batchknee.plots.plot_plan", lambda plans, *_: plotted.extend(p.context_tokens for p in plans)
+    )
+    argv = [*H100, "--engine", "sglang", "--context", "2048,1000000", "--plot", str(tmp_path / "knee.png")]
+    status, out, err = run(capsys, *argv)
+    assert status == 0, err
+    assert plotted == [2048]
+    # SGLang cannot start sized for a context it cannot hold: its pick is for the longest it can
+    assert out.splitlines()[-1].endswith("context length 2,048)")
+
+
+def test_when_no_context_can_run_the_plan_is_refused_with_the_first_ones_fix(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    status, out, err = run(capsys, *H100, "--context", "1000000,2000000")
+    assert status == 2 and out == ""
+    assert err.strip() == (
+        "batchknee plan: error: --context: one sequence of 1,000,000 tokens needs 131.1 GB of KV cache, "
+        "more than the 59.8 GB KV pool per GPU; lower --context, or raise --tp"
+    )

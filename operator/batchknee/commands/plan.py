@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -116,8 +117,18 @@ def run(args: argparse.Namespace) -> int:
         gpu_memory_utilization=gpu_memory_utilization,
         goal="SLO" if args.goal == "slo" else "Knee",
     )
-    for plan in plans:
-        check_feasible(roofline, plan, pool, tpot_target_s, args.prompt_fraction, step_budget, args.goal)
+    verdicts = [
+        why_unrunnable(roofline, plan, pool, tpot_target_s, args.prompt_fraction, step_budget, args.goal)
+        for plan in plans
+    ]
+    refusals = [verdict for verdict in verdicts if verdict is not None]
+    if len(refusals) == len(plans):  # nothing to show: the first context's fix, as one line
+        raise UsageError(refusals[0].error)
+    plans = [
+        plan if verdict is None else replace(plan, cannot_run=verdict.reason)
+        for plan, verdict in zip(plans, verdicts, strict=True)
+    ]
+    runnable = [plan for plan in plans if plan.cannot_run is None]
     if args.output == "json":
         print(json.dumps([plan.to_json() for plan in plans], indent=2))
     else:
@@ -126,19 +137,30 @@ def run(args: argparse.Namespace) -> int:
             pool_tokens = int(
                 roofline.kv_pool_bytes(sglang.DEFAULT_MEM_FRACTION_STATIC) / roofline.kv_bytes_per_token
             )
-            unset = sglang.default_max_running_requests(pool_tokens, max(args.context))
+            # SGLang sized for a context it cannot run would not start: its pick for the longest it can
+            longest = max(plan.context_tokens for plan in runnable)
+            unset = sglang.default_max_running_requests(pool_tokens, longest)
             print(
                 f"\nSGLang's own pick without --max-running-requests: {unset} (KV pool {pool_tokens:,} tokens at "
-                f"--mem-fraction-static {sglang.DEFAULT_MEM_FRACTION_STATIC}, context length {max(args.context):,})"
+                f"--mem-fraction-static {sglang.DEFAULT_MEM_FRACTION_STATIC}, context length {longest:,})"
             )
     if args.plot:
         from batchknee.plots import plot_plan
 
-        plot_plan(plans, describe(roofline), Path(args.plot))
+        plot_plan(runnable, describe(roofline), Path(args.plot))
     return 0
 
 
-def check_feasible(
+@dataclass(frozen=True)
+class Unrunnable:
+    """Why no batch limit runs one context: `reason` marks it in the table and the JSON; `error`
+    is the one line that refuses the plan when no context runs, naming the option to change."""
+
+    reason: str
+    error: str
+
+
+def why_unrunnable(
     roofline: DecodeRoofline,
     plan: ContextPlan,
     pool: float,
@@ -146,14 +168,15 @@ def check_feasible(
     prompt_fraction: float,
     step_budget: int,
     goal: str,
-) -> None:
-    """Refuse a plan no batch limit can run: one sequence's KV over the pool, or a TPOT target that
-    one sequence alone misses (the recommendation would be the minimum bound, 1, a wrong figure)."""
+) -> Unrunnable | None:
+    """One sequence's KV over the pool, or a TPOT target that one sequence alone misses (the
+    recommendation would be the minimum bound, 1, a wrong figure); None when a batch limit runs it."""
     ctx = plan.context_tokens
     if plan.recommendation.capacity_batch < 1:
-        raise UsageError(
-            f"--context: one sequence of {ctx:,} tokens needs {plan.kv_bytes_per_seq / 1e9:,.1f} GB of KV cache, "
-            f"more than the {pool / 1e9:.1f} GB KV pool per GPU; lower --context, or raise --tp"
+        need = f"{plan.kv_bytes_per_seq / 1e9:,.1f} GB of KV cache, more than the {pool / 1e9:.1f} GB KV pool per GPU"
+        return Unrunnable(
+            reason=f"one sequence needs {need}",
+            error=f"--context: one sequence of {ctx:,} tokens needs {need}; lower --context, or raise --tp",
         )
     if tpot_target_s is not None and plan.recommendation.slo_batch == 0:
         if prompt_fraction > 0:  # the SLO batch keeps the p99 with the prefill chunks under the target
@@ -162,10 +185,13 @@ def check_feasible(
         else:
             alone, what = roofline.tpot_s(1, ctx), "TPOT"
         target = "the target" if goal == "knee" else "the target less --slo-margin-percent"
-        raise UsageError(
-            f"--tpot-target-ms: {target} ({tpot_target_s * 1e3:g} ms) cannot be met at any batch: one "
-            f"sequence alone has a {what} of {alone * 1e3:.1f} ms at context {ctx:,}; raise the target"
+        target_ms = f"{tpot_target_s * 1e3:g} ms"
+        return Unrunnable(
+            reason=f"one sequence alone has a {what} of {alone * 1e3:.1f} ms, over {target} ({target_ms})",
+            error=f"--tpot-target-ms: {target} ({target_ms}) cannot be met at any batch: one sequence alone "
+            f"has a {what} of {alone * 1e3:.1f} ms at context {ctx:,}; raise the target",
         )
+    return None
 
 
 def _change(current: float, previous: float | None) -> str:
@@ -179,10 +205,15 @@ def render_table(roofline: DecodeRoofline, plans: list[ContextPlan], knob: str =
     ]
     for plan in plans:
         rec = plan.recommendation
+        context = (
+            f"context {plan.context_tokens:,} tokens: KV per sequence {plan.kv_bytes_per_seq / 1e6:,.1f} MB"
+        )
+        if plan.cannot_run is not None:
+            lines += ["", context, f"  cannot run: {plan.cannot_run}"]
+            continue
         lines += [
             "",
-            f"context {plan.context_tokens:,} tokens: KV per sequence {plan.kv_bytes_per_seq / 1e6:,.1f} MB, "
-            f"B_knee {rec.b_knee:.1f}",
+            f"{context}, B_knee {rec.b_knee:.1f}",
             f"  recommended {knob} {rec.max_num_seqs}   TensorRT-LLM max_tokens {rec.max_tokens:,}"
             f"   ({rec.explain()})",
             f"  {'batch':>6} {'TPOT ms':>9} {'ΔTPOT':>7} {'tok/s':>9} {'Δtok/s':>7} {'p99 ms':>7}",

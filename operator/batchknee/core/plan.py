@@ -26,15 +26,19 @@ class ContextPlan:
     kv_bytes_per_seq: float
     recommendation: Recommendation
     rows: tuple[BatchRow, ...]
+    cannot_run: str | None = None  # why no batch limit runs this context (None: one does)
 
     def to_json(self) -> dict[str, Any]:
-        """The `batchknee plan --output json` contract (camelCase keys; other tools read them)."""
+        """The `batchknee plan --output json` contract (camelCase keys; other tools read them). A
+        context no batch limit runs keeps every key, with `cannotRun` saying why, its recommendation
+        null and no rows: a figure there (a limit of 1, a capacity of 0) would read as one to use."""
         rec = self.recommendation
-        return {
+        document: dict[str, Any] = {
             "contextLength": self.context_tokens,
             "modelBytes": self.model_bytes,
             "kvBytesPerToken": self.kv_bytes_per_token,
             "kvBytesPerSeq": self.kv_bytes_per_seq,
+            "cannotRun": self.cannot_run,
             "bKnee": rec.b_knee,
             "recommendedMaxNumSeqs": rec.max_num_seqs,
             "recommendedMaxTokens": rec.max_tokens,
@@ -52,6 +56,14 @@ class ContextPlan:
                 for r in self.rows
             ],
         }
+        if self.cannot_run is None:
+            return document
+        unrunnable = {key: value if key in _CONTEXT_FACTS else None for key, value in document.items()}
+        return {**unrunnable, "rows": []}
+
+
+# What stays true of a context no batch limit runs: the model's and the context's own sizes.
+_CONTEXT_FACTS = frozenset({"contextLength", "modelBytes", "kvBytesPerToken", "kvBytesPerSeq", "cannotRun"})
 
 
 def prefix_share_of_context(share_of_prompt: float, context_tokens: float, output_tokens: float) -> float:
