@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 
 import pytest
@@ -174,3 +175,54 @@ def test_live_caps_change_the_limit_without_a_restart_below_the_ceiling() -> Non
     assert run.restart_gpu_s == above * SETUP.restart_s
     restarted = run_policy(SETUP, trace, stream, "knee", rules=KNEE)
     assert run.restart_gpu_s < restarted.restart_gpu_s
+
+
+CLI_ENGINE = ["--model", "llama-3-8b", "--gpu", "a100-80gb", "--overhead-ms", "2", "--bandwidth-efficiency", "0.8"]  # fmt: skip
+
+
+def test_cli_refuses_a_duration_shorter_than_one_evaluation_window_before_simulating(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(was: `--duration 1` printed a table of zeros and `-`: no request finished, no window was seen)"""
+
+    def simulated(*_: object, **__: object) -> None:
+        raise AssertionError("the traces ran before the duration was checked")
+
+    monkeypatch.setattr("batchknee.commands.bench.bench_trace", simulated)
+    status, out, err = run(capsys, "bench", *CLI_ENGINE, "--duration", "1")
+    assert status == 2 and out == ""
+    assert err.startswith("batchknee bench: error: --duration: 1 s is too short to compare the policies")
+    assert "a full 300 s evaluation window (--window-seconds)" in err
+    assert err.strip().endswith("give --duration 300 or more") and len(err.strip().splitlines()) == 1
+
+
+def test_cli_minimum_duration_under_a_short_window_is_one_request_of_the_first_phase(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Under a 30 s window the flapping trace's first request binds: 1,024 output tokens at
+    vLLM's default limit, about 71 s; a duration that holds it shows figures, not zeros."""
+    from batchknee.emulator.bench import request_lifetime_s
+
+    lifetime = request_lifetime_s(SETUP, standard_traces()["flapping"].phases[0])
+    needed = math.ceil(lifetime)
+    assert 30 < needed < 300
+    argv = [
+        "bench", *CLI_ENGINE, "--trace", "flapping", "--window-seconds", "30", "--candidates", "64,256",
+        "--output", "json",
+    ]  # fmt: skip
+    status, _, err = run(capsys, *argv, "--duration", str(needed - 1))
+    assert status == 2
+    assert f"trace flapping's first phase lives about {lifetime:.0f} s at vLLM's default limit" in err
+    assert f"give --duration {needed} or more" in err
+    status, out, err = run(capsys, *argv, "--duration", str(needed))
+    assert status == 0, err
+    policies = json.loads(out.strip().splitlines()[-1])["traces"]["flapping"]["policies"]
+    for name, figures in policies.items():
+        assert figures["sloGoodputTokensPerSecond"] > 0 and figures["tpotP99Ms"] is not None, name
+
+
+def test_make_benchs_durations_hold_every_trace() -> None:
+    """`make bench`: an hour per trace, production's 5-minute window."""
+    from batchknee.commands.bench import check_duration
+
+    check_duration(3600.0, 300, SETUP, standard_traces(3600.0))  # no UsageError

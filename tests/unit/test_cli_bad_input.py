@@ -87,6 +87,13 @@ def _refused(capsys: pytest.CaptureFixture[str], argv: list[str], option: str) -
             "argument --max-num-batched-tokens",
             "1,048,576",
         ),
+        # (was: a table of zeros and `-`: no request finished and batchknee's goals saw no window)
+        ([*BENCH[:5], "--duration", "1"], "--duration: 1 s", "give --duration 300 or more"),
+        (
+            [*BENCH[:5], "--duration", "299"],
+            "--duration: 299 s",
+            "a full 300 s evaluation window (--window-seconds)",
+        ),
         # (was: an empty targets block; `kneeFactorPercent must be within 100–200`; an EngineConfigError)
         ([*BENCH[:-1], ""], "argument --trace", "flapping"),
         ([*BENCH, "--knee-factor-percent", "-5"], "--knee-factor-percent", "100–200"),

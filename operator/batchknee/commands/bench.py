@@ -26,7 +26,15 @@ from batchknee.commands._options import (
     step_tokens,
 )
 from batchknee.core.policy import TuningRules
-from batchknee.emulator.bench import POLICIES, BenchSetup, TraceResult, bench_trace, standard_traces
+from batchknee.emulator.bench import (
+    POLICIES,
+    BenchSetup,
+    Trace,
+    TraceResult,
+    bench_trace,
+    request_lifetime_s,
+    standard_traces,
+)
 from batchknee.emulator.engine import no_kv_memory
 
 # What `make bench` checks (printed, not asserted: benchmarks print figures).
@@ -171,6 +179,7 @@ def run(args: argparse.Namespace) -> int:
         )
         raise UsageError(f"--tp/--gpu: {what}; raise --tp or pick a larger GPU")
     traces = standard_traces(args.duration)
+    check_duration(args.duration, knee_rules.window_s, setup, {name: traces[name] for name in args.trace})
     started = time.perf_counter()
     results: list[TraceResult] = []
     for name in args.trace:
@@ -194,6 +203,22 @@ def run(args: argparse.Namespace) -> int:
     if args.output == "json":
         print(json.dumps(document))
     return 0
+
+
+def check_duration(duration_s: float, window_s: int, setup: BenchSetup, traces: dict[str, Trace]) -> None:
+    """Refuse traces too short to compare anything (a table of zeros and `-`): batchknee's goals
+    decide on a full evaluation window, and that window's figures are those of finished requests,
+    so each trace must hold one window and one request of its first phase's whole life."""
+    lifetimes = {name: request_lifetime_s(setup, trace.phases[0]) for name, trace in traces.items()}
+    slowest = max(lifetimes, key=lambda name: lifetimes[name])
+    minimum_s = max(float(window_s), lifetimes[slowest])
+    if duration_s < minimum_s:
+        raise UsageError(
+            f"--duration: {duration_s:g} s is too short to compare the policies: batchknee's goals decide on "
+            f"a full {window_s} s evaluation window (--window-seconds), and a request of trace {slowest}'s "
+            f"first phase lives about {lifetimes[slowest]:.0f} s at vLLM's default limit; give --duration "
+            f"{math.ceil(minimum_s)} or more"
+        )
 
 
 def _ms(value: float) -> str:

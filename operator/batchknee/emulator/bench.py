@@ -190,14 +190,19 @@ class BenchSetup:
 # --- arrivals --------------------------------------------------------------------------------------
 
 
-def phase_rate(setup: BenchSetup, phase: Phase) -> float:
-    """Requests per second that saturate the default limit in this phase: its modelled capacity."""
+def request_lifetime_s(setup: BenchSetup, phase: Phase) -> float:
+    """How long a request of this phase decodes at the default limit, modelled: output × TPOT."""
     context = phase.prompt_tokens * (1 - phase.prefix_sharing) + phase.output_tokens / 2
     mix = PrefillMix(
         phase.prompt_tokens, phase.output_tokens, setup.max_num_batched_tokens, phase.prefix_sharing
     )
-    tpot = setup.roofline.tpot_with_prefill_s(VLLM_DEFAULT, context, mix)
-    return phase.load * VLLM_DEFAULT / (phase.output_tokens * tpot)
+    return phase.output_tokens * setup.roofline.tpot_with_prefill_s(VLLM_DEFAULT, context, mix)
+
+
+def phase_rate(setup: BenchSetup, phase: Phase) -> float:
+    """Requests per second that saturate the default limit in this phase: its modelled capacity
+    (Little's law: the limit's running requests, each living a request's lifetime)."""
+    return phase.load * VLLM_DEFAULT / request_lifetime_s(setup, phase)
 
 
 @dataclass(frozen=True)
