@@ -68,13 +68,15 @@ def prometheus_observer(settings: OperatorSettings) -> RoutedObserver:
     chosen = AnswerBudget()
 
     def observer_for(url: str) -> PrometheusObserver:
+        own = url == normalise_url(settings.prometheus_url)
         return PrometheusObserver(
             url,
             timeout_s=settings.prometheus_timeout_seconds,
             min_samples=settings.prometheus_min_samples,
-            budget=None
-            if url == normalise_url(settings.prometheus_url)
-            else AnswerBudget(MAX_BODY_BYTES, parent=chosen),
+            budget=None if own else AnswerBudget(MAX_BODY_BYTES, parent=chosen),
+            # the operator's credentials and CA are for its own Prometheus, never a URL a tenant chose
+            bearer_token_file=settings.prometheus_bearer_token_file if own else "",
+            ca_file=settings.prometheus_ca_file if own else "",
         )
 
     cache = CachedObserver(observer_for, ttl_s=settings.prometheus_cache_seconds)

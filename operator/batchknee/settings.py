@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from batchknee.adapters.observing import URL_FORM, has_host
+from batchknee.adapters.observing import URL_FORM, check_ca_file, has_host, read_bearer_token, redact_url
 from batchknee.api.admission import (
     DEFAULT_ALLOWED_IMAGES,
     DEFAULT_ALLOWED_RESOURCES,
@@ -149,6 +149,14 @@ class OperatorSettings(BaseSettings):
         description="Prometheus URLs an LLMServing may name in spec.prometheus.url, comma-separated "
         "(the default URL always may); empty: none, `*`: any",
     )
+    prometheus_bearer_token_file: str = Field(
+        "",
+        description="A file holding a bearer token sent to prometheus_url, and only there (never to a "
+        "URL an LLMServing names); read at each query, so a rotated token is used",
+    )
+    prometheus_ca_file: str = Field(
+        "", description="A PEM CA bundle that verifies prometheus_url's HTTPS certificate"
+    )
     prometheus_cache_seconds: float = Field(
         5.0,
         gt=0,
@@ -182,6 +190,25 @@ class OperatorSettings(BaseSettings):
                     _prometheus_url(url)
                 except ValueError as error:
                     raise ValueError(f"entry {number}: {error}") from None
+        return value
+
+    @field_validator("prometheus_bearer_token_file")
+    @classmethod
+    def _check_token_file(cls, value: str) -> str:
+        if value:
+            read_bearer_token(value)  # one that cannot work is refused at start, not at every query
+        return value
+
+    @field_validator("prometheus_ca_file")
+    @classmethod
+    def _check_ca_file(cls, value: str, info: ValidationInfo) -> str:
+        if value:
+            check_ca_file(value)
+            url = info.data.get("prometheus_url")
+            if url is not None and not url.lower().startswith("https://"):
+                raise ValueError(
+                    f"a CA verifies HTTPS only, and the Prometheus URL {redact_url(url)} is not https"
+                )
         return value
 
     @field_validator("namespaces", mode="before")

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -511,3 +512,85 @@ def test_a_host_the_environment_exempts_from_its_proxy_is_read_directly(
         observer.close()
     assert seen.avg_context_tokens.reason == "no VLLM engine metrics in the last 300s"
     assert prom.requests and not proxy.requests
+
+
+# --- the operator's Prometheus behind a bearer token and a private CA ---------------------------------
+
+
+def test_the_operators_bearer_token_goes_to_its_own_prometheus_only_and_a_rotated_one_is_used(
+    tmp_path: Path,
+) -> None:
+    """OpenShift's Thanos querier, a kube-rbac-proxy: the operator's Prometheus wants a bearer
+    token (its ServiceAccount's, which the kubelet rotates in place). A URL an LLMServing chose
+    never gets it, even one the admin allowed."""
+    from batchknee.handlers import prometheus_observer
+    from batchknee.settings import OperatorSettings
+
+    token_file = tmp_path / "token"
+    token_file.write_text("first-token-0123\n")
+    with FakePrometheus("empty") as own_prom, FakePrometheus("empty") as chosen:
+        router = prometheus_observer(
+            OperatorSettings(
+                prometheus_url=own_prom.url,
+                prometheus_allowed_urls=[chosen.url],
+                prometheus_bearer_token_file=str(token_file),
+            )
+        )
+        cache = router.inner._cache  # type: ignore[attr-defined]
+        own, theirs = cache(own_prom.url).observer, cache(chosen.url).observer
+        own.observe([target("llama")], NOW)
+        theirs.observe([target("llama")], NOW)
+        token_file.write_text("second-token-4567\n")  # rotated in place
+        own.observe([target("llama")], NOW)
+        own.close()
+        theirs.close()
+    sent = [r.headers.get("Authorization") for r in own_prom.requests]
+    per_refresh = len(queries(scope_for(target("llama"))))
+    assert sent == ["Bearer first-token-0123"] * per_refresh + ["Bearer second-token-4567"] * per_refresh
+    assert chosen.requests and all("Authorization" not in r.headers for r in chosen.requests)
+
+
+def test_a_bearer_token_an_answer_echoes_is_masked_and_an_unreadable_one_sends_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cr3t-bearer-token")
+    with FakePrometheus("echo") as prom:
+        observer = PrometheusObserver(prom.url, bearer_token_file=str(token_file))
+        echoed = observer.observe([target("llama")], NOW)[("prod", "llama")]
+        observer.close()
+    assert echoed.running.reason.startswith(f"Prometheus at {prom.url} answered HTTP 400: bad request:")
+    assert prom.requests and "s3cr3t" not in echoed.running.reason and "s3cr3t" not in caplog.text
+
+    token_file.unlink()
+    with FakePrometheus("empty") as prom:
+        observer = PrometheusObserver(prom.url, bearer_token_file=str(token_file))
+        unreadable = observer.observe([target("llama")], NOW)[("prod", "llama")]
+        observer.close()
+    assert unreadable.running.reason == (
+        f"Prometheus at {prom.url}: its bearer token file cannot be read (FileNotFoundError)"
+    )
+    assert prom.requests == []  # not asked without its token
+    assert str(tmp_path) not in unreadable.running.reason  # the operator's own path, not for status
+
+
+def test_an_https_prometheus_is_read_with_the_ca_given_and_refused_without_it(tmp_path: Path) -> None:
+    from batchknee.devcluster.pki import ClusterPKI
+
+    pki = ClusterPKI(tmp_path / "pki")
+    serving = pki.serving("prometheus", ("localhost",), ("127.0.0.1",))
+    answer = vector_of([NOW.timestamp(), "1"])
+    with FakePrometheus("answer", payload=answer, tls=(serving.cert, serving.key)) as prom:
+        trusting = PrometheusObserver(prom.url, ca_file=str(pki.ca.cert), min_samples=1)
+        verified = trusting.observe([target("llama")], NOW)[("prod", "llama")]
+        served = len(prom.requests)
+        stranger = PrometheusObserver(prom.url, min_samples=1)  # the system's CAs only
+        refused = stranger.observe([target("llama")], NOW)[("prod", "llama")]
+        trusting.close()
+        stranger.close()
+    assert prom.url.startswith("https://") and verified.running.value == 1
+    assert served == len(queries(scope_for(target("llama"))))
+    assert refused.running.value is None
+    assert refused.running.reason.startswith(f"Prometheus at {prom.url} unreachable: SSLError")
+    assert len(prom.requests) == served  # nothing was sent over the connection that did not verify

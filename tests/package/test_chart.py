@@ -32,6 +32,15 @@ FULLNAME = f"{RELEASE}-batchknee"
 PEERING = {"replicaCount": 2}
 NAMESPACED = {"operator": {"watchNamespaces": ["ml", "chat"]}}
 MONITORS = {"metrics": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}}}
+SA_TOKEN_PATH = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+AUTH_URL = "https://thanos-querier.openshift-monitoring.svc:9091"
+SECRET_AUTH = {
+    "operator": {
+        "prometheusUrl": AUTH_URL,
+        "prometheusAuth": {"bearerTokenSecret": "prom-token", "caConfigMap": "prom-ca"},
+    }
+}
+SA_AUTH = {"operator": {"prometheusUrl": AUTH_URL, "prometheusAuth": {"serviceAccountToken": True}}}
 EVERYTHING = {
     "replicaCount": 3,
     "image": {"repository": "registry.example/ml/batchknee", "digest": "sha256:" + "a" * 64},
@@ -65,13 +74,39 @@ def roles(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return kinds(objects, "Role") + kinds(objects, "ClusterRole")
 
 
+def pod_volumes(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {v["name"]: v for v in deployment(objects)["spec"]["template"]["spec"]["volumes"]}
+
+
+def mounts(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {m["name"]: m for m in container(objects)["volumeMounts"]}
+
+
 # --- lint ------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
     "values",
-    [None, PEERING, NAMESPACED, MONITORS, EVERYTHING, {**NAMESPACED, **PEERING, **MONITORS}],
-    ids=["default", "peering", "namespaced", "monitors", "everything", "namespaced-peering-monitors"],
+    [
+        None,
+        PEERING,
+        NAMESPACED,
+        MONITORS,
+        EVERYTHING,
+        {**NAMESPACED, **PEERING, **MONITORS},
+        SECRET_AUTH,
+        SA_AUTH,
+    ],
+    ids=[
+        "default",
+        "peering",
+        "namespaced",
+        "monitors",
+        "everything",
+        "namespaced-peering-monitors",
+        "prometheus-secret-auth",
+        "prometheus-sa-auth",
+    ],
 )
 def test_helm_lint(helm: Helm, values: dict[str, Any] | None) -> None:
     done = helm("lint", values)
@@ -249,6 +284,7 @@ def test_several_standalone_replicas_are_refused(helm: Helm) -> None:
         ({"metricsPort": 8080, "healthPort": 8080}, "are both 8080"),
         ({"prometheusUrl": "http://:9090"}, "prometheusUrl"),
         ({"prometheusAllowedUrls": ["http://?x"]}, "prometheusAllowedUrls"),
+        ({"prometheusAuth": {"caConfigMap": "prom-ca"}}, "prometheusUrl is not an https:// URL"),
     ],
 )
 def test_settings_the_operator_would_refuse_are_refused_at_install(
@@ -258,13 +294,144 @@ def test_settings_the_operator_would_refuse_are_refused_at_install(
     assert done.returncode != 0 and words in done.stderr, done.stderr
 
 
+# --- Prometheus behind a bearer token and a private CA -----------------------------------------------
+
+
+def test_by_default_prometheus_gets_no_token_and_no_private_ca(render: Render) -> None:
+    objects = render()
+    variables = env(objects)
+    assert "BATCHKNEE_PROMETHEUS_BEARER_TOKEN_FILE" not in variables
+    assert "BATCHKNEE_PROMETHEUS_CA_FILE" not in variables
+    assert set(pod_volumes(objects)) == set(mounts(objects)) == {"tmp"}
+
+
+def test_the_service_account_token_is_sent_without_another_volume(render: Render) -> None:
+    objects = render(SA_AUTH)
+    variables = env(objects)
+    assert variables["BATCHKNEE_PROMETHEUS_BEARER_TOKEN_FILE"] == SA_TOKEN_PATH
+    assert "BATCHKNEE_PROMETHEUS_CA_FILE" not in variables
+    # the kubelet's automounted, rotated token: nothing else mounted
+    assert deployment(objects)["spec"]["template"]["spec"]["automountServiceAccountToken"] is True
+    assert set(pod_volumes(objects)) == set(mounts(objects)) == {"tmp"}
+
+
+def test_a_token_secret_is_mounted_read_only_for_the_operator_alone(render: Render) -> None:
+    objects = render({"operator": {"prometheusAuth": {"bearerTokenSecret": "prom-token"}}})
+    volume = pod_volumes(objects)["prometheus-token"]
+    assert volume["secret"] == {
+        "secretName": "prom-token",
+        "defaultMode": 0o440,
+        "items": [{"key": "token", "path": "token"}],
+    }
+    # 0440 with the pod's fsGroup: the non-root container user reads it through its group, others not
+    pod = deployment(objects)["spec"]["template"]["spec"]
+    assert pod["securityContext"]["fsGroup"] == 65532 and pod["securityContext"]["runAsNonRoot"] is True
+    assert volume["secret"]["defaultMode"] & 0o007 == 0
+    mount = mounts(objects)["prometheus-token"]
+    # the folder, not a subPath: the kubelet updates a rotated Secret in it
+    assert mount == {
+        "name": "prometheus-token",
+        "mountPath": "/etc/batchknee/prometheus-token",
+        "readOnly": True,
+    }
+    variables = env(objects)
+    assert variables["BATCHKNEE_PROMETHEUS_BEARER_TOKEN_FILE"] == "/etc/batchknee/prometheus-token/token"
+    assert "BATCHKNEE_PROMETHEUS_CA_FILE" not in variables
+    assert set(pod_volumes(objects)) == set(mounts(objects)) == {"tmp", "prometheus-token"}
+
+
+@pytest.mark.parametrize(
+    ("auth", "key"),
+    [
+        ({"caConfigMap": "prom-ca"}, "ca.crt"),
+        ({"caConfigMap": "openshift-service-ca.crt", "caConfigMapKey": "service-ca.crt"}, "service-ca.crt"),
+    ],
+    ids=["ca.crt", "openshift-service-ca"],
+)
+def test_a_ca_config_map_is_mounted_and_verifies_prometheus(
+    render: Render, auth: dict[str, str], key: str
+) -> None:
+    objects = render({"operator": {"prometheusUrl": AUTH_URL, "prometheusAuth": auth}})
+    volume = pod_volumes(objects)["prometheus-ca"]
+    assert volume["configMap"] == {
+        "name": auth["caConfigMap"],
+        "defaultMode": 0o444,
+        "items": [{"key": key, "path": "ca.crt"}],
+    }
+    mount = mounts(objects)["prometheus-ca"]
+    assert mount == {"name": "prometheus-ca", "mountPath": "/etc/batchknee/prometheus-ca", "readOnly": True}
+    variables = env(objects)
+    assert variables["BATCHKNEE_PROMETHEUS_CA_FILE"] == "/etc/batchknee/prometheus-ca/ca.crt"
+    assert "BATCHKNEE_PROMETHEUS_BEARER_TOKEN_FILE" not in variables
+
+
+def test_both_bearer_tokens_at_once_are_refused(helm: Helm) -> None:
+    both = {"operator": {"prometheusAuth": {"serviceAccountToken": True, "bearerTokenSecret": "prom-token"}}}
+    done = helm("template", both, check=False)
+    assert done.returncode != 0
+    assert "set serviceAccountToken or bearerTokenSecret, not both" in done.stderr, done.stderr
+
+
+def test_the_prometheus_auth_variables_are_operator_settings(render: Render, tmp_path: Path) -> None:
+    """The token and CA variables the chart sets are OperatorSettings fields, and parse there once the
+    files they name exist (the settings read them: here a token file and a real CA bundle)."""
+    import os
+
+    import certifi
+
+    variables = env(render(SECRET_AUTH))
+    fields = set(OperatorSettings.model_fields)
+    for name in ("BATCHKNEE_PROMETHEUS_BEARER_TOKEN_FILE", "BATCHKNEE_PROMETHEUS_CA_FILE"):
+        assert name.removeprefix("BATCHKNEE_").lower() in fields, name
+    token = tmp_path / "token"
+    token.write_text("abc.def.ghi\n")
+    variables["BATCHKNEE_PROMETHEUS_BEARER_TOKEN_FILE"] = str(token)
+    variables["BATCHKNEE_PROMETHEUS_CA_FILE"] = certifi.where()
+    saved = dict(os.environ)
+    try:
+        os.environ.update(variables)
+        settings = OperatorSettings()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    assert settings.prometheus_url == AUTH_URL
+    assert settings.prometheus_bearer_token_file == str(token)
+    assert settings.prometheus_ca_file == certifi.where()
+
+
+def test_prometheus_auth_widens_no_role(render: Render) -> None:
+    """The kubelet mounts the Secret and the ConfigMap: the operator's roles stay exactly as they are."""
+    for values in (SECRET_AUTH, SA_AUTH):
+        assert roles(render(values)) == roles(render())
+    namespaced = {"operator": {**SECRET_AUTH["operator"], **NAMESPACED["operator"]}}
+    assert roles(render(namespaced)) == roles(render(NAMESPACED))
+
+
 # --- RBAC ------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
     "values",
-    [None, PEERING, NAMESPACED, {**NAMESPACED, **PEERING}, EVERYTHING],
-    ids=["default", "peering", "namespaced", "namespaced-peering", "everything"],
+    [
+        None,
+        PEERING,
+        NAMESPACED,
+        {**NAMESPACED, **PEERING},
+        EVERYTHING,
+        SECRET_AUTH,
+        SA_AUTH,
+        {"operator": {**SECRET_AUTH["operator"], **NAMESPACED["operator"]}},
+    ],
+    ids=[
+        "default",
+        "peering",
+        "namespaced",
+        "namespaced-peering",
+        "everything",
+        "prometheus-secret-auth",
+        "prometheus-sa-auth",
+        "namespaced-prometheus-secret-auth",
+    ],
 )
 def test_rbac_grants_exactly_the_operators_calls(render: Render, values: dict[str, Any] | None) -> None:
     objects = render(values)
@@ -571,6 +738,13 @@ def test_the_schema_knows_every_value_and_rejects_unknown_ones(helm: Helm) -> No
         ({"operator": {"watchNamespaces": ["Not_A_Namespace"]}}, "watchNamespaces"),
         ({"metrics": {"podMonitor": {"interval": "ten seconds"}}}, "interval"),
         ({"image": {"digest": "latest"}}, "digest"),
+        ({"operator": {"prometheusAuth": {"bearerTokenSecret": "Prom_Token"}}}, "bearerTokenSecret"),
+        ({"operator": {"prometheusAuth": {"bearerTokenSecret": "a" * 254}}}, "bearerTokenSecret"),
+        ({"operator": {"prometheusAuth": {"caConfigMap": "-ca"}}}, "caConfigMap"),
+        ({"operator": {"prometheusAuth": {"caConfigMapKey": "ca/crt"}}}, "caConfigMapKey"),
+        ({"operator": {"prometheusAuth": {"caConfigMapKey": ".."}}}, "caConfigMapKey"),
+        ({"operator": {"prometheusAuth": {"serviceAccountToken": "yes"}}}, "serviceAccountToken"),
+        ({"operator": {"prometheusAuth": {"bearerToken": "s3cret"}}}, "'bearerToken' not allowed"),
     ):
         done = helm("template", bad, check=False)
         assert done.returncode != 0 and message in done.stderr, (bad, done.stderr)

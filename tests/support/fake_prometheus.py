@@ -9,6 +9,8 @@
     FakePrometheus("busy")                        # 503 with Retry-After: 3600
     FakePrometheus("answer", payload=BYTES)       # 200 with BYTES as the body
     FakePrometheus("answer", answer=FUNCTION)     # 200 with FUNCTION(the query's PromQL) as the body
+    FakePrometheus("echo")                        # 400 whose body repeats the request's headers
+    FakePrometheus(..., tls=(CERT, KEY))          # over HTTPS with that certificate (url: https://)
 
 Every request is recorded (method, path, headers, body) so a test can see what the client sent.
 """
@@ -16,16 +18,18 @@ Every request is recorded (method, path, headers, body) so a test can see what t
 from __future__ import annotations
 
 import json
+import ssl
 import threading
 import time
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Self
 
-Mode = Literal["trickle", "trickle-head", "html-error", "empty", "redirect", "busy", "answer"]
+Mode = Literal["trickle", "trickle-head", "html-error", "empty", "redirect", "busy", "answer", "echo"]
 TRICKLE_LIMIT_S = 30.0  # a trickle ends on its own after this long (bounded in time)
 HTML_PAGE = (
     "<!DOCTYPE html>\n<html><head><title>502 Bad Gateway</title>"
@@ -50,6 +54,7 @@ class FakePrometheus:
     location: str = ""
     payload: bytes = b""
     answer: Callable[[str], bytes] | None = None
+    tls: tuple[Path, Path] | None = None  # certificate and key files
     requests: list[Request] = field(default_factory=list)
     bytes_sent: int = 0
     disconnected: threading.Event = field(default_factory=threading.Event)
@@ -77,6 +82,9 @@ class FakePrometheus:
                     self.send_header("Content-Length", "4")
                     self.end_headers()
                     self.wfile.write(b"busy")
+                elif fake.mode == "echo":  # as a debugging proxy does: what it was sent, credentials first
+                    sent = [self.headers.get("Authorization"), *self.headers.values()]
+                    self.reply(400, "text/plain", f"bad request: {sent}".encode())
                 elif fake.mode == "answer" and fake.answer is not None:
                     query = urllib.parse.parse_qs(body.decode()).get("query", [""])[0]
                     self.reply(200, "application/json", fake.answer(query))
@@ -128,6 +136,11 @@ class FakePrometheus:
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
         self.url = f"http://{self.host}:{self.port}"
+        if self.tls is not None:
+            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            context.load_cert_chain(*self.tls)
+            self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+            self.url = f"https://{self.host}:{self.port}"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     def __enter__(self) -> Self:

@@ -78,6 +78,81 @@ def test_a_setting_that_cannot_work_is_refused_naming_it(
         assert word in err, err
 
 
+@pytest.fixture
+def ca_bundle(tmp_path: Path) -> Path:
+    from batchknee.devcluster.pki import ClusterPKI
+
+    return ClusterPKI(tmp_path / "pki").ca.cert
+
+
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [
+        (None, "cannot be read (FileNotFoundError)"),
+        (b"\n", "is empty"),
+        (b"abc def\n", "holds whitespace"),  # a header of two words, or one the file split
+        (b"abc\r\nX-Injected: 1", "holds whitespace"),
+        (b"x" * (17 * 1024), "is over 16 KiB"),
+    ],
+)
+def test_a_bearer_token_file_that_cannot_work_is_refused_at_start_never_shown(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    content: bytes | None,
+    words: str,
+) -> None:
+    token_file = tmp_path / "token"
+    if content is not None:
+        token_file.write_bytes(content)
+    monkeypatch.setenv("BATCHKNEE_PROMETHEUS_BEARER_TOKEN_FILE", str(token_file))
+    assert main(["operator"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "prometheus_bearer_token_file" in err and words in err, err
+    assert "abc" not in err and "Injected" not in err
+
+
+@pytest.mark.parametrize(
+    ("url", "ca", "words"),
+    [
+        ("https://prometheus:9090", b"not a certificate", "holds no PEM certificate"),
+        ("https://prometheus:9090", None, "cannot be read (FileNotFoundError)"),
+        ("http://user:s3cret@prometheus:9090", "bundle", "http://prometheus:9090 is not https"),
+    ],
+)
+def test_a_ca_file_that_cannot_work_is_refused_at_start(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    ca_bundle: Path,
+    url: str,
+    ca: bytes | str | None,
+    words: str,
+) -> None:
+    ca_file = ca_bundle if ca == "bundle" else tmp_path / "ca.crt"
+    if isinstance(ca, bytes):
+        ca_file.write_bytes(ca)
+    monkeypatch.setenv("BATCHKNEE_PROMETHEUS_URL", url)
+    monkeypatch.setenv("BATCHKNEE_PROMETHEUS_CA_FILE", str(ca_file))
+    assert main(["operator"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "prometheus_ca_file" in err and words in err, err
+    assert "s3cret" not in err
+
+
+def test_a_token_file_and_a_ca_that_work_are_taken(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, ca_bundle: Path
+) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("eyJhbGciOi.eyJzdWIi.c2lnbmF0dXJl\n")  # as a projected token ends: a newline
+    monkeypatch.setenv("BATCHKNEE_PROMETHEUS_URL", "https://thanos-querier.openshift-monitoring.svc:9091")
+    monkeypatch.setenv("BATCHKNEE_PROMETHEUS_BEARER_TOKEN_FILE", str(token_file))
+    monkeypatch.setenv("BATCHKNEE_PROMETHEUS_CA_FILE", str(ca_bundle))
+    settings = settings_from(build_parser().parse_args(["operator"]))
+    assert settings.prometheus_bearer_token_file == str(token_file)
+    assert settings.prometheus_ca_file == str(ca_bundle)
+
+
 def test_namespace_flags_may_carry_commas_as_the_environment_does() -> None:
     args = build_parser().parse_args(["operator", "--namespace", "ml,serving", "--namespace", "batch"])
     assert settings_from(args).namespaces == ["ml", "serving", "batch"]

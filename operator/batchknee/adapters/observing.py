@@ -13,6 +13,7 @@ hold the threads that objects of another Prometheus need.
 from __future__ import annotations
 
 import asyncio
+import ssl
 import threading
 import urllib.parse
 from collections.abc import Iterable
@@ -41,6 +42,38 @@ def has_host(url: str) -> bool:
         return bool(urllib.parse.urlsplit(url).hostname)
     except ValueError:  # such as an unclosed IPv6 bracket
         return False
+
+
+MAX_TOKEN_BYTES = 16 * 1024  # far past any JWT a ServiceAccount or an OIDC issuer hands out
+
+
+def read_bearer_token(path: str) -> str:
+    """The bearer token in the file `path`, read now: a projected ServiceAccount token is rotated in
+    place, so the operator reads it at every query. ValueError says what is wrong with the file,
+    never what it holds."""
+    try:
+        with open(path, "rb") as file:
+            raw = file.read(MAX_TOKEN_BYTES + 1)
+    except OSError as error:
+        raise ValueError(f"cannot be read ({type(error).__name__})") from None
+    if len(raw) > MAX_TOKEN_BYTES:
+        raise ValueError(f"is over {MAX_TOKEN_BYTES // 1024} KiB: no token")
+    token = raw.strip()
+    if not token:
+        raise ValueError("is empty")
+    if any(not 0x21 <= byte <= 0x7E for byte in token):  # it goes into a header: visible ASCII only
+        raise ValueError("holds whitespace, control or non-ASCII characters: no token")
+    return token.decode("ascii")
+
+
+def check_ca_file(path: str) -> None:
+    """ValueError unless `path` holds PEM certificates a TLS client can verify a server with."""
+    try:
+        ssl.create_default_context(cafile=path)
+    except ssl.SSLError:  # an OSError too: first
+        raise ValueError("holds no PEM certificate") from None
+    except OSError as error:
+        raise ValueError(f"cannot be read ({type(error).__name__})") from None
 
 
 def redact_url(url: str) -> str:

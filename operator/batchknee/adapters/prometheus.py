@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 import urllib.parse
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -45,7 +45,7 @@ from urllib3.util.retry import Retry
 
 from batchknee.adapters import allocator
 from batchknee.adapters.deadline_http import DeadlineAdapter, reads_before
-from batchknee.adapters.observing import redact_url
+from batchknee.adapters.observing import read_bearer_token, redact_url
 from batchknee.core.observation import (
     Engine,
     Observation,
@@ -625,12 +625,18 @@ class PrometheusObserver:
         min_samples: int = 3,
         max_concurrent_queries: int = 8,
         budget: AnswerBudget | None = None,
+        bearer_token_file: str = "",
+        ca_file: str = "",
     ) -> None:
         self.url = url.rstrip("/")
+        # the operator's own Prometheus only: a URL an LLMServing chose never gets its token
+        self.bearer_token_file = bearer_token_file
+        self.verify: str | bool = ca_file or True
         # alone, its threads bound what it holds: a budget they cannot pass
         self.budget = budget or AnswerBudget(max_concurrent_queries * MAX_BODY_BYTES)
         self.shown_url = redact_url(self.url)
-        self._secrets = _credentials(self.url)  # masked in whatever an answer echoes
+        self._credentials = _credentials(self.url)  # masked in whatever an answer echoes
+        self._tokens: deque[str] = deque(maxlen=4)  # the bearer tokens last sent (rotated ones too)
         self.timeout_s = timeout_s
         self.min_samples = min_samples
         # Our own session, handed to the client (its documented `session=`): the client mounts
@@ -659,6 +665,10 @@ class PrometheusObserver:
         self.queries_sent = 0
         self.largest_query_bytes = 0
 
+    @property
+    def _secrets(self) -> tuple[str, ...]:
+        return (*self._credentials, *self._tokens)
+
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._client.close()
@@ -677,6 +687,17 @@ class PrometheusObserver:
         with self._counter_lock:
             self.queries_sent += 1
             self.largest_query_bytes = max(self.largest_query_bytes, len(body))
+        headers = {"Content-Type": "application/x-www-form-urlencoded"}
+        if self.bearer_token_file:
+            try:
+                token = read_bearer_token(self.bearer_token_file)
+            except ValueError as error:
+                raise PrometheusUnavailable(
+                    f"Prometheus at {self.shown_url}: its bearer token file {error}"
+                ) from None
+            headers["Authorization"] = f"Bearer {token}"
+            if token not in self._tokens:
+                self._tokens.append(token)
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise self._timed_out()
@@ -685,10 +706,11 @@ class PrometheusObserver:
                 response = self._session.post(
                     f"{self.url}/api/v1/query",
                     data=body,
-                    headers={"Content-Type": "application/x-www-form-urlencoded"},
+                    headers=headers,
                     timeout=(remaining, remaining),
                     stream=True,
                     allow_redirects=False,  # a tenant's URL must not choose where the operator reads
+                    verify=self.verify,
                 )
                 limit = MAX_BODY_BYTES if response.status_code == 200 else ERROR_BODY_BYTES
                 content = _read_within(response, deadline, limit, take)
@@ -702,6 +724,11 @@ class PrometheusObserver:
             raise PrometheusUnavailable(
                 f"Prometheus at {self.shown_url}: the answers being read at once passed "
                 f"{over.limit / 2**20:g} MiB; asking again at the next evaluation"
+            ) from None
+        except requests.exceptions.SSLError:
+            raise PrometheusUnavailable(
+                f"Prometheus at {self.shown_url} unreachable: SSLError (no verified HTTPS connection; "
+                "is its certificate signed by a CA the operator trusts?)"
             ) from None
         except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as error:
             raise PrometheusUnavailable(
