@@ -20,7 +20,7 @@ help:
 	@echo "make bench  - batchknee vs vLLM's default, best static and the oracle, in simulated time"
 	@echo "make lock   - re-pin every Python dependency at its newest release (constraints.txt)"
 	@echo "make crds   - regenerate crds/ and the chart's CRD templates from the API models"
-	@echo "make chart-docs - regenerate the README's chart values reference from values.yaml"
+	@echo "make chart-docs - regenerate the README's chart values and operator settings references"
 	@echo "make test-contract - metric names against the engines' pinned releases (downloads their wheels once)"
 	@echo "make test-package - the wheel installed the Dockerfile's way, helm lint/template of the chart"
 	@echo "make bench-scale - one operator, 200 and 1,000 LLMServings on the local control plane (BENCH_SCALE_SIZES=200,1000)"
@@ -74,9 +74,11 @@ crds: venv
 	batchknee crd --chart --peering > charts/batchknee/templates/crds/kopf.dev_peerings.yaml
 	batchknee crd --chart --requester-policy > charts/batchknee/templates/crds/batchknee.io_llmservings-requester-policy.yaml
 
-# The README's chart values reference, from the `# --` comments in charts/batchknee/values.yaml.
+# The README's chart values reference, from the `# --` comments in charts/batchknee/values.yaml,
+# and its operator settings reference, from batchknee.settings.
 chart-docs: venv
 	$(BIN)/python tests/support/chart_values_doc.py --write README.md
+	$(BIN)/python tests/support/settings_doc.py --write README.md
 
 test-unit: venv
 	pytest -q tests/unit

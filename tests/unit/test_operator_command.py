@@ -286,3 +286,18 @@ def test_every_batchknee_variable_of_the_project_is_a_setting_or_known() -> None
         found |= set(re.findall(r"\bBATCHKNEE_[A-Z0-9_]*[A-Z0-9]\b", path.read_text(errors="ignore")))
     assert "BATCHKNEE_TOOLS_BIN" in found and "BATCHKNEE_PROMETHEUS_URL" in found  # the scan sees them
     assert found - setting_variables() - OTHER_VARIABLES == set()
+
+
+def test_the_readmes_settings_reference_is_every_setting_as_the_operator_reads_it() -> None:
+    """The table is generated from the settings model: one row per variable the operator reads,
+    and the README's copy is current (`make chart-docs` writes it)."""
+    from settings_doc import replaced, table
+
+    from batchknee.settings import setting_variables
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert replaced(readme) == readme, (
+        "the README's operator settings reference is stale: run `make chart-docs`"
+    )
+    listed = set(re.findall(r"^\| `(BATCHKNEE_[A-Z0-9_]+)` \|", table(), re.MULTILINE))
+    assert listed == setting_variables() and "BATCHKNEE_PROMETHEUS_CA_FILE" in listed
