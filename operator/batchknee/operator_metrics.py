@@ -126,14 +126,19 @@ class OperatorMetrics:
                 self.holds.labels(status.hold_reason).inc()
             if outcome.ready_replicas is not None and status.max_num_seqs is not None:
                 self.capacity.labels(*key).set(outcome.ready_replicas * status.max_num_seqs)
-            if observed is not None and observed.running is not None and observed.waiting is not None:
+            if (
+                outcome.tunes  # a workload another LLMServing tunes is that one's demand
+                and observed is not None
+                and observed.running is not None
+                and observed.waiting is not None
+            ):
                 self.demand.labels(*key).set(observed.running + observed.waiting)
         if outcome.tpot_target_ms is not None:
             self.tpot_target.labels(*key).set(outcome.tpot_target_ms / 1000)
         else:
             with contextlib.suppress(KeyError):
                 self.tpot_target.remove(*key)
-        if outcome.decision is not None and outcome.decision.rolls and outcome.error is None:
+        if outcome.rolled:
             self.retunes.labels(*key).inc()
 
     def forget(self, namespace: str, name: str) -> None:

@@ -205,6 +205,8 @@ class Outcome:
     tpot_target_ms: int | None = None  # spec.tuning.tpotP99TargetMilliseconds (for the dashboard)
     conflict: bool = False  # a write met a changed object: nothing applied, decide again
     ready_replicas: int | None = None  # engine pods ready now (capacity for replica autoscalers)
+    rolled: bool = False  # a new batch limit was written
+    tunes: bool = True  # False: an adopted workload it may not write (another LLMServing's, say)
 
 
 def reconcile(namespace: str, name: str, ports: Ports, now: datetime) -> Outcome:
@@ -602,7 +604,9 @@ class _Reconcile:
             history = state.rollouts if state else ()
         else:
             target = self.adopted(obj.spec.target_ref, obj.spec.engine)
-            state = target.state  # with a problem too: status shows the pods that run, nothing is written
+            # with a problem the workload is not this LLMServing's: its rollouts, stalls and crashes
+            # are not judged here (another LLMServing may tune it); status still shows its pods
+            state = target.state if target.problem is None else None
             history = self.recorded_rollouts()  # nothing but the one env value is kept on the workload
             if target.problem is not None or not target.wired:
                 rules = replace(rules, mode="Recommend")  # report only, write nothing
@@ -610,7 +614,7 @@ class _Reconcile:
         if live and state is not None:  # pods that take caps in place, under their startup value
             rules = replace(rules, live_ceiling=state.max_num_seqs)
         settled_since = self.settled_since(state, history)
-        observation = self.observe(obj, state, target)
+        observation = self.observe(obj, state or (target.state if target else None), target)
         fingerprint = calibration_fingerprint(obj.spec)
         calibration = self.calibration_points(fingerprint)
         running = state.max_num_seqs if state else None
@@ -739,7 +743,8 @@ class _Reconcile:
         status = self.status(
             obj, state, observation, decision, rolled, rollouts, settled_since, calibration, fingerprint
         )
-        status = status.model_copy(update={**self.scale_status(state, target), "quarantine": quarantine})
+        shown = state or (target.state if target is not None else None)
+        status = status.model_copy(update={**self.scale_status(shown, target), "quarantine": quarantine})
         if live is not None:
             status = status.model_copy(
                 update={
@@ -768,6 +773,8 @@ class _Reconcile:
             events=tuple(self.events),
             tpot_target_ms=obj.spec.tuning.tpot_p99_target_milliseconds,
             ready_replicas=state.ready_replicas if state is not None else None,
+            rolled=rolled,
+            tunes=target is None or target.problem is None,
         )
 
     # -- rollout safety -------------------------------------------------------------------------------
@@ -1306,17 +1313,20 @@ class _Reconcile:
     ) -> None:
         c = self.conditions
         problem = target.problem if target is not None else None
-        # Ready: the engines are rolled out and available.
-        if state is None and problem is not None:
+        # Ready: the engines are rolled out and available (an adopted workload's, whoever tunes it).
+        workload = state or (target.state if target is not None else None)
+        if workload is None and problem is not None:
             c.set("Ready", "False", problem[0], problem[1])
-        elif state is None:
+        elif workload is None:
             c.set("Ready", "False", "Deploying", "the engine Deployment is being created")
-        elif state.replicas == 0:
+        elif workload.replicas == 0:
             c.set("Ready", "False", "ScaledToZero", "spec.replicas is 0")
-        elif state.rolling or rolled:
-            c.set("Ready", "False", "RolloutInProgress", state.message if state.rolling else "rolling out")
+        elif workload.rolling or rolled:
+            c.set(
+                "Ready", "False", "RolloutInProgress", workload.message if workload.rolling else "rolling out"
+            )
         else:
-            c.set("Ready", "True", "EngineAvailable", state.message)
+            c.set("Ready", "True", "EngineAvailable", workload.message)
 
         # MetricsAvailable: can the knee be computed from what the engines report?
         if problem is not None and target is not None and unobservable(target):

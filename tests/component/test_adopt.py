@@ -240,12 +240,41 @@ def test_a_workload_tuned_by_another_llmserving_is_still_watched_and_recommended
     assert env(world)[TARGET_ENV_VAR] == value_before  # still written by the first only
     status = world.kube.status("default", "second")
     assert status["replicas"] == 2 and status["selector"] == "app=vllm"
-    assert status["maxNumSeqs"] == int(value_before) and status["recommendedMaxNumSeqs"] == 16
-    assert status["action"] == "recommend"
+    assert status["recommendedMaxNumSeqs"] == 16 and status["action"] == "recommend"
+    assert "maxNumSeqs" not in status  # it runs no value of its own (nor counts the first's in metrics)
     assert world.kube.condition("default", "second", "Ready")["status"] == "True"
     metrics = world.kube.condition("default", "second", "MetricsAvailable")
     assert metrics["status"] == "True" and metrics["reason"] == "Observed"
     assert world.kube.condition("default", "second", "Wired")["reason"] == "AlreadyTargeted"
+
+    # the first's rollout stalls on a crash-looping pod: the first's to report, not the second's
+    workload = world.kube.objects[("Deployment", "default", "vllm")]
+    workload["status"] |= {
+        "replicas": 3,
+        "updatedReplicas": 1,
+        "conditions": [
+            {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded"},
+        ],
+    }
+    crashing = pod("vllm-2") | {
+        "status": {
+            "containerStatuses": [
+                {
+                    "name": "vllm",
+                    "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                    "lastState": {"terminated": {"exitCode": 1}},
+                }
+            ]
+        }
+    }
+    world.kube.objects[("Pod", "default", "vllm-2")] = crashing
+    outcome = world.reconcile("second")
+    assert world.kube.condition("default", "second", "Degraded")["status"] == "False"
+    assert world.kube.condition("default", "second", "Ready")["reason"] == "RolloutInProgress"
+    assert not outcome.tunes and not outcome.rolled and outcome.ready_replicas is None
+    assert not world.kube.status("default", "second").get("quarantine")
+    assert world.reconcile("first").ready_replicas is not None  # the tuner's capacity, counted once
+    assert world.kube.condition("default", "first", "Degraded")["reason"] == "EngineCrashLooping"
 
 
 def test_a_workload_whose_pods_cannot_be_told_apart_says_so_in_every_condition(world: World) -> None:

@@ -165,6 +165,10 @@ def test_operator_metrics() -> None:
     metrics = OperatorMetrics()
     status = LLMServingStatus(max_num_seqs=16, recommended_max_num_seqs=16, b_knee=15.0, hold_reason=None)
     decision = Decision(action="roll", value=16, max_tokens=0, reason="r")
+    metrics.record(
+        Outcome("ml", "chat", decision=decision, status=status, tpot_target_ms=40, rolled=True), 0.02
+    )
+    # decided but not written (recommend-only, an adopted workload it may not write): no retune
     metrics.record(Outcome("ml", "chat", decision=decision, status=status, tpot_target_ms=40), 0.02)
     held = status.model_copy(update={"hold_reason": "cooldown"})
     metrics.record(Outcome("ml", "chat", decision=None, status=held, status_written=True), 0.01)
@@ -173,7 +177,7 @@ def test_operator_metrics() -> None:
     assert 'batchknee_max_num_seqs{name="chat",namespace="ml"} 16.0' in text
     assert 'batchknee_retunes_total{name="chat",namespace="ml"} 1.0' in text
     assert 'batchknee_holds_total{reason="cooldown"} 1.0' in text
-    assert "batchknee_reconcile_duration_seconds_count 2.0" in text
+    assert "batchknee_reconcile_duration_seconds_count 3.0" in text
     assert 'batchknee_tpot_p99_target_seconds{name="chat",namespace="ml"}' not in text  # target dropped
     observed = ObservedMetrics(avg_context_length=8192, tpot_p99_milliseconds=25.0)
     seen = status.model_copy(update={"observed": observed})
@@ -188,6 +192,9 @@ def test_operator_metrics() -> None:
     text = generate_latest(metrics.registry).decode()
     assert 'batchknee_capacity_sequences{name="chat",namespace="ml"} 48.0' in text
     assert 'batchknee_demand_sequences{name="chat",namespace="ml"} 60.0' in text
+    # a workload another LLMServing tunes: its demand is that one's, not counted twice
+    metrics.record(Outcome("ml", "second", status=busy, tunes=False), 0.01)
+    assert 'batchknee_demand_sequences{name="second"' not in generate_latest(metrics.registry).decode()
     metrics.record(Outcome("ml", "chat", found=False), 0.01)
     assert 'batchknee_max_num_seqs{name="chat"' not in generate_latest(metrics.registry).decode()
 
