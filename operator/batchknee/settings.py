@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import ipaddress
 import re
+import urllib.parse
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
@@ -38,6 +39,11 @@ OTHER_VARIABLES = frozenset(
         "BATCHKNEE_KEEP_LOGS",  # tests/integration/test_operator.py: keep the operator's logs
         "BATCHKNEE_WHEELHOUSE",  # tests/package/test_image.py: the wheels the image installs
     }
+)
+# The variables the kubelet sets for each Service of the namespace (enableServiceLinks), named
+# after it: the chart's `batchknee-metrics` gives BATCHKNEE_METRICS_SERVICE_HOST, …_PORT_8081_TCP, …
+SERVICE_LINK = re.compile(
+    r"^[A-Z0-9_]+_(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?|PORT_\d+_(TCP|UDP|SCTP)(_[A-Z]+)?)$"
 )
 # Past these a setting is a typo: a query deadline or a shared reading of minutes is already stale.
 MAX_PROMETHEUS_SECONDS = 300.0
@@ -194,9 +200,16 @@ class OperatorSettings(BaseSettings):
 
     @field_validator("prometheus_bearer_token_file")
     @classmethod
-    def _check_token_file(cls, value: str) -> str:
-        if value:
-            read_bearer_token(value)  # one that cannot work is refused at start, not at every query
+    def _check_token_file(cls, value: str, info: ValidationInfo) -> str:
+        if not value:
+            return value
+        read_bearer_token(value)  # one that cannot work is refused at start, not at every query
+        url = info.data.get("prometheus_url")
+        if url is not None and not url.lower().startswith("https://"):
+            # a ServiceAccount's token in clear text, to every proxy and network hop on the way
+            raise ValueError(f"a bearer token goes over HTTPS only, and {redact_url(url)} is not https")
+        if url is not None and urllib.parse.urlsplit(url).username is not None:
+            raise ValueError("the Prometheus URL carries a user and password too: give one of the two")
         return value
 
     @field_validator("prometheus_ca_file")
@@ -310,9 +323,15 @@ def unknown_variables(environ: Mapping[str, str]) -> list[tuple[str, str | None]
     # compared without the prefix, which every name shares (and would make any two look alike)
     suffixes = {name.removeprefix(prefix): name for name in settings}
     unknown = []
+    upper_names = {name.upper() for name in environ}
     for name in sorted(environ):
         upper = name.upper()  # pydantic-settings matches names in any case
         if not upper.startswith(prefix) or upper in settings or upper in OTHER_VARIABLES:
+            continue
+        # the kubelet's, for a Service such as `batchknee-metrics` (its bare `…_PORT` beside its host)
+        if SERVICE_LINK.match(upper) or (
+            upper.endswith("_PORT") and f"{upper.removesuffix('_PORT')}_SERVICE_HOST" in upper_names
+        ):
             continue
         close = difflib.get_close_matches(upper.removeprefix(prefix), sorted(suffixes), n=1)
         unknown.append((name, suffixes[close[0]] if close else None))

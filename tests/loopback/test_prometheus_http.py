@@ -523,17 +523,24 @@ def test_the_operators_bearer_token_goes_to_its_own_prometheus_only_and_a_rotate
     """OpenShift's Thanos querier, a kube-rbac-proxy: the operator's Prometheus wants a bearer
     token (its ServiceAccount's, which the kubelet rotates in place). A URL an LLMServing chose
     never gets it, even one the admin allowed."""
+    from batchknee.devcluster.pki import ClusterPKI
     from batchknee.handlers import prometheus_observer
     from batchknee.settings import OperatorSettings
 
+    pki = ClusterPKI(tmp_path / "pki")
+    serving = pki.serving("prometheus", ("localhost",), ("127.0.0.1",))
     token_file = tmp_path / "token"
     token_file.write_text("first-token-0123\n")
-    with FakePrometheus("empty") as own_prom, FakePrometheus("empty") as chosen:
+    with (
+        FakePrometheus("empty", tls=(serving.cert, serving.key)) as own_prom,
+        FakePrometheus("empty") as chosen,  # a plain-http URL the admin allowed a tenant
+    ):
         router = prometheus_observer(
             OperatorSettings(
                 prometheus_url=own_prom.url,
                 prometheus_allowed_urls=[chosen.url],
                 prometheus_bearer_token_file=str(token_file),
+                prometheus_ca_file=str(pki.ca.cert),
             )
         )
         cache = router.inner._cache  # type: ignore[attr-defined]
@@ -547,7 +554,9 @@ def test_the_operators_bearer_token_goes_to_its_own_prometheus_only_and_a_rotate
     sent = [r.headers.get("Authorization") for r in own_prom.requests]
     per_refresh = len(queries(scope_for(target("llama"))))
     assert sent == ["Bearer first-token-0123"] * per_refresh + ["Bearer second-token-4567"] * per_refresh
+    # neither the token nor the operator's CA goes with a URL an LLMServing chose
     assert chosen.requests and all("Authorization" not in r.headers for r in chosen.requests)
+    assert theirs.verify is True and own.verify == str(pki.ca.cert)
 
 
 def test_a_bearer_token_an_answer_echoes_is_masked_and_an_unreadable_one_sends_nothing(

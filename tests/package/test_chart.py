@@ -316,7 +316,9 @@ def test_the_service_account_token_is_sent_without_another_volume(render: Render
 
 
 def test_a_token_secret_is_mounted_read_only_for_the_operator_alone(render: Render) -> None:
-    objects = render({"operator": {"prometheusAuth": {"bearerTokenSecret": "prom-token"}}})
+    objects = render(
+        {"operator": {"prometheusUrl": AUTH_URL, "prometheusAuth": {"bearerTokenSecret": "prom-token"}}}
+    )
     volume = pod_volumes(objects)["prometheus-token"]
     assert volume["secret"] == {
         "secretName": "prom-token",
@@ -365,8 +367,28 @@ def test_a_ca_config_map_is_mounted_and_verifies_prometheus(
     assert "BATCHKNEE_PROMETHEUS_BEARER_TOKEN_FILE" not in variables
 
 
+@pytest.mark.parametrize("auth", [{"serviceAccountToken": True}, {"bearerTokenSecret": "prom-token"}])
+def test_a_bearer_token_over_plain_http_is_refused(helm: Helm, auth: dict[str, Any]) -> None:
+    """The operator's ServiceAccount token may patch Deployments cluster-wide: never in clear text
+    (the chart's default URL is kube-prometheus-stack's plain-http Service)."""
+    done = helm("template", {"operator": {"prometheusAuth": auth}}, check=False)
+    assert done.returncode != 0
+    assert "a bearer token goes over HTTPS only" in done.stderr, done.stderr
+
+
+def test_the_operator_gets_no_service_links(render: Render) -> None:
+    """The kubelet's BATCHKNEE_METRICS_SERVICE_HOST & co. (named after the release's Service) would
+    share the settings' prefix."""
+    assert deployment(render())["spec"]["template"]["spec"]["enableServiceLinks"] is False
+
+
 def test_both_bearer_tokens_at_once_are_refused(helm: Helm) -> None:
-    both = {"operator": {"prometheusAuth": {"serviceAccountToken": True, "bearerTokenSecret": "prom-token"}}}
+    both = {
+        "operator": {
+            "prometheusUrl": AUTH_URL,
+            "prometheusAuth": {"serviceAccountToken": True, "bearerTokenSecret": "prom-token"},
+        }
+    }
     done = helm("template", both, check=False)
     assert done.returncode != 0
     assert "set serviceAccountToken or bearerTokenSecret, not both" in done.stderr, done.stderr
@@ -596,7 +618,9 @@ def operator_metric_names() -> set[str]:
         max_num_seqs=64, recommended_max_num_seqs=64, b_knee=60.0, hold_reason="cooldown", observed=observed
     )
     decision = Decision(action="roll", value=64, max_tokens=0, reason="r")
-    metrics.record(Outcome("ml", "chat", decision=decision, status=status, tpot_target_ms=30), 0.01)
+    metrics.record(
+        Outcome("ml", "chat", decision=decision, status=status, tpot_target_ms=30, rolled=True), 0.01
+    )
     text = generate_latest(metrics.registry).decode()
     return {
         line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")

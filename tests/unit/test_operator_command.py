@@ -140,6 +140,50 @@ def test_a_ca_file_that_cannot_work_is_refused_at_start(
     assert "s3cret" not in err
 
 
+@pytest.mark.parametrize(
+    ("url", "words"),
+    [
+        # the operator's ServiceAccount token may patch Deployments cluster-wide: never in clear text
+        ("http://kube-prometheus-stack-prometheus.monitoring.svc:9090", "goes over HTTPS only"),
+        # requests would send the URL's Basic credentials in place of the token
+        ("https://reader:pw@thanos:9091", "a user and password too"),
+    ],
+)
+def test_a_bearer_token_that_would_not_go_as_meant_is_refused(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path, url: str, words: str
+) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("eyJhbGciOi.eyJzdWIi.c2lnbmF0dXJl")
+    monkeypatch.setenv("BATCHKNEE_PROMETHEUS_URL", url)
+    monkeypatch.setenv("BATCHKNEE_PROMETHEUS_BEARER_TOKEN_FILE", str(token_file))
+    assert main(["operator"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and words in err and "eyJ" not in err and ":pw" not in err, err
+    assert "(BATCHKNEE_PROMETHEUS_BEARER_TOKEN_FILE)" in err  # no flag to name: there is none
+
+
+def test_the_kubelets_service_links_are_not_warned_of() -> None:
+    """`helm install batchknee` makes a Service `batchknee-metrics`; where service links are on, the
+    kubelet names its variables after it (the chart turns them off; other installs may not)."""
+    from batchknee.settings import unknown_variables
+
+    links = {
+        "BATCHKNEE_METRICS_SERVICE_HOST": "10.0.0.1",
+        "BATCHKNEE_METRICS_SERVICE_PORT": "8081",
+        "BATCHKNEE_METRICS_SERVICE_PORT_METRICS": "8081",
+        "BATCHKNEE_METRICS_PORT_8081_TCP": "tcp://10.0.0.1:8081",
+        "BATCHKNEE_METRICS_PORT_8081_TCP_PROTO": "tcp",
+        "BATCHKNEE_METRICS_PORT_8081_TCP_PORT": "8081",
+        "BATCHKNEE_METRICS_PORT_8081_TCP_ADDR": "10.0.0.1",
+        "BATCHKNEE_OTHER_PORT": "tcp://10.0.0.2:80",  # a bare _PORT beside its _SERVICE_HOST
+        "BATCHKNEE_OTHER_SERVICE_HOST": "10.0.0.2",
+    }
+    assert unknown_variables(links) == []
+    assert unknown_variables({"BATCHKNEE_HEALTHZ_PORT": "8080"}) == [
+        ("BATCHKNEE_HEALTHZ_PORT", "BATCHKNEE_HEALTH_PORT")
+    ]
+
+
 def test_a_token_file_and_a_ca_that_work_are_taken(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, ca_bundle: Path
 ) -> None:
@@ -268,7 +312,7 @@ def test_a_name_close_to_no_setting_is_warned_of_without_a_guess(
 def test_every_batchknee_variable_of_the_project_is_a_setting_or_known() -> None:
     """A BATCHKNEE_* variable added to the project's code must be a setting or in OTHER_VARIABLES:
     else the operator warns of it."""
-    from batchknee.settings import OTHER_VARIABLES, setting_variables
+    from batchknee.settings import unknown_variables
 
     root = Path(__file__).resolve().parents[2]
     paths = [root / name for name in ("Makefile", "Dockerfile", "README.md")]
@@ -285,7 +329,7 @@ def test_every_batchknee_variable_of_the_project_is_a_setting_or_known() -> None
             continue
         found |= set(re.findall(r"\bBATCHKNEE_[A-Z0-9_]*[A-Z0-9]\b", path.read_text(errors="ignore")))
     assert "BATCHKNEE_TOOLS_BIN" in found and "BATCHKNEE_PROMETHEUS_URL" in found  # the scan sees them
-    assert found - setting_variables() - OTHER_VARIABLES == set()
+    assert unknown_variables(dict.fromkeys(found, "")) == []
 
 
 def test_the_readmes_settings_reference_is_every_setting_as_the_operator_reads_it() -> None:

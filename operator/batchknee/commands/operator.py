@@ -70,7 +70,8 @@ def settings_from(args: argparse.Namespace) -> Any:
         first = error.errors(include_url=False)[0]
         field = ".".join(str(part) for part in first["loc"])
         message = str(first["msg"]).removeprefix("Value error, ")
-        raise UsageError(f"{field}: {message} (BATCHKNEE_{field.upper()} or its flag)") from None
+        flag = " or its flag" if field in overrides else ""
+        raise UsageError(f"{field}: {message} (BATCHKNEE_{field.upper()}{flag})") from None
 
 
 def warn_of_unknown_variables(environ: Mapping[str, str]) -> None:
