@@ -79,3 +79,14 @@ def test_only_the_head_of_an_answer_is_read() -> None:
     text = excerpt(b"x" * ERROR_BODY_BYTES + b" TAIL", limit=10 * ERROR_BODY_BYTES)
     assert "TAIL" not in text and len(text) == ERROR_BODY_BYTES
     assert excerpt(b"[" * 100_000).startswith("[[[")  # JSON too deep to parse is text, not a crash
+
+
+def test_a_secret_cut_in_two_by_the_bytes_read_is_masked_too() -> None:
+    """An error answer is read to its first 8 KiB: an echoed token straddling that edge leaves its
+    head in the excerpt, which the whole-token mask does not find."""
+    token = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJzeXN0ZW0iLCJleHAiOjE3MDB9.c2lnbmF0dXJl"
+    for cut in (8, 30, len(token) - 1):
+        body = (" " * (ERROR_BODY_BYTES - 6 - cut) + "echo: " + token).encode()[:ERROR_BODY_BYTES]
+        assert excerpt(body, secrets=[token]) == "echo: ***"
+    # an answer that ends where it ends: nothing was cut, nothing more is masked
+    assert excerpt(b"echo: eyJhbGciOi", secrets=[token]) == "echo: eyJhbGciOi"

@@ -96,6 +96,15 @@ _CREDENTIAL = re.compile(
 )
 
 
+def _without_cut_secret(text: str, secret: str, shortest: int = 4) -> str:
+    """`text` less a beginning of `secret` at its end: an answer cut at the bytes read may stop
+    inside an echoed secret, whose head the whole-secret mask does not find."""
+    for size in range(len(secret) - 1, shortest - 1, -1):
+        if text.endswith(secret[:size]):
+            return text[:-size] + "***"
+    return text
+
+
 def excerpt(body: bytes | str, limit: int = EXCERPT_CHARS, secrets: Iterable[str] = ()) -> str:
     """A short, single-line, printable excerpt of an upstream answer (never the whole body: only
     its head is read, so a huge one costs no more than a small one). Prometheus's own JSON errors
@@ -115,6 +124,7 @@ def excerpt(body: bytes | str, limit: int = EXCERPT_CHARS, secrets: Iterable[str
     for secret in secrets:
         if secret:
             text = text.replace(secret, "***")
+            text = _without_cut_secret(text, secret) if len(body) >= ERROR_BODY_BYTES else text
     text = _CREDENTIAL.sub(lambda m: f"{m.group(1)}{m.group(2)}***", text)
     text = "".join(ch if ch.isprintable() else " " for ch in text)
     text = " ".join(text.split())
