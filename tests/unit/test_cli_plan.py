@@ -254,6 +254,8 @@ def test_a_context_whose_sequence_outgrows_the_kv_pool_is_marked_and_the_others_
         "context 1,000,000 tokens: KV per sequence 131,072.0 MB",
         f"  cannot run: {KV_TOO_BIG}",
     ]
+    # a script that reads only the exit status still hears of it
+    assert err == "batchknee plan: no batch limit runs context 1,000,000 (marked cannot run)\n"
 
 
 def test_a_context_where_no_batch_meets_the_tpot_target_is_marked(capsys: pytest.CaptureFixture[str]) -> None:

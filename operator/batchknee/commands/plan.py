@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -129,6 +130,11 @@ def run(args: argparse.Namespace) -> int:
         for plan, verdict in zip(plans, verdicts, strict=True)
     ]
     runnable = [plan for plan in plans if plan.cannot_run is None]
+    if refusals:  # exit 0 with rows that fit; a script reading only the status still hears of the rest
+        unrunnable = ", ".join(f"{plan.context_tokens:,}" for plan in plans if plan.cannot_run is not None)
+        print(
+            f"batchknee plan: no batch limit runs context {unrunnable} (marked cannot run)", file=sys.stderr
+        )
     if args.output == "json":
         print(json.dumps([plan.to_json() for plan in plans], indent=2))
     else:
