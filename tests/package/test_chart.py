@@ -85,6 +85,19 @@ def mounts(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 # --- lint ------------------------------------------------------------------------------------------
 
 
+def settings_under(variables: dict[str, str]) -> OperatorSettings:
+    """The operator's settings as its container's environment gives them (the rest as it is now)."""
+    import os
+
+    saved = dict(os.environ)
+    try:
+        os.environ.update(variables)
+        return OperatorSettings()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 @pytest.mark.parametrize(
     "values",
     [
@@ -209,15 +222,7 @@ def test_every_environment_variable_is_an_operator_setting(render: Render, value
     fields = set(OperatorSettings.model_fields)
     for name in variables:
         assert name.startswith("BATCHKNEE_") and name.removeprefix("BATCHKNEE_").lower() in fields, name
-    import os
-
-    saved = dict(os.environ)
-    try:
-        os.environ.update(variables)
-        settings = OperatorSettings()
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    settings = settings_under(variables)
     assert settings.metrics_address == "0.0.0.0" and settings.health_port == 8080
     assert settings.namespaces == ((values or {}).get("operator", {}).get("watchNamespaces") or [])
 
@@ -397,7 +402,6 @@ def test_both_bearer_tokens_at_once_are_refused(helm: Helm) -> None:
 def test_the_prometheus_auth_variables_are_operator_settings(render: Render, tmp_path: Path) -> None:
     """The token and CA variables the chart sets are OperatorSettings fields, and parse there once the
     files they name exist (the settings read them: here a token file and a real CA bundle)."""
-    import os
 
     import certifi
 
@@ -409,13 +413,7 @@ def test_the_prometheus_auth_variables_are_operator_settings(render: Render, tmp
     token.write_text("abc.def.ghi\n")
     variables["BATCHKNEE_PROMETHEUS_BEARER_TOKEN_FILE"] = str(token)
     variables["BATCHKNEE_PROMETHEUS_CA_FILE"] = certifi.where()
-    saved = dict(os.environ)
-    try:
-        os.environ.update(variables)
-        settings = OperatorSettings()
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    settings = settings_under(variables)
     assert settings.prometheus_url == AUTH_URL
     assert settings.prometheus_bearer_token_file == str(token)
     assert settings.prometheus_ca_file == certifi.where()

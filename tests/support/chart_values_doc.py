@@ -14,6 +14,7 @@ import argparse
 import json
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -95,10 +96,15 @@ def replaced(readme: str) -> str:
     return readme[:start] + section() + readme[end:]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+def generated_section_cli(
+    argv: list[str] | None,
+    doc: str | None,
+    table: Callable[[], str],
+    replaced: Callable[[str], str],
+    what: str,
+) -> int:
+    """The command line of a README section generated between markers: print, --write or --check."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--write", type=Path, metavar="README", help="replace the table between the markers")
     parser.add_argument("--check", type=Path, metavar="README", help="exit 1 if the table there is stale")
     args = parser.parse_args(argv)
@@ -107,13 +113,15 @@ def main(argv: list[str] | None = None) -> int:
     elif args.check:
         current = args.check.read_text()
         if replaced(current) != current:
-            print(
-                f"{args.check}: the chart values reference is stale: run `make chart-docs`", file=sys.stderr
-            )
+            print(f"{args.check}: the {what} is stale: run `make chart-docs`", file=sys.stderr)
             return 1
     else:
         print(table(), end="")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return generated_section_cli(argv, __doc__, table, replaced, "chart values reference")
 
 
 if __name__ == "__main__":

@@ -8,10 +8,10 @@ OperatorSettings' fields and descriptions.
 
 from __future__ import annotations
 
-import argparse
 import sys
-from pathlib import Path
 from typing import Any
+
+from chart_values_doc import generated_section_cli
 
 from batchknee.settings import OperatorSettings
 
@@ -49,25 +49,7 @@ def replaced(readme: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--write", type=Path, metavar="README", help="replace the table between the markers")
-    parser.add_argument("--check", type=Path, metavar="README", help="exit 1 if the table there is stale")
-    args = parser.parse_args(argv)
-    if args.write:
-        args.write.write_text(replaced(args.write.read_text()))
-    elif args.check:
-        current = args.check.read_text()
-        if replaced(current) != current:
-            print(
-                f"{args.check}: the operator settings reference is stale: run `make chart-docs`",
-                file=sys.stderr,
-            )
-            return 1
-    else:
-        print(table(), end="")
-    return 0
+    return generated_section_cli(argv, __doc__, table, replaced, "operator settings reference")
 
 
 if __name__ == "__main__":
