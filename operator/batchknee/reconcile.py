@@ -614,7 +614,8 @@ class _Reconcile:
         if live and state is not None:  # pods that take caps in place, under their startup value
             rules = replace(rules, live_ceiling=state.max_num_seqs)
         settled_since = self.settled_since(state, history)
-        observation = self.observe(obj, state or (target.state if target else None), target)
+        shown = state or (target.state if target is not None else None)  # whoever tunes it
+        observation = self.observe(obj, shown, target)
         fingerprint = calibration_fingerprint(obj.spec)
         calibration = self.calibration_points(fingerprint)
         running = state.max_num_seqs if state else None
@@ -735,7 +736,7 @@ class _Reconcile:
             and (state.rolling or state.ready_replicas < state.replicas)
         )
         crashing = crash_looping(self.pods) if unready else []
-        self.set_conditions(obj, state, observation, decision, rolled, apply_error, crashing, target)
+        self.set_conditions(obj, state, observation, decision, rolled, apply_error, crashing, target, shown)
         if target is not None:
             self.set_wired(obj.spec.engine, target)
         else:
@@ -743,7 +744,6 @@ class _Reconcile:
         status = self.status(
             obj, state, observation, decision, rolled, rollouts, settled_since, calibration, fingerprint
         )
-        shown = state or (target.state if target is not None else None)
         status = status.model_copy(update={**self.scale_status(shown, target), "quarantine": quarantine})
         if live is not None:
             status = status.model_copy(
@@ -1308,13 +1308,15 @@ class _Reconcile:
         decision: Decision,
         rolled: bool,
         apply_error: str | None,
-        crashing: Sequence[str] = (),
-        target: Target | None = None,
+        crashing: Sequence[str],
+        target: Target | None,
+        workload: DeploymentState | None,
     ) -> None:
+        """`workload`: the engines' workload as shown (an adopted one's, whoever tunes it); `state`:
+        the one this LLMServing may write, whose rollouts it judges."""
         c = self.conditions
         problem = target.problem if target is not None else None
-        # Ready: the engines are rolled out and available (an adopted workload's, whoever tunes it).
-        workload = state or (target.state if target is not None else None)
+        # Ready: the engines are rolled out and available.
         if workload is None and problem is not None:
             c.set("Ready", "False", problem[0], problem[1])
         elif workload is None:

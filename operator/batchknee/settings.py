@@ -64,6 +64,14 @@ def _split(value: Any) -> Any:
     return [part.strip() for item in items for part in str(item).split(",") if part.strip()]
 
 
+def _https_only(info: ValidationInfo, why: str) -> str | None:
+    """The Prometheus URL validated so far (None if it was refused); ValueError `why` unless https."""
+    url: str | None = info.data.get("prometheus_url")
+    if url is not None and not url.lower().startswith("https://"):
+        raise ValueError(f"{why}, and the Prometheus URL {redact_url(url)} is not https")
+    return url
+
+
 class OperatorSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="BATCHKNEE_", extra="ignore")
 
@@ -204,10 +212,8 @@ class OperatorSettings(BaseSettings):
         if not value:
             return value
         read_bearer_token(value)  # one that cannot work is refused at start, not at every query
-        url = info.data.get("prometheus_url")
-        if url is not None and not url.lower().startswith("https://"):
-            # a ServiceAccount's token in clear text, to every proxy and network hop on the way
-            raise ValueError(f"a bearer token goes over HTTPS only, and {redact_url(url)} is not https")
+        # (over http: a ServiceAccount's token in clear text, to every proxy and hop on the way)
+        url = _https_only(info, "a bearer token goes over HTTPS only")
         if url is not None and urllib.parse.urlsplit(url).username is not None:
             raise ValueError("the Prometheus URL carries a user and password too: give one of the two")
         return value
@@ -217,11 +223,7 @@ class OperatorSettings(BaseSettings):
     def _check_ca_file(cls, value: str, info: ValidationInfo) -> str:
         if value:
             check_ca_file(value)
-            url = info.data.get("prometheus_url")
-            if url is not None and not url.lower().startswith("https://"):
-                raise ValueError(
-                    f"a CA verifies HTTPS only, and the Prometheus URL {redact_url(url)} is not https"
-                )
+            _https_only(info, "a CA verifies HTTPS only")
         return value
 
     @field_validator("namespaces", mode="before")
