@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from batchknee.api.models import TARGET_ENV_VAR, Engine, TargetRef
+from batchknee.core.engine_args import flag_uses
 from batchknee.engines import sglang, trtllm, vllm
 from batchknee.render import DeploymentState, as_int, rollout_state
 
@@ -67,6 +68,7 @@ class Target:
     pod_labels: Mapping[str, str] | None  # the workload's own selector (matchLabels)
     resource_version: str | None
     problem: tuple[str, str] | None = None
+    second_limit: str | None = None  # a second cap on the running batch in the args, as written
 
 
 ALREADY_TARGETED = "AlreadyTargeted"  # another LLMServing tunes it: its pods are still this one's to watch
@@ -89,6 +91,17 @@ def _starts_engine(container: Mapping[str, Any], engine: Engine) -> bool:
         if base in ENGINE_MARKERS[engine]:
             return True
     return False
+
+
+def second_batch_limit(container: Mapping[str, Any], engine: Engine) -> str | None:
+    """vLLM 0.34's `--max-num-active-seqs` in the engine container, as written: a cap on the running
+    batch beside `--max-num-seqs`, so the value the operator writes either does not run (above it) or
+    stops the engine from starting (below it: vLLM refuses)."""
+    if engine != Engine.VLLM:
+        return None
+    words = _words(container)
+    uses = [use for flag in vllm.STRIPPED for use in flag_uses(words, flag, vllm.COMMAND_LINE)]
+    return " ".join(use.written if use.width == 1 else f"{use.written} {use.value}" for use in uses) or None
 
 
 def engine_container(
@@ -156,7 +169,8 @@ def adopt(ref: TargetRef, engine: Engine, workload: Mapping[str, Any] | None, na
             f"{ref.kind} {namespace}/{ref.name} selects its pods with matchExpressions; the operator "
             "finds the engine pods by matchLabels only",
         )
-    wired = REFERENCE in " ".join(_words(container))
+    second_limit = second_batch_limit(container, engine)
+    wired = REFERENCE in " ".join(_words(container)) and second_limit is None
     return Target(
         ref.kind,
         ref.name,
@@ -166,6 +180,7 @@ def adopt(ref: TargetRef, engine: Engine, workload: Mapping[str, Any] | None, na
         labels,
         version,
         problem,
+        second_limit,
     )
 
 

@@ -1125,6 +1125,16 @@ class _Reconcile:
         if target.problem is not None:
             reason, message = target.problem
             c.set("Wired", "False", reason, f"{message}; nothing is written, recommendations only")
+        elif target.second_limit is not None:
+            c.set(
+                "Wired",
+                "False",
+                "SecondBatchLimit",
+                f"container {target.container} of {target.kind} {target.name} also sets "
+                f"{target.second_limit}, a second cap on vLLM's running batch (vLLM refuses to start when "
+                f"it is above --max-num-seqs, and under it the value the operator writes is not what runs): "
+                "remove it; until then the operator writes nothing and reports recommendations only",
+            )
         elif not target.wired:
             c.set(
                 "Wired",

@@ -477,7 +477,7 @@ def overridden_args(obj: LLMServing, desired: Desired) -> list[str]:
             max_num_seqs=desired.max_num_seqs,
             kv_cache_dtype=spec.model.kv_cache_dtype,
         )
-        flags = [*VLLM_MANAGED, "--max-num-batched-tokens"]
+        flags = [*VLLM_MANAGED, "--max-num-batched-tokens", *vllm.STRIPPED]
         cli = vllm.COMMAND_LINE
         if spec.model.kv_cache_dtype != "auto":
             flags.append("--kv-cache-dtype")

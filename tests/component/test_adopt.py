@@ -135,6 +135,23 @@ def test_args_without_the_variable_get_the_exact_argument_and_no_write(world: Wo
     assert "ArgsDoNotReferenceVariable" in [e["reason"] for e in world.kube.events]
 
 
+def test_a_second_running_batch_limit_in_the_args_is_named_and_nothing_is_written(world: World) -> None:
+    """vLLM 0.34 refuses to start with --max-num-active-seqs above --max-num-seqs; under it, the
+    value written would not be the one running. Either way the operator writes nothing."""
+    args = ["--max-num-seqs=$(BATCHKNEE_MAX_NUM_SEQS)", "--max-num-active-seq", "128", "--port", "8000"]
+    world.kube.apply(user_workload(args=args))
+    before = world.kube.get("Deployment", "default", "vllm")
+    world.kube.create(adopting())
+    world.reconcile("tuner")
+
+    assert world.kube.get("Deployment", "default", "vllm") == before
+    wired = world.kube.condition("default", "tuner", "Wired")
+    assert wired["status"] == "False" and wired["reason"] == "SecondBatchLimit"
+    assert "also sets --max-num-active-seq 128" in wired["message"] and "remove it" in wired["message"]
+    status = world.kube.status("default", "tuner")
+    assert status["recommendedMaxNumSeqs"] == 64 and status["action"] == "recommend"
+
+
 @pytest.mark.parametrize(
     ("workload", "ref", "reason", "words"),
     [

@@ -19,6 +19,7 @@ from batchknee.emulator import (
     Request,
     vllm_num_gpu_blocks,
 )
+from batchknee.emulator.engine_args import EngineArgsError, parse_emulator_args
 
 ROOFLINE = DecodeRoofline(
     find_model("llama-3-8b"), find_gpu("a100-80gb"), params=8.0e9, bandwidth_bytes_per_s=2.0e12
@@ -156,3 +157,23 @@ def test_fault_settings_are_validated() -> None:
         config(fault_step_slowdown=0.0)
     with pytest.raises(EngineConfigError, match="fault_above_running"):
         config(fault_above_running=-1)
+
+
+def test_vllms_max_num_active_seqs_caps_the_running_batch_from_the_start() -> None:
+    """vLLM 0.34's `--max-num-active-seqs`: the runner keeps --max-num-seqs, admission stops at it."""
+    recorder = Recorder()
+    engine = Engine(config(max_num_active_seqs=24), step_hook=recorder)
+    for _ in range(200):
+        engine.submit(128, 200)
+    engine.run_until(30.0, max_steps=2_000)
+    assert engine.live_max_num_seqs == 24 and max(running for _, running in recorder.steps) == 24
+    settings = parse_emulator_args(
+        ["llama-3-8b", "--max-num-seqs", "64", "--max-num-active-seqs", "24"], environ={}
+    )
+    assert settings.config.max_num_active_seqs == 24
+    with pytest.raises(
+        EngineArgsError, match=r"--max-num-active-seqs: 65 cannot be greater than --max-num-seqs 64"
+    ):
+        parse_emulator_args(["llama-3-8b", "--max-num-seqs", "64", "--max-num-active-seqs", "65"], environ={})
+    with pytest.raises(EngineConfigError, match="max_num_active_seqs"):
+        config(max_num_active_seqs=65)

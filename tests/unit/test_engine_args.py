@@ -7,12 +7,14 @@ from hypothesis import strategies as st
 
 from batchknee.core.engine_args import (
     flag_value,
+    float_flag,
     int_flag,
     overridden_flags,
     strip_flags,
     trtllm_args,
     vllm_args,
 )
+from batchknee.engines import sglang
 
 SPELLINGS = ["--max-num-seqs", "--max_num_seqs"]
 units = st.sampled_from(
@@ -111,6 +113,16 @@ def test_every_spelling_of_a_managed_flag_is_replaced() -> None:
     assert strip_flags(["--max-num", "3", "--max-num-batched-tokens", "9"], ["--max-num-seqs"]) == [
         "--max-num", "3", "--max-num-batched-tokens", "9",
     ]  # fmt: skip
+
+
+def test_the_flags_the_operator_reads_are_read_in_the_abbreviations_the_engine_takes() -> None:
+    # unambiguous in vLLM 0.34 and SGLang 0.5.23 (tests/contract checks every prefix against them)
+    assert float_flag(["--gpu-memory-util", "0.5"], "--gpu-memory-utilization") == 0.5
+    assert float_flag(["--mem-frac=0.7"], "--mem-fraction-static", sglang.COMMAND_LINE) == 0.7
+    assert int_flag(["--chunked-prefill", "512"], "--chunked-prefill-size", sglang.COMMAND_LINE) == 512
+    # vLLM 0.34's --max-num-scheduled-tokens makes `--max-num-s` ambiguous: argparse refuses it
+    assert strip_flags(["--max-num-s", "8"], ["--max-num-seqs"]) == ["--max-num-s", "8"]
+    assert strip_flags(["--max-num-se", "8"], ["--max-num-seqs"]) == []
 
 
 def test_a_valued_flag_without_a_value_never_swallows_the_next_flag() -> None:

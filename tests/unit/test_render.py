@@ -317,6 +317,20 @@ def test_overridden_args_name_the_users_spelling_and_the_value_run() -> None:
     assert overridden_args(obj(args=["--seed", "3"]), Desired(64, 0)) == []
 
 
+def test_a_second_running_batch_limit_is_removed_and_named() -> None:
+    """vLLM 0.34's --max-num-active-seqs caps the running batch under --max-num-seqs: above the
+    operator's value vLLM refuses to start, under it the operator's value would not be what runs."""
+    user = ["--max-num-active-seq", "128", "--max_num_active_seqs=8", "--seed", "3"]
+    dep = deployment(obj(args=user), Desired(64, 0), RenderDefaults())
+    args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert int_flag(args, "--max-num-seqs") == 64
+    assert not any("active" in a for a in args) and args[-2:] == ["--seed", "3"]
+    assert overridden_args(obj(args=user), Desired(64, 0)) == [
+        "--max-num-active-seq 128 → removed",
+        "--max_num_active_seqs=8 → removed",
+    ]
+
+
 def test_sglang_deployment_runs_launch_server_with_the_managed_flags_first() -> None:
     user = [
         "--model",

@@ -45,7 +45,7 @@ def _spellings(flag: str, cli: CommandLine) -> set[str]:
     return spellings
 
 
-def _abbreviates(name: str, flag: str, cli: CommandLine) -> bool:
+def abbreviates(name: str, flag: str, cli: CommandLine) -> bool:
     """Whether argparse would read the long option `name` as an abbreviation of the engine's `flag`
     (or of one of its long aliases)."""
     name = _normal(name)
@@ -63,7 +63,7 @@ def _matches(token: str, flag: str, cli: CommandLine) -> tuple[bool, bool]:
     """(is this `flag` in any spelling, does the token carry its own value `--flag=value`)."""
     spellings = _spellings(flag, cli)
     name, sep, _ = token.partition("=")
-    if name in spellings or _abbreviates(name, flag, cli):
+    if name in spellings or abbreviates(name, flag, cli):
         return True, bool(sep)
     return False, False
 
@@ -170,8 +170,9 @@ def vllm_args(
 ) -> list[str]:
     """The managed flags first, then the user's args without any of them. `--kv-cache-dtype` is
     managed only when the spec asks for a non-default KV dtype (the math assumes it). A user
-    `--max-num-batched-tokens` below the batch limit is raised to it (vLLM refuses to start)."""
-    managed = list(VLLM_MANAGED)
+    `--max-num-batched-tokens` below the batch limit is raised to it (vLLM refuses to start), and a
+    `--max-num-active-seqs` is removed: the batch limit is `--max-num-seqs` alone."""
+    managed = [*VLLM_MANAGED, *vllm.STRIPPED]
     if kv_cache_dtype != "auto":
         managed.append("--kv-cache-dtype")
     kept = strip_flags(user_args, managed)

@@ -70,10 +70,16 @@ class EngineConfig:
     max_waiting: int = 100_000
     fault_step_slowdown: float = 1.0
     fault_above_running: int | None = None
+    max_num_active_seqs: int | None = None  # vLLM 0.34: admission into the running batch, ≤ max_num_seqs
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
             raise EngineConfigError("max_num_seqs must be at least 1")
+        if self.max_num_active_seqs is not None and not 1 <= self.max_num_active_seqs <= self.max_num_seqs:
+            raise EngineConfigError(
+                f"max_num_active_seqs ({self.max_num_active_seqs}) cannot be greater than max_num_seqs "
+                f"({self.max_num_seqs})"
+            )
         if not math.isfinite(self.fault_step_slowdown) or self.fault_step_slowdown <= 0.0:
             raise EngineConfigError("fault_step_slowdown must be a positive factor")
         if self.fault_above_running is not None and self.fault_above_running < 0:
@@ -304,7 +310,7 @@ class Engine:
                 load, random.Random(f"{seed}/load"), closed_loop_ramp_s=closed_loop_ramp_s
             )
         self._load_rng_seed = seed
-        self._live_cap = config.max_num_seqs
+        self._live_cap = config.max_num_active_seqs or config.max_num_seqs
         # While draining down to a lowered cap: the most sequences that may run (the batch when the
         # cap was lowered, shrinking as sequences leave); never below the live cap.
         self._allowance = config.max_num_seqs

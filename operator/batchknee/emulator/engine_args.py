@@ -233,6 +233,12 @@ def _emulator_parser(engine: str) -> _Parser:
         flags.add_argument("--max-num-seqs", type=positive_int)
         flags.add_argument("--max-num-batched-tokens", type=positive_int)
         flags.add_argument(
+            "--max-num-active-seqs",
+            type=positive_int,
+            default=None,
+            help="cap on the running batch (vLLM 0.34)",
+        )
+        flags.add_argument(
             "--gpu-memory-utilization", type=unit_fraction, default=vllm.DEFAULT_GPU_MEMORY_UTILIZATION
         )
         flags.add_argument("--block-size", type=positive_int, default=vllm.DEFAULT_BLOCK_SIZE)
@@ -574,6 +580,10 @@ def _vllm(
         raise EngineArgsError(
             f"--max-num-batched-tokens: {batched} must be greater than or equal to --max-num-seqs {max_num_seqs}"
         )
+    if args.max_num_active_seqs is not None and args.max_num_active_seqs > max_num_seqs:
+        raise EngineArgsError(
+            f"--max-num-active-seqs: {args.max_num_active_seqs} cannot be greater than --max-num-seqs {max_num_seqs}"
+        )
     max_model_len = args.max_model_len or DEFAULT_MAX_MODEL_LEN
     blocks = args.num_gpu_blocks_override or vllm_num_gpu_blocks(
         roof, args.gpu_memory_utilization, args.block_size
@@ -585,6 +595,7 @@ def _vllm(
             roofline=roof,
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=batched,
+            max_num_active_seqs=args.max_num_active_seqs,
             num_gpu_blocks=blocks,
             block_size=args.block_size,
             max_model_len=max_model_len,

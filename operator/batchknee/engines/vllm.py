@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from batchknee.engines.contract import CommandLine, EngineMetrics, HttpSurface
 
-VERSION = "0.33.0"
+VERSION = "0.34.0"
 APP_NAME = "vllm"
 KNOB_FLAG = "--max-num-seqs"
 PROGRAM = "vllm"
@@ -27,42 +27,56 @@ SHORT_ALIASES: dict[str, tuple[str, ...]] = {
     "--data-parallel-size": ("-dp",),
     "--quantization": ("-q",),
 }
-# vLLM long options that share a stem with the managed ones: an abbreviation is a managed flag only
-# when it is a prefix of that flag and of none of these (argparse refuses an ambiguous one).
+# Flags of the user's args the operator reads (the step token budget, the KV pool's share of GPU
+# memory, the KV dtype) and the one it removes: vLLM 0.34's `--max-num-active-seqs` caps the running
+# batch under `--max-num-seqs` (and vLLM refuses to start when it is above it), a second batch limit.
+READ_FLAGS = ("--max-num-batched-tokens", "--gpu-memory-utilization", "--kv-cache-dtype")
+STRIPPED = ("--max-num-active-seqs",)
+# Every `vllm serve` long option sharing its first two letters with a flag the operator manages,
+# reads or removes: argparse expands a prefix that starts one option only, so an abbreviation is one
+# of those flags only when it is unambiguous among these (tests/contract holds this to the release).
 NEIGHBOURS = (
-    "--max-num-batched-tokens",
-    "--max-num-partial-prefills",
-    "--max-long-partial-prefills",
-    "--max-model-len",
-    "--max-logprobs",
-    "--max-loras",
-    "--max-lora-rank",
-    "--max-cpu-loras",
-    "--max-parallel-loading-workers",
-    "--max-seq-len-to-capture",
-    "--tensor-parallel-size",
-    "--tokenizer",
-    "--tokenizer-mode",
-    "--tool-call-parser",
-    "--tool-parser-plugin",
-    "--trust-remote-code",
-    "--task",
-    "--port",
-    "--pipeline-parallel-size",
-    "--preemption-mode",
-    "--prefix-caching-hash-algo",
-    "--served-model-name",
-    "--seed",
-    "--scheduling-policy",
-    "--scheduler-cls",
+    "--gpu-memory-utilization",
     "--kv-cache-dtype",
+    "--kv-cache-dtype-skip-layers",
     "--kv-cache-memory-bytes",
-    "--kv-transfer-config",
+    "--kv-cache-metrics",
+    "--kv-cache-metrics-sample",
     "--kv-events-config",
-    "--kv-sharing-fast-prefill",
-    "--kv-offloading-size",
     "--kv-offloading-backend",
+    "--kv-offloading-size",
+    "--kv-sharing-fast-prefill",
+    "--kv-transfer-config",
+    "--mamba-backend",
+    "--mamba-block-size",
+    "--mamba-cache-dtype",
+    "--mamba-cache-mode",
+    "--mamba-cache-philox-rounds",
+    "--mamba-ssm-cache-dtype",
+    "--mamba-ssu-algorithm",
+    "--master-addr",
+    "--master-port",
+    "--max-cpu-loras",
+    "--max-cudagraph-capture-size",
+    "--max-log-len",
+    "--max-logprobs",
+    "--max-lora-cls-labels",
+    "--max-lora-rank",
+    "--max-loras",
+    "--max-model-len",
+    "--max-num-active-seqs",
+    "--max-num-batched-tokens",
+    "--max-num-inflight-kv-loads",
+    "--max-num-queued-reqs",
+    "--max-num-queued-tokens",
+    "--max-num-scheduled-tokens",
     "--max-num-seqs",
+    "--max-parallel-loading-workers",
+    "--pooler-config",
+    "--port",
+    "--seed",
+    "--served-model-name",
+    "--tensor-parallel-size",
 )
 COMMAND_LINE = CommandLine(managed=MANAGED, aliases=SHORT_ALIASES, abbreviable=frozenset(NEIGHBOURS))
 
@@ -88,7 +102,7 @@ METRICS = EngineMetrics(
     # (time_per_output_token_seconds is inter-token latency too, under its ≤ 0.11 name)
     step_time=("vllm[:_]inter_token_latency_seconds", "vllm[:_]time_per_output_token_seconds"),
 )
-# vLLM counts the bytes it reads only with this switch (vllm/v1/metrics/perf.py, 0.33.0); without it
+# vLLM counts the bytes it reads only with this switch (vllm/v1/metrics/perf.py, 0.34.0); without it
 # the counter is still registered, at zero, per engine (labels model_name, engine).
 MFU_METRICS_SWITCH = "--enable-mfu-metrics"
 # The KV pool size: cache_config_info carries the numbers as labels (the value is always 1).
