@@ -74,8 +74,8 @@ RESTRICTED_POD_SECURITY_CONTEXT: dict[str, Any] = {
 class RenderDefaults:
     """Operator-wide defaults (from its settings)."""
 
-    vllm_image: str = "vllm/vllm-openai:v0.11.0"
-    trtllm_image: str = "nvcr.io/nvidia/tensorrt-llm/release:1.0.0"
+    vllm_image: str = f"vllm/vllm-openai:v{vllm.VERSION}"
+    trtllm_image: str = f"nvcr.io/nvidia/tensorrt-llm/release:{trtllm.VERSION}"
     sglang_image: str = f"lmsysorg/sglang:v{sglang.VERSION}"
 
     def image(self, engine: Engine) -> str:

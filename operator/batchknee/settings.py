@@ -21,6 +21,7 @@ from batchknee.api.admission import (
     AdmissionRules,
 )
 from batchknee.api.models import DNS_LABEL_PATTERN, OBJECT_NAME_PATTERN, TARGET_ENV_VAR
+from batchknee.render import RenderDefaults
 
 DOTTED_NUMBERS = re.compile(r"^[0-9.]+$")
 HOST_NAME = re.compile(
@@ -103,11 +104,10 @@ class OperatorSettings(BaseSettings):
         le=2**31 - 1,
         description="This replica's peering priority (default: random, so two replicas never tie)",
     )
-    vllm_image: str = Field("vllm/vllm-openai:v0.11.0", description="Default vLLM image")
-    trtllm_image: str = Field(
-        "nvcr.io/nvidia/tensorrt-llm/release:1.0.0", description="Default TensorRT-LLM image"
-    )
-    sglang_image: str = Field("lmsysorg/sglang:v0.5.23", description="Default SGLang image")
+    # the engine releases the contracts are pinned to (batchknee.engines)
+    vllm_image: str = Field(RenderDefaults.vllm_image, description="Default vLLM image")
+    trtllm_image: str = Field(RenderDefaults.trtllm_image, description="Default TensorRT-LLM image")
+    sglang_image: str = Field(RenderDefaults.sglang_image, description="Default SGLang image")
     verbose: bool = Field(False, description="Debug logging")
     # What LLMServings may ask of their engine pods beyond the allow-list (batchknee.api.admission).
     allowed_images: Annotated[list[str], NoDecode] = Field(

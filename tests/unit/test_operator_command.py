@@ -345,3 +345,20 @@ def test_the_readmes_settings_reference_is_every_setting_as_the_operator_reads_i
     )
     listed = set(re.findall(r"^\| `(BATCHKNEE_[A-Z0-9_]+)` \|", table(), re.MULTILINE))
     assert listed == setting_variables() and "BATCHKNEE_PROMETHEUS_CA_FILE" in listed
+
+
+def test_the_default_engine_images_are_the_releases_the_contracts_are_pinned_to() -> None:
+    import yaml
+
+    from batchknee.engines import sglang, trtllm, vllm
+    from batchknee.settings import OperatorSettings
+
+    defaults = OperatorSettings.model_fields
+    pinned = {"vllm": vllm.VERSION, "tensorrtLlm": trtllm.VERSION, "sglang": sglang.VERSION}
+    values = Path(__file__).resolve().parents[2] / "charts/batchknee/values.yaml"
+    chart = yaml.safe_load(values.read_text())["operator"]["engineImages"]
+    images = {"vllm": "vllm_image", "tensorrtLlm": "trtllm_image", "sglang": "sglang_image"}
+    for engine, field in images.items():
+        default = defaults[field].default
+        assert default.rsplit(":", 1)[1].removeprefix("v") == pinned[engine], default
+        assert chart[engine] == default, f"charts/batchknee/values.yaml operator.engineImages.{engine}"
