@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from batchknee.api.models import TARGET_ENV_VAR, Engine, TargetRef
-from batchknee.core.engine_args import flag_uses
+from batchknee.core.engine_args import flag_uses, int_flag
 from batchknee.engines import sglang, trtllm, vllm
 from batchknee.render import DeploymentState, as_int, rollout_state
 
@@ -24,6 +24,12 @@ KNOB_FLAG = {
     Engine.VLLM: vllm.KNOB_FLAG,
     Engine.TensorRTLLM: trtllm.KNOB_FLAG,
     Engine.SGLang: sglang.KNOB_FLAG,
+}
+# How each engine's parser reads the container's words.
+COMMAND_LINE = {
+    Engine.VLLM: vllm.COMMAND_LINE,
+    Engine.TensorRTLLM: trtllm.COMMAND_LINE,
+    Engine.SGLang: sglang.COMMAND_LINE,
 }
 # What in a container's command or args says it starts the engine.
 ENGINE_MARKERS = {
@@ -137,9 +143,18 @@ def env_value(container: Mapping[str, Any]) -> int | None:
     return None
 
 
-def workload_state(workload: Mapping[str, Any], container: Mapping[str, Any]) -> DeploymentState:
+def running_value(container: Mapping[str, Any], engine: Engine) -> int | None:
+    """The batch limit the engine container runs: a number in its args (not wired yet), else the
+    operator's env value; None where neither says (the engine's default)."""
+    written = int_flag(_words(container), KNOB_FLAG[engine], COMMAND_LINE[engine])
+    return written if written is not None else env_value(container)
+
+
+def workload_state(
+    workload: Mapping[str, Any], container: Mapping[str, Any], engine: Engine
+) -> DeploymentState:
     """How far the workload's rollout is (Deployment or StatefulSet) and the value it runs."""
-    return rollout_state(workload, env_value(container), None, ())
+    return rollout_state(workload, running_value(container, engine), None, ())
 
 
 def adopt(ref: TargetRef, engine: Engine, workload: Mapping[str, Any] | None, namespace: str) -> Target:
@@ -176,7 +191,7 @@ def adopt(ref: TargetRef, engine: Engine, workload: Mapping[str, Any] | None, na
         ref.name,
         str(container.get("name")),
         wired,
-        workload_state(workload, container),
+        workload_state(workload, container, engine),
         labels,
         version,
         problem,

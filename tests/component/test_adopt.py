@@ -131,8 +131,21 @@ def test_args_without_the_variable_get_the_exact_argument_and_no_write(world: Wo
     assert wired["status"] == "False" and wired["reason"] == "ArgsDoNotReferenceVariable"
     assert "--max-num-seqs=$(BATCHKNEE_MAX_NUM_SEQS)" in wired["message"]
     status = world.kube.status("default", "tuner")
-    assert status["recommendedMaxNumSeqs"] == 64 and status["action"] == "recommend"
+    assert status["maxNumSeqs"] == 256 and status["action"] == "recommend"  # what the args run
     assert "ArgsDoNotReferenceVariable" in [e["reason"] for e in world.kube.events]
+
+    # traffic at 8k tokens: the recommendation is read against the value the workload runs
+    finish(world)
+    world.kube.objects[("Pod", "default", "vllm-0")] = pod("vllm-0")
+    world.clock.advance(121)
+    for _ in range(6):
+        world.observer.set("default", "tuner", observation(world.clock.now, ctx=8192))
+        world.reconcile("tuner")
+        world.clock.advance(30)
+    status = world.kube.status("default", "tuner")
+    assert (status["maxNumSeqs"], status["recommendedMaxNumSeqs"]) == (256, 16)
+    assert status["reason"].startswith("recommend 16: avg ctx 8192 tok") and "keeps 256" in status["reason"]
+    assert world.kube.get("Deployment", "default", "vllm")["spec"] == before["spec"]  # type: ignore[index]
 
 
 def test_a_second_running_batch_limit_in_the_args_is_named_and_nothing_is_written(world: World) -> None:
