@@ -120,15 +120,21 @@ def test_a_wired_workload_gets_one_env_value_and_nothing_else(world: World) -> N
     assert without_env(world.kube.get("Deployment", "default", "vllm")) == without_env(before)  # type: ignore[arg-type]
 
 
-def test_args_without_the_variable_get_the_exact_argument_and_no_write(world: World) -> None:
-    world.kube.apply(user_workload(args=["--max-num-seqs", "256"]))
+def adopted_unwritten(world: World, args: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Adopt a workload with these args: it is left as it was; (the workload, the Wired condition)."""
+    world.kube.apply(user_workload(args=args))
     before = world.kube.get("Deployment", "default", "vllm")
     world.kube.create(adopting())
     world.reconcile("tuner")
-
-    assert world.kube.get("Deployment", "default", "vllm") == before
+    assert before is not None and world.kube.get("Deployment", "default", "vllm") == before
     wired = world.kube.condition("default", "tuner", "Wired")
-    assert wired["status"] == "False" and wired["reason"] == "ArgsDoNotReferenceVariable"
+    assert wired["status"] == "False"
+    return before, wired
+
+
+def test_args_without_the_variable_get_the_exact_argument_and_no_write(world: World) -> None:
+    before, wired = adopted_unwritten(world, ["--max-num-seqs", "256"])
+    assert wired["reason"] == "ArgsDoNotReferenceVariable"
     assert "--max-num-seqs=$(BATCHKNEE_MAX_NUM_SEQS)" in wired["message"]
     status = world.kube.status("default", "tuner")
     assert status["maxNumSeqs"] == 256 and status["action"] == "recommend"  # what the args run
@@ -152,14 +158,8 @@ def test_a_second_running_batch_limit_in_the_args_is_named_and_nothing_is_writte
     """vLLM 0.34 refuses to start with --max-num-active-seqs above --max-num-seqs; under it, the
     value written would not be the one running. Either way the operator writes nothing."""
     args = ["--max-num-seqs=$(BATCHKNEE_MAX_NUM_SEQS)", "--max-num-active-seq", "128", "--port", "8000"]
-    world.kube.apply(user_workload(args=args))
-    before = world.kube.get("Deployment", "default", "vllm")
-    world.kube.create(adopting())
-    world.reconcile("tuner")
-
-    assert world.kube.get("Deployment", "default", "vllm") == before
-    wired = world.kube.condition("default", "tuner", "Wired")
-    assert wired["status"] == "False" and wired["reason"] == "SecondBatchLimit"
+    _, wired = adopted_unwritten(world, args)
+    assert wired["reason"] == "SecondBatchLimit"
     assert "also sets --max-num-active-seq 128" in wired["message"] and "remove it" in wired["message"]
     status = world.kube.status("default", "tuner")
     assert status["recommendedMaxNumSeqs"] == 64 and status["action"] == "recommend"
