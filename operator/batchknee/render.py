@@ -236,6 +236,7 @@ def engine_config(obj: LLMServing, desired: Desired) -> str:
         kv["dtype"] = memory.dtype
     options["kv_cache_config"] = kv
     options["max_batch_size"] = desired.max_num_seqs
+    options.update(trtllm.METRICS_OPTIONS)
     return yaml.safe_dump(options, sort_keys=True)
 
 
@@ -494,14 +495,22 @@ def overridden_args(obj: LLMServing, desired: Desired) -> list[str]:
         flags = [*TRTLLM_MANAGED, trtllm.KNOB_FLAG]
         rendered += [trtllm.KNOB_FLAG, str(desired.max_num_seqs)]  # it lives in the options file
         cli = trtllm.COMMAND_LINE
-        options = spec.extra_llm_api_options or {}
-        given = options.get("max_batch_size") if isinstance(options, dict) else None
-        if given is not None and given != desired.max_num_seqs:
-            return [
-                *overridden_flags(user, rendered, dict.fromkeys(flags), trtllm.COMMAND_LINE),
-                f"extraLlmApiOptions.max_batch_size {given} → {desired.max_num_seqs}",
-            ]
+        options = spec.extra_llm_api_options if isinstance(spec.extra_llm_api_options, dict) else {}
+        managed_options = {trtllm.KNOB_OPTION: desired.max_num_seqs, **trtllm.METRICS_OPTIONS}
+        return [
+            *overridden_flags(user, rendered, dict.fromkeys(flags), trtllm.COMMAND_LINE),
+            *(
+                f"extraLlmApiOptions.{key} {yaml_scalar(options[key])} → {yaml_scalar(value)}"
+                for key, value in managed_options.items()
+                if key in options and options[key] != value
+            ),
+        ]
     return overridden_flags(user, rendered, dict.fromkeys(flags), cli)
+
+
+def yaml_scalar(value: Any) -> str:
+    """A value as the options file spells it (`true`, `512`)."""
+    return json.dumps(value) if isinstance(value, bool) else str(value)
 
 
 def render(obj: LLMServing, desired: Desired, defaults: RenderDefaults | None = None) -> list[dict[str, Any]]:

@@ -149,6 +149,17 @@ def test_trtllm_yaml_max_tokens_wins_when_smaller(tmp_path: Path) -> None:
     assert (config.block_size, config.num_gpu_blocks) == (32, 65536 // 32)
     assert config.reserve_full_sequence and not config.enable_prefix_caching
     assert settings.trtllm["max_tokens"] == 65536
+    # trtllm-serve serves its Prometheus metrics only with these two switched on (the operator sets both)
+    assert [w for w in settings.warnings if "trtllm-serve would export no" in w] == [
+        "--extra_llm_api_options: return_perf_metrics and enable_iter_perf_stats not true: trtllm-serve would "
+        "export no Prometheus metrics (return_perf_metrics) or no running and KV gauges (enable_iter_perf_stats); "
+        "the emulator still does"
+    ]
+    options.write_text("return_perf_metrics: true\nenable_iter_perf_stats: true\n")
+    switched_on = parse_emulator_args(
+        ["--engine", "trtllm", "llama-3-8b", "--config", str(options)], environ={}
+    )
+    assert not [w for w in switched_on.warnings if "trtllm-serve would export no" in w]
     # Without max_tokens the fraction of the memory left after weights is the budget.
     options.write_text("kv_cache_config:\n  free_gpu_memory_fraction: 0.5\n")
     fraction_only = parse_emulator_args(

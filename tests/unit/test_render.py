@@ -138,11 +138,14 @@ def test_tensorrt_llm_objects() -> None:
     }
     options = yaml.safe_load(config_map["data"]["engine.yaml"])
     # no max_tokens: max_batch_size carries the knee (a B × context token cap starves the
-    # guaranteed-no-evict scheduler); the free-memory fraction is the one the math uses
+    # guaranteed-no-evict scheduler); the free-memory fraction is the one the math uses; without
+    # the two switches trtllm-serve has no /prometheus/metrics and no running or KV gauges
     assert options == {
         "backend": "pytorch",
         "max_batch_size": 16,
         "kv_cache_config": {"enable_block_reuse": True, "free_gpu_memory_fraction": 0.9},
+        "return_perf_metrics": True,
+        "enable_iter_perf_stats": True,
     }
     assert config_map["immutable"] is True
     assert re.fullmatch(r"chat-engine-[0-9a-f]{8}", config_map["metadata"]["name"])
@@ -307,12 +310,17 @@ def test_overridden_args_name_the_users_spelling_and_the_value_run() -> None:
     trt = obj(
         engine="TensorRTLLM",
         args=["--tp_size", "1", "--max_batch_size", "512"],
-        extraLlmApiOptions={"max_batch_size": 300},
+        extraLlmApiOptions={
+            "max_batch_size": 300,
+            "return_perf_metrics": False,
+            "enable_iter_perf_stats": True,
+        },
     )
     assert overridden_args(trt, Desired(16, 0)) == [
         "--max_batch_size 512 → 16",
         "--tp_size 1 → 2",
         "extraLlmApiOptions.max_batch_size 300 → 16",
+        "extraLlmApiOptions.return_perf_metrics false → true",
     ]
     assert overridden_args(obj(args=["--seed", "3"]), Desired(64, 0)) == []
 

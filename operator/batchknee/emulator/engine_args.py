@@ -760,6 +760,13 @@ def _trtllm(
     kv_dtype = _KV_DTYPES.get(str(kv.get("dtype", "auto")).lower())
     if kv_dtype is None:
         raise EngineArgsError("--extra_llm_api_options: kv_cache_config.dtype must be auto or fp8")
+    switched_off = [key for key, on in trtllm_engine.METRICS_OPTIONS.items() if document.get(key) is not on]
+    if switched_off:
+        warnings.append(
+            f"--extra_llm_api_options: {' and '.join(switched_off)} not true: trtllm-serve would export no "
+            "Prometheus metrics (return_perf_metrics) or no running and KV gauges (enable_iter_perf_stats); "
+            "the emulator still does"
+        )
     scheduler = document.get("scheduler_config") or {}
     policy = (
         str(scheduler.get("capacity_scheduler_policy", "GUARANTEED_NO_EVICT"))

@@ -31,6 +31,11 @@ MANAGED = (
     "--extra_llm_api_options",
     "--config",
 )
+# The options that make trtllm-serve export its Prometheus metrics, set in every options file: it
+# builds its MetricsCollector and mounts /prometheus/metrics only with `return_perf_metrics`, and its
+# iteration gauges (running, waiting, KV cache) come from a stats loop that the PyTorch backend runs
+# only with `enable_iter_perf_stats` (tensorrt_llm/serve/openai_server.py; both default to false).
+METRICS_OPTIONS = {"return_perf_metrics": True, "enable_iter_perf_stats": True}
 # trtllm-serve's click parser takes no abbreviations and no short aliases of these.
 COMMAND_LINE = CommandLine(managed=MANAGED)
 
