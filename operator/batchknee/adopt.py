@@ -10,6 +10,8 @@ workload: the rollout record lives in the LLMServing's status.
 
 from __future__ import annotations
 
+import re
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +40,8 @@ ENGINE_MARKERS = {
     Engine.SGLang: sglang.COMMANDS,
 }
 REFERENCE = f"$({TARGET_ENV_VAR})"
+SHELLS = frozenset({"sh", "bash", "dash", "ash", "zsh"})
+SHELL_SCRIPT_FLAG = re.compile(r"-[a-z]*c[a-z]*")  # -c, -ec, -lc
 
 
 def tuned_workload(body: Mapping[str, Any]) -> tuple[str, str] | None:
@@ -87,7 +91,18 @@ def unobservable(target: Target) -> bool:
 
 
 def _words(container: Mapping[str, Any]) -> list[str]:
-    return [str(w) for w in (*(container.get("command") or []), *(container.get("args") or []))]
+    """The container's command and args; a shell's `-c` script is split into its words
+    (`sh -c "vllm serve M --max-num-seqs=$(BATCHKNEE_MAX_NUM_SEQS)"`: Kubernetes expands the
+    reference before the shell runs)."""
+    words = [str(w) for w in (*(container.get("command") or []), *(container.get("args") or []))]
+    for index, word in enumerate(words[:-2]):
+        if word.rsplit("/", 1)[-1] in SHELLS and SHELL_SCRIPT_FLAG.fullmatch(words[index + 1]):
+            try:
+                script = shlex.split(words[index + 2])
+            except ValueError:  # unbalanced quotes: the shell would refuse it too
+                return words
+            return [*words[: index + 2], *script, *words[index + 3 :]]
+    return words
 
 
 def _starts_engine(container: Mapping[str, Any], engine: Engine) -> bool:

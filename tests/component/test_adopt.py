@@ -165,6 +165,33 @@ def test_a_second_running_batch_limit_in_the_args_is_named_and_nothing_is_writte
     assert status["recommendedMaxNumSeqs"] == 64 and status["action"] == "recommend"
 
 
+def test_a_shell_wrapped_engine_is_read_word_by_word(world: World) -> None:
+    """`sh -c "vllm serve …"`: Kubernetes expands $(VAR) in the script, so it is wired; a second
+    batch limit inside the script is found the same way."""
+    wrapped = user_workload(args=[])
+    engine = wrapped["spec"]["template"]["spec"]["containers"][0]
+    engine["command"] = [
+        "/bin/sh",
+        "-c",
+        "exec vllm serve M --max-num-seqs=$(BATCHKNEE_MAX_NUM_SEQS) --port 8000",
+    ]
+    world.kube.apply(wrapped)
+    world.kube.create(adopting())
+    world.reconcile("tuner")
+    assert world.kube.condition("default", "tuner", "Wired")["reason"] == "ArgsReferenceVariable"
+    assert env(world)[TARGET_ENV_VAR] == "64"
+
+    engine["command"][2] += " --max-num-active-seqs 8"
+    world.kube.apply(
+        wrapped | {"metadata": {**wrapped["metadata"], "name": "other", "labels": {"app": "other"}}}
+    )
+    world.kube.create(adopting(name="other-tuner", target="other"))
+    world.reconcile("other-tuner")
+    wired = world.kube.condition("default", "other-tuner", "Wired")
+    assert wired["reason"] == "SecondBatchLimit" and "--max-num-active-seqs 8" in wired["message"]
+    assert TARGET_ENV_VAR not in env(world, "other")
+
+
 @pytest.mark.parametrize(
     ("workload", "ref", "reason", "words"),
     [

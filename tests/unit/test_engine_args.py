@@ -11,6 +11,7 @@ from batchknee.core.engine_args import (
     int_flag,
     overridden_flags,
     strip_flags,
+    token_count_flag,
     trtllm_args,
     vllm_args,
 )
@@ -123,6 +124,33 @@ def test_the_flags_the_operator_reads_are_read_in_the_abbreviations_the_engine_t
     # vLLM 0.34's --max-num-scheduled-tokens makes `--max-num-s` ambiguous: argparse refuses it
     assert strip_flags(["--max-num-s", "8"], ["--max-num-seqs"]) == ["--max-num-s", "8"]
     assert strip_flags(["--max-num-se", "8"], ["--max-num-seqs"]) == []
+
+
+def test_names_mixing_underscores_and_dashes_are_the_flag_vllm_reads() -> None:
+    # vLLM's parser turns every underscore in a name into a dash: these are its flags too
+    user = ["--max_num-seqs", "999", "--max-num-active_seqs=8", "--tensor_parallel-size", "4", "--seed", "1"]
+    rendered = vllm_args(user, served_model_name="m", tensor_parallel=1, max_num_seqs=64)
+    assert rendered[8:] == ["--seed", "1"] and int_flag(rendered, "--max-num-seqs") == 64
+    assert flag_value(rendered, "--tensor-parallel-size") == "1"
+
+
+def test_token_counts_are_read_in_vllms_human_readable_forms() -> None:
+    def read(value: str) -> int | None:
+        return token_count_flag(["--max-num-batched-tokens", value], "--max-num-batched-tokens")
+
+    assert [read(v) for v in ("2048", "2k", "2K", "0.5m", "1G", "25.6k")] == [
+        2048, 2000, 2048, 500_000, 2**30, 25_600,
+    ]  # fmt: skip
+    assert [read(v) for v in ("1.5K", "k", "-1", "2x", "")] == [None] * 5  # vLLM refuses these
+    # a budget under the batch limit is raised to it whichever way it is written (vLLM refuses to start)
+    rendered = vllm_args(
+        ["--max-num-batched-tokens", "0.05k"], served_model_name="m", tensor_parallel=1, max_num_seqs=64
+    )
+    assert rendered[-2:] == ["--max-num-batched-tokens", "64"]
+    kept = vllm_args(
+        ["--max-num-batched-tokens=2k"], served_model_name="m", tensor_parallel=1, max_num_seqs=64
+    )
+    assert kept[-1] == "--max-num-batched-tokens=2k"
 
 
 def test_a_valued_flag_without_a_value_never_swallows_the_next_flag() -> None:

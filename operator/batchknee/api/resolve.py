@@ -16,6 +16,7 @@ from batchknee.core.engine_args import (
     float_flag,
     int_flag,
     sglang_mem_fraction_static,
+    token_count_flag,
     vllm_gpu_memory_utilization,
 )
 from batchknee.core.observation import ObservationTarget
@@ -276,7 +277,7 @@ def _step_token_budget(spec: LLMServingSpec) -> int:
     """The engine's prefill + decode tokens per step: its flag in spec.args, else its default
     (vLLM 2048, TensorRT-LLM 8192, SGLang's chunked prefill 8192)."""
     if spec.engine == Engine.VLLM:
-        return int_flag(spec.args, "--max-num-batched-tokens") or vllm.DEFAULT_MAX_NUM_BATCHED_TOKENS
+        return token_count_flag(spec.args, "--max-num-batched-tokens") or vllm.DEFAULT_MAX_NUM_BATCHED_TOKENS
     if spec.engine == Engine.SGLang:
         chunk = int_flag(spec.args, "--chunked-prefill-size", sglang.COMMAND_LINE)
         return chunk if chunk is not None and chunk > 0 else sglang.DEFAULT_CHUNKED_PREFILL_SIZE

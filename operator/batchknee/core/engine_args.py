@@ -28,21 +28,18 @@ SGLANG_MANAGED = sglang.MANAGED
 SHORT_ALIASES = vllm.SHORT_ALIASES
 VLLM_NEIGHBOURS = vllm.NEIGHBOURS
 _NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
+_TOKEN_COUNT = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT]?)")
 
 
 def _normal(name: str) -> str:
-    """A long option as vLLM's parser sees it: underscores in the name become dashes."""
+    """A long option as vLLM's parser sees it: every underscore in the name becomes a dash."""
     return name.replace("_", "-")
 
 
 def _spellings(flag: str, cli: CommandLine) -> set[str]:
-    body = flag.lstrip("-")
-    canonical = f"--{body.replace('_', '-')}"
-    spellings = {f"--{body}", f"--{body.replace('-', '_')}", canonical, *cli.aliases.get(canonical, ())}
-    for alias in cli.aliases.get(canonical, ()):
-        if alias.startswith("--"):
-            spellings.add(alias.replace("-", "_").replace("__", "--", 1))
-    return spellings
+    """The flag and its aliases, normalised: `--max_num-seqs` is `--max-num-seqs` to vLLM."""
+    canonical = _normal(flag)
+    return {canonical, *(_normal(alias) for alias in cli.aliases.get(canonical, ()))}
 
 
 def abbreviates(name: str, flag: str, cli: CommandLine) -> bool:
@@ -61,9 +58,8 @@ def abbreviates(name: str, flag: str, cli: CommandLine) -> bool:
 
 def _matches(token: str, flag: str, cli: CommandLine) -> tuple[bool, bool]:
     """(is this `flag` in any spelling, does the token carry its own value `--flag=value`)."""
-    spellings = _spellings(flag, cli)
     name, sep, _ = token.partition("=")
-    if name in spellings or abbreviates(name, flag, cli):
+    if _normal(name) in _spellings(flag, cli) or abbreviates(name, flag, cli):
         return True, bool(sep)
     return False, False
 
@@ -147,6 +143,21 @@ def int_flag(args: Sequence[str], flag: str, cli: CommandLine = vllm.COMMAND_LIN
         return None
 
 
+def token_count_flag(args: Sequence[str], flag: str, cli: CommandLine = vllm.COMMAND_LINE) -> int | None:
+    """A token-count flag's value in the forms vLLM's `human_readable_int` takes (`2048`, `2k` =
+    2,000, `2K` = 2,048, `0.5m`; decimals only with the decimal suffixes); None when absent or not one."""
+    value = flag_value(args, flag, cli)
+    match = _TOKEN_COUNT.fullmatch(value.strip()) if value is not None else None
+    if match is None:
+        return None
+    number, suffix = match.groups()
+    if not suffix:
+        return int(number) if number.isdigit() else None
+    if suffix.islower():
+        return int(float(number) * 1000 ** ("kmgt".index(suffix) + 1))
+    return int(number) * 1024 ** ("KMGT".index(suffix) + 1) if number.isdigit() else None
+
+
 def float_flag(args: Sequence[str], flag: str, cli: CommandLine = vllm.COMMAND_LINE) -> float | None:
     value = flag_value(args, flag, cli)
     try:
@@ -176,7 +187,7 @@ def vllm_args(
     if kv_cache_dtype != "auto":
         managed.append("--kv-cache-dtype")
     kept = strip_flags(user_args, managed)
-    batched = int_flag(kept, "--max-num-batched-tokens")
+    batched = token_count_flag(kept, "--max-num-batched-tokens")
     if batched is not None and batched < max_num_seqs:
         kept = [
             *strip_flags(kept, ["--max-num-batched-tokens"]),
