@@ -97,12 +97,24 @@ def _words(container: Mapping[str, Any]) -> list[str]:
     words = [str(w) for w in (*(container.get("command") or []), *(container.get("args") or []))]
     for index, word in enumerate(words[:-2]):
         if word.rsplit("/", 1)[-1] in SHELLS and SHELL_SCRIPT_FLAG.fullmatch(words[index + 1]):
-            try:
-                script = shlex.split(words[index + 2])
-            except ValueError:  # unbalanced quotes: the shell would refuse it too
-                return words
-            return [*words[: index + 2], *script, *words[index + 3 :]]
+            return [*words[: index + 2], *_first_command(words[index + 2]), *words[index + 3 :]]
     return words
+
+
+def _first_command(script: str) -> list[str]:
+    """The words of a shell script's first command: comments dropped, nothing after `;`, `&&`,
+    `|` or `&` (another command's flags are not the engine's)."""
+    lexer = shlex.shlex(script, posix=True, punctuation_chars=";&|")
+    lexer.whitespace_split = True
+    command: list[str] = []
+    try:
+        for word in lexer:
+            if set(word) <= set(";&|"):
+                break
+            command.append(word)
+    except ValueError:  # unbalanced quotes: the shell would refuse the script too
+        return [script]
+    return command
 
 
 def _starts_engine(container: Mapping[str, Any], engine: Engine) -> bool:
@@ -159,10 +171,17 @@ def env_value(container: Mapping[str, Any]) -> int | None:
 
 
 def running_value(container: Mapping[str, Any], engine: Engine) -> int | None:
-    """The batch limit the engine container runs: a number in its args (not wired yet), else the
-    operator's env value; None where neither says (the engine's default)."""
-    written = int_flag(_words(container), KNOB_FLAG[engine], COMMAND_LINE[engine])
-    return written if written is not None else env_value(container)
+    """The batch limit the engine container runs: the operator's env value where the args reference
+    it, else the number its args give; None where neither says (the engine's default, or a
+    TensorRT-LLM options file, which overrides the flag)."""
+    words = _words(container)
+    if REFERENCE in " ".join(words):
+        return env_value(container)
+    if engine == Engine.TensorRTLLM and any(
+        flag_uses(words, flag, trtllm.COMMAND_LINE) for flag in trtllm.OPTIONS_FILE_FLAGS
+    ):
+        return None
+    return int_flag(words, KNOB_FLAG[engine], COMMAND_LINE[engine])
 
 
 def workload_state(

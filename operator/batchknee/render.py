@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from batchknee.api.models import API_VERSION, KIND, Engine, LLMServing, format_timestamp
+from batchknee.api.models import API_VERSION, KIND, Engine, LLMServing, LLMServingSpec, format_timestamp
 from batchknee.api.resolve import trtllm_kv_cache
 from batchknee.core.engine_args import (
     ENGINE_CONFIG_DIR,
@@ -31,6 +31,7 @@ from batchknee.core.engine_args import (
     TRTLLM_MANAGED,
     VLLM_MANAGED,
     VLLM_PORT,
+    flag_value,
     int_flag,
     overridden_flags,
     sglang_args,
@@ -236,8 +237,16 @@ def engine_config(obj: LLMServing, desired: Desired) -> str:
         kv["dtype"] = memory.dtype
     options["kv_cache_config"] = kv
     options["max_batch_size"] = desired.max_num_seqs
-    options.update(trtllm.METRICS_OPTIONS)
+    options.update(trtllm.metrics_options(trtllm_backend(obj.spec)))
     return yaml.safe_dump(options, sort_keys=True)
+
+
+def trtllm_backend(spec: LLMServingSpec) -> str | None:
+    """The LLM API backend the pods run: the options file's `backend` (it overrides the flags), else
+    `--backend` in spec.args; None: trtllm-serve's default."""
+    options = spec.extra_llm_api_options if isinstance(spec.extra_llm_api_options, dict) else {}
+    given = options.get("backend") or flag_value(spec.args, "--backend", trtllm.COMMAND_LINE)
+    return str(given) if given else None
 
 
 def config_map(obj: LLMServing, desired: Desired) -> dict[str, Any]:
@@ -496,7 +505,10 @@ def overridden_args(obj: LLMServing, desired: Desired) -> list[str]:
         rendered += [trtllm.KNOB_FLAG, str(desired.max_num_seqs)]  # it lives in the options file
         cli = trtllm.COMMAND_LINE
         options = spec.extra_llm_api_options if isinstance(spec.extra_llm_api_options, dict) else {}
-        managed_options = {trtllm.KNOB_OPTION: desired.max_num_seqs, **trtllm.METRICS_OPTIONS}
+        managed_options = {
+            trtllm.KNOB_OPTION: desired.max_num_seqs,
+            **trtllm.metrics_options(trtllm_backend(spec)),
+        }
         return [
             *overridden_flags(user, rendered, dict.fromkeys(flags), trtllm.COMMAND_LINE),
             *(

@@ -173,15 +173,20 @@ def test_a_shell_wrapped_engine_is_read_word_by_word(world: World) -> None:
     engine["command"] = [
         "/bin/sh",
         "-c",
-        "exec vllm serve M --max-num-seqs=$(BATCHKNEE_MAX_NUM_SEQS) --port 8000",
+        "exec vllm serve M --max-num-seqs=$(BATCHKNEE_MAX_NUM_SEQS) --port 8000  # was --max-num-seqs 256",
     ]
     world.kube.apply(wrapped)
     world.kube.create(adopting())
     world.reconcile("tuner")
     assert world.kube.condition("default", "tuner", "Wired")["reason"] == "ArgsReferenceVariable"
     assert env(world)[TARGET_ENV_VAR] == "64"
+    finish(world)
+    world.reconcile("tuner")
+    assert world.kube.status("default", "tuner")["maxNumSeqs"] == 64  # the env value, not the comment's
 
-    engine["command"][2] += " --max-num-active-seqs 8"
+    engine["command"][2] = (
+        "exec vllm serve M --max-num-seqs=$(BATCHKNEE_MAX_NUM_SEQS) --max-num-active-seqs 8"
+    )
     world.kube.apply(
         wrapped | {"metadata": {**wrapped["metadata"], "name": "other", "labels": {"app": "other"}}}
     )
@@ -190,6 +195,35 @@ def test_a_shell_wrapped_engine_is_read_word_by_word(world: World) -> None:
     wired = world.kube.condition("default", "other-tuner", "Wired")
     assert wired["reason"] == "SecondBatchLimit" and "--max-num-active-seqs 8" in wired["message"]
     assert TARGET_ENV_VAR not in env(world, "other")
+
+
+@pytest.mark.parametrize(
+    ("command", "args", "env_value", "running"),
+    [
+        (["vllm", "serve", "M"], ["--max-num-seqs", "256"], None, 256),
+        (["vllm", "serve", "M"], ["--port", "8000"], "64", None),  # an env value the args never read
+        (["sh", "-c", "vllm serve M --max-num-seqs 64 && exec sidecar --max-num-seqs 999"], [], None, 64),
+        (["sh", "-c", "vllm serve M --max-num-seqs 'unbalanced"], [], None, None),
+        (
+            ["trtllm-serve", "M"],
+            ["--max_batch_size", "256", "--extra_llm_api_options", "/etc/o.yaml"],
+            None,
+            None,
+        ),
+        (["trtllm-serve", "M"], ["--max_batch_size", "256"], None, 256),
+    ],
+)
+def test_the_value_an_unwired_workload_runs_is_read_from_the_engines_own_words(
+    command: list[str], args: list[str], env_value: str | None, running: int | None
+) -> None:
+    from batchknee.adopt import running_value
+    from batchknee.api.models import Engine
+
+    container: dict[str, Any] = {"command": command, "args": args}
+    if env_value is not None:
+        container["env"] = [{"name": TARGET_ENV_VAR, "value": env_value}]
+    engine = Engine.TensorRTLLM if command[0] == "trtllm-serve" else Engine.VLLM
+    assert running_value(container, engine) == running
 
 
 @pytest.mark.parametrize(

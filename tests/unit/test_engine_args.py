@@ -132,6 +132,10 @@ def test_names_mixing_underscores_and_dashes_are_the_flag_vllm_reads() -> None:
     rendered = vllm_args(user, served_model_name="m", tensor_parallel=1, max_num_seqs=64)
     assert rendered[8:] == ["--seed", "1"] and int_flag(rendered, "--max-num-seqs") == 64
     assert flag_value(rendered, "--tensor-parallel-size") == "1"
+    # only a name is normalised: values that look like one after it are the user's
+    assert strip_flags(["--tokenizer", "__port", "-_max_num_seqs"], ["--port", "--max-num-seqs"]) == [
+        "--tokenizer", "__port", "-_max_num_seqs",
+    ]  # fmt: skip
 
 
 def test_token_counts_are_read_in_vllms_human_readable_forms() -> None:
@@ -141,7 +145,8 @@ def test_token_counts_are_read_in_vllms_human_readable_forms() -> None:
     assert [read(v) for v in ("2048", "2k", "2K", "0.5m", "1G", "25.6k")] == [
         2048, 2000, 2048, 500_000, 2**30, 25_600,
     ]  # fmt: skip
-    assert [read(v) for v in ("1.5K", "k", "-1", "2x", "")] == [None] * 5  # vLLM refuses these
+    assert [read(v) for v in ("1_000", "+2048", " 2k")] == [1000, 2048, 2000]  # what int() takes, as vLLM
+    assert [read(v) for v in ("1.5K", "k", "-1", "0", "2x", "")] == [None] * 6  # vLLM refuses these
     # a budget under the batch limit is raised to it whichever way it is written (vLLM refuses to start)
     rendered = vllm_args(
         ["--max-num-batched-tokens", "0.05k"], served_model_name="m", tensor_parallel=1, max_num_seqs=64

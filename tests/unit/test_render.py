@@ -325,6 +325,26 @@ def test_overridden_args_name_the_users_spelling_and_the_value_run() -> None:
     assert overridden_args(obj(args=["--seed", "3"]), Desired(64, 0)) == []
 
 
+@pytest.mark.parametrize(
+    ("given", "iteration_switch"),
+    [
+        ({}, True),
+        ({"extraLlmApiOptions": {"backend": "pytorch"}}, True),
+        ({"extraLlmApiOptions": {"backend": "tensorrt"}}, False),
+        ({"args": ["--backend", "tensorrt"]}, False),
+        ({"args": ["--backend", "tensorrt"], "extraLlmApiOptions": {"backend": "_autodeploy"}}, True),
+    ],
+)
+def test_the_iteration_stats_switch_is_set_only_for_a_backend_that_takes_it(
+    given: dict[str, Any], iteration_switch: bool
+) -> None:
+    """The tensorrt backend always collects iteration stats, and its options refuse unknown keys."""
+    config_map = render(obj(engine="TensorRTLLM", **given), Desired(16, 0))[0]
+    options = yaml.safe_load(config_map["data"]["engine.yaml"])
+    assert options["return_perf_metrics"] is True
+    assert ("enable_iter_perf_stats" in options) is iteration_switch
+
+
 def test_a_second_running_batch_limit_is_removed_and_named() -> None:
     """vLLM 0.34's --max-num-active-seqs caps the running batch under --max-num-seqs: above the
     operator's value vLLM refuses to start, under it the operator's value would not be what runs."""

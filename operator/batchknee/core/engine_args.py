@@ -28,12 +28,13 @@ SGLANG_MANAGED = sglang.MANAGED
 SHORT_ALIASES = vllm.SHORT_ALIASES
 VLLM_NEIGHBOURS = vllm.NEIGHBOURS
 _NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
-_TOKEN_COUNT = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT]?)")
+_TOKEN_COUNT = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
 
 
 def _normal(name: str) -> str:
-    """A long option as vLLM's parser sees it: every underscore in the name becomes a dash."""
-    return name.replace("_", "-")
+    """A long option as vLLM's parser sees it: every underscore in its name becomes a dash (a word
+    not starting with `--` is left as it is)."""
+    return "--" + name[2:].replace("_", "-") if name.startswith("--") else name
 
 
 def _spellings(flag: str, cli: CommandLine) -> set[str]:
@@ -147,12 +148,16 @@ def token_count_flag(args: Sequence[str], flag: str, cli: CommandLine = vllm.COM
     """A token-count flag's value in the forms vLLM's `human_readable_int` takes (`2048`, `2k` =
     2,000, `2K` = 2,048, `0.5m`; decimals only with the decimal suffixes); None when absent or not one."""
     value = flag_value(args, flag, cli)
-    match = _TOKEN_COUNT.fullmatch(value.strip()) if value is not None else None
-    if match is None:
+    if value is None:
         return None
+    match = _TOKEN_COUNT.fullmatch(value.strip())
+    if match is None:  # vLLM then takes what int() takes (`1_000`, `+2048`)
+        try:
+            count = int(value)
+        except ValueError:
+            return None
+        return count if count > 0 else None
     number, suffix = match.groups()
-    if not suffix:
-        return int(number) if number.isdigit() else None
     if suffix.islower():
         return int(float(number) * 1000 ** ("kmgt".index(suffix) + 1))
     return int(number) * 1024 ** ("KMGT".index(suffix) + 1) if number.isdigit() else None

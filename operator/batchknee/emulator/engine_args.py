@@ -760,7 +760,9 @@ def _trtllm(
     kv_dtype = _KV_DTYPES.get(str(kv.get("dtype", "auto")).lower())
     if kv_dtype is None:
         raise EngineArgsError("--extra_llm_api_options: kv_cache_config.dtype must be auto or fp8")
-    switched_off = [key for key, on in trtllm_engine.METRICS_OPTIONS.items() if document.get(key) is not on]
+    backend = document.get("backend") or args.backend
+    switched = trtllm_engine.metrics_options(str(backend) if backend else None)
+    switched_off = [key for key, on in switched.items() if document.get(key) is not on]
     if switched_off:
         warnings.append(
             f"--extra_llm_api_options: {' and '.join(switched_off)} not true: trtllm-serve would export no "

@@ -23,6 +23,7 @@ DEFAULT_MAX_NUM_TOKENS = 8192
 DEFAULT_TOKENS_PER_BLOCK = 32
 DEFAULT_FREE_GPU_MEMORY_FRACTION = 0.9
 
+OPTIONS_FILE_FLAGS = ("--extra_llm_api_options", "--config")  # the LLM API options file: overrides flags
 MANAGED = (
     "--max_batch_size",
     "--tp_size",
@@ -31,11 +32,24 @@ MANAGED = (
     "--extra_llm_api_options",
     "--config",
 )
-# The options that make trtllm-serve export its Prometheus metrics, set in every options file: it
-# builds its MetricsCollector and mounts /prometheus/metrics only with `return_perf_metrics`, and its
-# iteration gauges (running, waiting, KV cache) come from a stats loop that the PyTorch backend runs
-# only with `enable_iter_perf_stats` (tensorrt_llm/serve/openai_server.py; both default to false).
-METRICS_OPTIONS = {"return_perf_metrics": True, "enable_iter_perf_stats": True}
+DEFAULT_BACKEND = "pytorch"
+# The backends whose LLM API takes `enable_iter_perf_stats` (the `tensorrt` one always collects
+# iteration stats, and its options refuse unknown keys).
+ITER_STATS_SWITCH_BACKENDS = ("pytorch", "_autodeploy")
+
+
+def metrics_options(backend: str | None) -> dict[str, bool]:
+    """The options that make trtllm-serve export its Prometheus metrics, set in every options file:
+    it builds its MetricsCollector and mounts /prometheus/metrics only with `return_perf_metrics`,
+    and its iteration gauges (running, waiting, KV cache) come from a stats loop that the PyTorch
+    backend runs only with `enable_iter_perf_stats` (tensorrt_llm/serve/openai_server.py; both
+    default to false)."""
+    options = {"return_perf_metrics": True}
+    if (backend or DEFAULT_BACKEND) in ITER_STATS_SWITCH_BACKENDS:
+        options["enable_iter_perf_stats"] = True
+    return options
+
+
 # trtllm-serve's click parser takes no abbreviations and no short aliases of these.
 COMMAND_LINE = CommandLine(managed=MANAGED)
 
