@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import argparse
 import math
-import re
 from collections.abc import Callable
 from typing import TypeVar
 
+from batchknee.core.engine_args import human_readable_int
 from batchknee.core.units import parse_bandwidth
 
 
@@ -85,14 +85,12 @@ def port(text: str) -> int:
 
 
 def token_count(text: str) -> int:
-    """`8192`, `8k`, `32K`, `1m` (vLLM accepts the human-readable forms for --max-model-len)."""
-    match = re.match(r"^\s*(\d+(?:\.\d+)?)\s*([kKmM]?)\s*$", text)
-    if not match:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a token count")
-    scale = {"": 1, "k": 1000, "K": 1024, "m": 1_000_000, "M": 1024 * 1024}[match.group(2)]
-    value = int(float(match.group(1)) * scale)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+    """`8192`, `8k`, `32K`, `1G`: vLLM's human-readable counts (--max-model-len, token budgets, bytes)."""
+    value = human_readable_int(text)
+    if value is None:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a positive count (e.g. 8192, 8k = 8,000, 8K = 8,192)"
+        )
     return value
 
 

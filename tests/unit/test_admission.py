@@ -765,6 +765,18 @@ def test_the_crd_carries_the_same_bounds_in_cel_and_schema() -> None:
     assert privileged[0]["rule"] == "!has(self.privileged) || !self.privileged"
 
 
+def test_a_kv_pool_given_in_bytes_is_the_pool_vllm_sizes() -> None:
+    """`--kv-cache-memory-bytes` sets vLLM's pool per GPU and vLLM then ignores the memory share."""
+
+    def pool(*args: str) -> float:
+        obj = parse(args=list(args))
+        return kv_pool_bytes(obj.spec, resolve_roofline(obj.spec))
+
+    assert pool("--kv-cache-memory-bytes", "20G", "--gpu-memory-utilization", "0.5") == 20 * 2**30
+    assert pool("--kv-cache-memory=8g") == 8e9  # an abbreviation, a decimal suffix
+    assert pool("--gpu-memory-utilization", "0.5") < pool() < 20 * 2**30 * 4  # the share otherwise
+
+
 def test_each_resolution_error_names_its_cause() -> None:
     def cause(**spec: Any) -> str:
         obj = parse(**spec)

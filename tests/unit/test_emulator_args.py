@@ -89,6 +89,14 @@ def test_engine_flags_in_every_spelling_and_unknown_flags_ignored() -> None:
     )
 
 
+def test_vllms_kv_pool_in_bytes_and_token_budget_in_its_human_readable_forms() -> None:
+    settings = parse_emulator_args(
+        ["llama-3-8b", "--kv-cache-memory-bytes", "10G", "--max-num-batched-tokens", "4k"], environ={}
+    )
+    assert settings.config.num_gpu_blocks == 10 * 2**30 // (16 * 131_072)  # 128 KiB of KV per token
+    assert settings.config.max_num_batched_tokens == 4000
+
+
 def test_defaults_follow_vllm_per_gpu() -> None:
     big = parse_emulator_args(["--gpu", "h100-sxm", "llama-3-8b"], environ={}).config
     small = parse_emulator_args(["--gpu", "l40s", "llama-3-8b"], environ={}).config

@@ -223,6 +223,8 @@ def kv_pool_bytes(spec: LLMServingSpec, roofline: DecodeRoofline) -> float:
         fraction = sglang_mem_fraction_static(spec.args)
         pool = roofline.kv_pool_bytes(fraction)
         budget = f"{roofline.gpu.memory_bytes / GIB:.0f} GiB × {fraction:.2f} (--mem-fraction-static)"
+    elif (explicit := token_count_flag(spec.args, vllm.KV_MEMORY_FLAG)) is not None:
+        return float(explicit)  # per GPU; vLLM then ignores --gpu-memory-utilization
     else:
         utilization = vllm_gpu_memory_utilization(spec.args)
         pool = roofline.kv_pool_bytes(utilization)

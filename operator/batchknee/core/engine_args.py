@@ -144,23 +144,30 @@ def int_flag(args: Sequence[str], flag: str, cli: CommandLine = vllm.COMMAND_LIN
         return None
 
 
-def token_count_flag(args: Sequence[str], flag: str, cli: CommandLine = vllm.COMMAND_LINE) -> int | None:
-    """A token-count flag's value in the forms vLLM's `human_readable_int` takes (`2048`, `2k` =
-    2,000, `2K` = 2,048, `0.5m`; decimals only with the decimal suffixes); None when absent or not one."""
-    value = flag_value(args, flag, cli)
-    if value is None:
-        return None
-    match = _TOKEN_COUNT.fullmatch(value.strip())
-    if match is None:  # vLLM then takes what int() takes (`1_000`, `+2048`)
+def human_readable_int(text: str) -> int | None:
+    """A positive count as vLLM's `human_readable_int` reads it (`2048`, `2k` = 2,000, `2K` = 2,048,
+    `0.5m`, `1G`; decimals only with the decimal suffixes; else what int() takes); None otherwise."""
+    match = _TOKEN_COUNT.fullmatch(text.strip())
+    if match is None:
         try:
-            count = int(value)
+            count = int(text)
         except ValueError:
             return None
         return count if count > 0 else None
     number, suffix = match.groups()
     if suffix.islower():
-        return int(float(number) * 1000 ** ("kmgt".index(suffix) + 1))
-    return int(number) * 1024 ** ("KMGT".index(suffix) + 1) if number.isdigit() else None
+        count = int(float(number) * 1000 ** ("kmgt".index(suffix) + 1))
+    elif number.isdigit():
+        count = int(number) * 1024 ** ("KMGT".index(suffix) + 1)
+    else:
+        return None
+    return count if count > 0 else None
+
+
+def token_count_flag(args: Sequence[str], flag: str, cli: CommandLine = vllm.COMMAND_LINE) -> int | None:
+    """A count flag's value in vLLM's human-readable forms; None when absent or not one."""
+    value = flag_value(args, flag, cli)
+    return human_readable_int(value) if value is not None else None
 
 
 def float_flag(args: Sequence[str], flag: str, cli: CommandLine = vllm.COMMAND_LINE) -> float | None:

@@ -42,6 +42,7 @@ from batchknee.core.roofline import DecodeRoofline
 from batchknee.emulator.engine import (
     EngineConfig,
     EngineConfigError,
+    blocks_for_pool,
     no_kv_memory,
     trtllm_num_blocks,
     vllm_num_gpu_blocks,
@@ -231,7 +232,10 @@ def _emulator_parser(engine: str) -> _Parser:
     if engine == "vllm":
         flags = parser.add_argument_group("vLLM flags")
         flags.add_argument("--max-num-seqs", type=positive_int)
-        flags.add_argument("--max-num-batched-tokens", type=positive_int)
+        flags.add_argument("--max-num-batched-tokens", type=token_count)
+        flags.add_argument(
+            vllm.KV_MEMORY_FLAG, type=token_count, default=None, help="the KV pool per GPU, bytes"
+        )
         flags.add_argument(
             "--max-num-active-seqs",
             type=positive_int,
@@ -585,9 +589,14 @@ def _vllm(
             f"--max-num-active-seqs: {args.max_num_active_seqs} cannot be greater than --max-num-seqs {max_num_seqs}"
         )
     max_model_len = args.max_model_len or DEFAULT_MAX_MODEL_LEN
-    blocks = args.num_gpu_blocks_override or vllm_num_gpu_blocks(
-        roof, args.gpu_memory_utilization, args.block_size
-    )
+    if args.kv_cache_memory_bytes is not None:  # vLLM then ignores --gpu-memory-utilization
+        blocks = args.num_gpu_blocks_override or blocks_for_pool(
+            roof, args.kv_cache_memory_bytes, args.block_size
+        )
+    else:
+        blocks = args.num_gpu_blocks_override or vllm_num_gpu_blocks(
+            roof, args.gpu_memory_utilization, args.block_size
+        )
     if blocks <= 0:
         raise EngineArgsError(f"--gpu-memory-utilization: {no_kv_memory(roof, args.gpu_memory_utilization)}")
     try:

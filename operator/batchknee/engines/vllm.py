@@ -28,9 +28,10 @@ SHORT_ALIASES: dict[str, tuple[str, ...]] = {
     "--quantization": ("-q",),
 }
 # Flags of the user's args the operator reads (the step token budget, the KV pool's share of GPU
-# memory, the KV dtype) and the one it removes: vLLM 0.34's `--max-num-active-seqs` caps the running
+# memory or its size, the KV dtype) and the one it removes: vLLM 0.34's `--max-num-active-seqs` caps the running
 # batch under `--max-num-seqs` (and vLLM refuses to start when it is above it), a second batch limit.
-READ_FLAGS = ("--max-num-batched-tokens", "--gpu-memory-utilization", "--kv-cache-dtype")
+KV_MEMORY_FLAG = "--kv-cache-memory-bytes"  # the KV pool per GPU, in place of the memory share
+READ_FLAGS = ("--max-num-batched-tokens", "--gpu-memory-utilization", KV_MEMORY_FLAG, "--kv-cache-dtype")
 STRIPPED = ("--max-num-active-seqs",)
 # Every `vllm serve` long option sharing its first two letters with a flag the operator manages,
 # reads or removes: argparse expands a prefix that starts one option only, so an abbreviation is one
