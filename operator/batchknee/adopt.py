@@ -19,19 +19,13 @@ from typing import Any
 from batchknee.api.models import TARGET_ENV_VAR, Engine, TargetRef
 from batchknee.core.engine_args import flag_uses, int_flag
 from batchknee.engines import sglang, trtllm, vllm
-from batchknee.render import DeploymentState, as_int, rollout_state
+from batchknee.render import ENGINE_MODULES, DeploymentState, as_int, rollout_state
 
 # The flag each engine's batch limit is set with, as the user wires it in their args.
 KNOB_FLAG = {
     Engine.VLLM: vllm.KNOB_FLAG,
     Engine.TensorRTLLM: trtllm.KNOB_FLAG,
     Engine.SGLang: sglang.KNOB_FLAG,
-}
-# How each engine's parser reads the container's words.
-COMMAND_LINE = {
-    Engine.VLLM: vllm.COMMAND_LINE,
-    Engine.TensorRTLLM: trtllm.COMMAND_LINE,
-    Engine.SGLang: sglang.COMMAND_LINE,
 }
 # What in a container's command or args says it starts the engine.
 ENGINE_MARKERS = {
@@ -90,7 +84,7 @@ def unobservable(target: Target) -> bool:
     return target.problem is not None and target.problem[0] != ALREADY_TARGETED
 
 
-def _words(container: Mapping[str, Any]) -> list[str]:
+def engine_words(container: Mapping[str, Any]) -> list[str]:
     """The container's command and args; a shell's `-c` script is split into its words
     (`sh -c "vllm serve M --max-num-seqs=$(BATCHKNEE_MAX_NUM_SEQS)"`: Kubernetes expands the
     reference before the shell runs)."""
@@ -118,7 +112,7 @@ def _first_command(script: str) -> list[str]:
 
 
 def _starts_engine(container: Mapping[str, Any], engine: Engine) -> bool:
-    words = _words(container)
+    words = engine_words(container)
     for word in words[:4]:  # `vllm serve M`, `python3 -m vllm.entrypoints...`, `trtllm-serve M`
         base = word.rsplit("/", 1)[-1]
         if base in ENGINE_MARKERS[engine]:
@@ -126,15 +120,14 @@ def _starts_engine(container: Mapping[str, Any], engine: Engine) -> bool:
     return False
 
 
-def second_batch_limit(container: Mapping[str, Any], engine: Engine) -> str | None:
-    """vLLM 0.34's `--max-num-active-seqs` in the engine container, as written: a cap on the running
-    batch beside `--max-num-seqs`, so the value the operator writes either does not run (above it) or
-    stops the engine from starting (below it: vLLM refuses)."""
+def second_batch_limit(words: Sequence[str], engine: Engine) -> str | None:
+    """vLLM 0.34's `--max-num-active-seqs` in the engine container's words, as written: a cap on the
+    running batch beside `--max-num-seqs`, so the value the operator writes either does not run
+    (above it) or stops the engine from starting (below it: vLLM refuses)."""
     if engine != Engine.VLLM:
         return None
-    words = _words(container)
     uses = [use for flag in vllm.STRIPPED for use in flag_uses(words, flag, vllm.COMMAND_LINE)]
-    return " ".join(use.written if use.width == 1 else f"{use.written} {use.value}" for use in uses) or None
+    return " ".join(use.as_given for use in uses) or None
 
 
 def engine_container(
@@ -170,25 +163,22 @@ def env_value(container: Mapping[str, Any]) -> int | None:
     return None
 
 
-def running_value(container: Mapping[str, Any], engine: Engine) -> int | None:
-    """The batch limit the engine container runs: the operator's env value where the args reference
-    it, else the number its args give; None where neither says (the engine's default, or a
-    TensorRT-LLM options file, which overrides the flag)."""
-    words = _words(container)
-    if REFERENCE in " ".join(words):
+def references(words: Sequence[str]) -> bool:
+    """Whether the engine's words take their batch limit from the operator's env var."""
+    return REFERENCE in " ".join(words)
+
+
+def running_value(container: Mapping[str, Any], words: Sequence[str], engine: Engine) -> int | None:
+    """The batch limit the engine container (its `words`) runs: the operator's env value where the
+    args reference it, else the number its args give; None where neither says (the engine's
+    default, or a TensorRT-LLM options file, which overrides the flag)."""
+    if references(words):
         return env_value(container)
     if engine == Engine.TensorRTLLM and any(
         flag_uses(words, flag, trtllm.COMMAND_LINE) for flag in trtllm.OPTIONS_FILE_FLAGS
     ):
         return None
-    return int_flag(words, KNOB_FLAG[engine], COMMAND_LINE[engine])
-
-
-def workload_state(
-    workload: Mapping[str, Any], container: Mapping[str, Any], engine: Engine
-) -> DeploymentState:
-    """How far the workload's rollout is (Deployment or StatefulSet) and the value it runs."""
-    return rollout_state(workload, running_value(container, engine), None, ())
+    return int_flag(words, KNOB_FLAG[engine], ENGINE_MODULES[engine].COMMAND_LINE)
 
 
 def adopt(ref: TargetRef, engine: Engine, workload: Mapping[str, Any] | None, namespace: str) -> Target:
@@ -218,14 +208,14 @@ def adopt(ref: TargetRef, engine: Engine, workload: Mapping[str, Any] | None, na
             f"{ref.kind} {namespace}/{ref.name} selects its pods with matchExpressions; the operator "
             "finds the engine pods by matchLabels only",
         )
-    second_limit = second_batch_limit(container, engine)
-    wired = REFERENCE in " ".join(_words(container)) and second_limit is None
+    words = engine_words(container)
+    second_limit = second_batch_limit(words, engine)
     return Target(
         ref.kind,
         ref.name,
         str(container.get("name")),
-        wired,
-        workload_state(workload, container, engine),
+        references(words) and second_limit is None,
+        rollout_state(workload, running_value(container, words, engine), None, ()),
         labels,
         version,
         problem,

@@ -216,14 +216,14 @@ def test_a_shell_wrapped_engine_is_read_word_by_word(world: World) -> None:
 def test_the_value_an_unwired_workload_runs_is_read_from_the_engines_own_words(
     command: list[str], args: list[str], env_value: str | None, running: int | None
 ) -> None:
-    from batchknee.adopt import running_value
+    from batchknee.adopt import engine_words, running_value
     from batchknee.api.models import Engine
 
     container: dict[str, Any] = {"command": command, "args": args}
     if env_value is not None:
         container["env"] = [{"name": TARGET_ENV_VAR, "value": env_value}]
     engine = Engine.TensorRTLLM if command[0] == "trtllm-serve" else Engine.VLLM
-    assert running_value(container, engine) == running
+    assert running_value(container, engine_words(container), engine) == running
 
 
 @pytest.mark.parametrize(

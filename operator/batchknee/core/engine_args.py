@@ -79,6 +79,11 @@ class FlagUse:
     value: str | None
     width: int  # tokens it occupies (1 or 2)
 
+    @property
+    def as_given(self) -> str:
+        """The use as the args spell it: `--flag=8`, `--flag 8`."""
+        return self.written if self.width == 1 else f"{self.written} {self.value}"
+
 
 def flag_uses(args: Sequence[str], flag: str, cli: CommandLine = vllm.COMMAND_LINE) -> list[FlagUse]:
     """Every occurrence of the valued `flag` (any spelling) in `args`."""
@@ -130,8 +135,7 @@ def overridden_flags(
         for use in flag_uses(user_args, flag, cli):
             if use.value == rendered:
                 continue
-            given = use.written if use.width == 1 else f"{use.written} {use.value}"
-            notes.append(f"{given} → {rendered if rendered is not None else 'removed'}")
+            notes.append(f"{use.as_given} → {rendered if rendered is not None else 'removed'}")
     return notes
 
 
