@@ -50,17 +50,23 @@ def abbreviates(name: str, flag: str, cli: CommandLine) -> bool:
     if not name.startswith("--") or len(name) < 4:
         return False
     canonical = _normal(flag)
-    targets = {canonical, *(a for a in cli.aliases.get(canonical, ()) if a.startswith("--"))}
+    aliases = cli.aliases.get(canonical, ())
+    if not canonical.startswith(name) and not any(alias.startswith(name) for alias in aliases):
+        return False  # a prefix of none of its names (most options): nothing more to ask
+    targets = {canonical, *(a for a in aliases if a.startswith("--"))}
     targets &= cli.abbreviable
     if not targets or name in targets or not any(t.startswith(name) for t in targets):
         return False
     return not any(other not in targets and other.startswith(name) for other in cli.abbreviable)
 
 
-def _matches(token: str, flag: str, cli: CommandLine) -> tuple[bool, bool]:
-    """(is this `flag` in any spelling, does the token carry its own value `--flag=value`)."""
+def _matches(token: str, flag: str, spellings: set[str], cli: CommandLine) -> tuple[bool, bool]:
+    """(is this `flag` — `spellings`, normalised — in any spelling, does the token carry its own
+    value `--flag=value`)."""
+    if not token.startswith("-"):  # a value
+        return False, False
     name, sep, _ = token.partition("=")
-    if _normal(name) in _spellings(flag, cli) or abbreviates(name, flag, cli):
+    if _normal(name) in spellings or abbreviates(name, flag, cli):
         return True, bool(sep)
     return False, False
 
@@ -88,9 +94,10 @@ class FlagUse:
 def flag_uses(args: Sequence[str], flag: str, cli: CommandLine = vllm.COMMAND_LINE) -> list[FlagUse]:
     """Every occurrence of the valued `flag` (any spelling) in `args`."""
     uses: list[FlagUse] = []
+    spellings = _spellings(flag, cli)
     index = 0
     while index < len(args):
-        is_flag, inline = _matches(args[index], flag, cli)
+        is_flag, inline = _matches(args[index], flag, spellings, cli)
         if not is_flag:
             index += 1
             continue
