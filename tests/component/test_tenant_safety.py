@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import pytest
 from conftest import World, llmserving
 from fakes import observation
 
@@ -165,3 +166,35 @@ def test_a_crash_looping_engine_is_degraded_naming_the_pod(world: World) -> None
     assert degraded["status"] == "True" and degraded["reason"] == "EngineCrashLooping"
     assert "chat-7d9f-abcde/engine (exit 1)" in degraded["message"]
     assert "EngineCrashLooping" in [e["reason"] for e in world.kube.events]
+
+
+HUGE = "9" * 400  # under the 1,024 characters admission allows an argument
+
+
+@pytest.mark.parametrize(
+    ("engine", "args"),
+    [
+        ("VLLM", ["--kv-cache-memory-bytes", HUGE + "k"]),  # a float infinity
+        ("VLLM", ["--kv-cache-memory-bytes", HUGE + "K"]),  # an int no float holds
+        ("VLLM", ["--kv-cache-memory-bytes", HUGE]),
+        ("VLLM", ["--max-num-batched-tokens", HUGE + "k"]),
+        ("VLLM", ["--gpu-memory-utilization", "1e999"]),
+        ("VLLM", ["--gpu-memory-utilization", "nan"]),
+        ("SGLang", ["--chunked-prefill-size", HUGE]),
+        ("SGLang", ["--mem-fraction-static", "inf"]),
+        ("TensorRTLLM", ["--max_num_tokens", HUGE]),
+        ("TensorRTLLM", ["--kv_cache_free_gpu_memory_fraction", "-inf"]),
+    ],
+)
+def test_a_number_in_args_past_any_setting_is_read_as_no_setting_not_a_crash(
+    world: World, engine: str, args: list[str]
+) -> None:
+    """Every reconcile of such a spec raised (an OverflowError from the float math the value fed):
+    no status, a traceback each evaluation. Read as garbage is, the plan is the default's."""
+    world.kube.create(llmserving(engine=engine, args=args))
+    world.kube.create(llmserving("plain", engine=engine))
+    world.reconcile()
+    world.reconcile("plain")
+    status, plain = world.kube.status("default", "chat"), world.kube.status("default", "plain")
+    assert status["maxNumSeqs"] == plain["maxNumSeqs"] and status["bKnee"] == plain["bKnee"]
+    assert world.kube.condition("default", "chat", "Degraded")["reason"] == "AsExpected"

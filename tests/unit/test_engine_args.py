@@ -158,6 +158,19 @@ def test_token_counts_are_read_in_vllms_human_readable_forms() -> None:
     assert kept[-1] == "--max-num-batched-tokens=2k"
 
 
+def test_a_number_past_any_setting_reads_as_none_as_garbage_does() -> None:
+    """A 400-digit count is a valid int and `1e400` a float infinity: either overflowed the float math
+    it fed (the KV pool, the step budget of the TPOT model) and every reconcile raised."""
+    huge = "9" * 400
+    assert [token_count_flag(["--n", v], "--n") for v in (huge, huge + "k", huge + "K", "9e400")] == [
+        None
+    ] * 4
+    assert token_count_flag(["--n", str(2**53)], "--n") == 2**53  # 8 PiB of KV memory still reads
+    assert [int_flag(["--n", v], "--n") for v in (huge, "-" + huge, str(2**53 + 1))] == [None] * 3
+    assert [float_flag(["--f", v], "--f") for v in ("1e400", "inf", "-inf", "nan")] == [None] * 4
+    assert float_flag(["--f", "1e300"], "--f") == 1e300
+
+
 def test_a_valued_flag_without_a_value_never_swallows_the_next_flag() -> None:
     user = ["--enforce-eager", "--max-num-seqs", "--enable-prefix-caching", "--max-num-seqs", "8"]
     assert strip_flags(user, ["--max-num-seqs"]) == ["--enforce-eager", "--enable-prefix-caching"]

@@ -10,6 +10,7 @@ valued flag given without a value never swallows the flag after it.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -146,13 +147,19 @@ def overridden_flags(
     return notes
 
 
+# Past this a number read from args is no setting (8 PiB as bytes) and would overflow the float math
+# it feeds (a 400-digit count is a valid int): read as not a number, like any other garbage.
+MAX_READ_NUMBER = 2**53
+
+
 def int_flag(args: Sequence[str], flag: str, cli: CommandLine = vllm.COMMAND_LINE) -> int | None:
-    """An integer flag's value; None when absent or not a whole number."""
+    """An integer flag's value; None when absent or not a whole number within ±MAX_READ_NUMBER."""
     value = flag_value(args, flag, cli)
     try:
-        return int(value) if value is not None else None
+        number = int(value) if value is not None else None
     except ValueError:
         return None
+    return number if number is not None and abs(number) <= MAX_READ_NUMBER else None
 
 
 def human_readable_int(text: str) -> int | None:
@@ -164,15 +171,16 @@ def human_readable_int(text: str) -> int | None:
             count = int(text)
         except ValueError:
             return None
-        return count if count > 0 else None
+        return count if 0 < count <= MAX_READ_NUMBER else None
     number, suffix = match.groups()
     if suffix.islower():
-        count = int(float(number) * 1000 ** ("kmgt".index(suffix) + 1))
+        scaled = float(number) * 1000 ** ("kmgt".index(suffix) + 1)
+        count = int(scaled) if math.isfinite(scaled) else 0
     elif number.isdigit():
         count = int(number) * 1024 ** ("KMGT".index(suffix) + 1)
     else:
         return None
-    return count if count > 0 else None
+    return count if 0 < count <= MAX_READ_NUMBER else None
 
 
 def token_count_flag(args: Sequence[str], flag: str, cli: CommandLine = vllm.COMMAND_LINE) -> int | None:
@@ -182,11 +190,13 @@ def token_count_flag(args: Sequence[str], flag: str, cli: CommandLine = vllm.COM
 
 
 def float_flag(args: Sequence[str], flag: str, cli: CommandLine = vllm.COMMAND_LINE) -> float | None:
+    """A number flag's value; None when absent or not a finite number (`1e400` reads as infinity)."""
     value = flag_value(args, flag, cli)
     try:
-        return float(value) if value is not None else None
+        number = float(value) if value is not None else None
     except ValueError:
         return None
+    return number if number is not None and math.isfinite(number) else None
 
 
 def vllm_command(model: str) -> list[str]:
