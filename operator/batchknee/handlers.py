@@ -74,9 +74,10 @@ def prometheus_observer(settings: OperatorSettings) -> RoutedObserver:
             timeout_s=settings.prometheus_timeout_seconds,
             min_samples=settings.prometheus_min_samples,
             budget=None if own else AnswerBudget(MAX_BODY_BYTES, parent=chosen),
-            # the operator's credentials and CA are for its own Prometheus, never a URL a tenant chose
+            # the operator's credentials, CA and headers are for its own Prometheus, never a URL a tenant chose
             bearer_token_file=settings.prometheus_bearer_token_file if own else "",
             ca_file=settings.prometheus_ca_file if own else "",
+            headers=settings.prometheus_headers if own else None,
         )
 
     cache = CachedObserver(observer_for, ttl_s=settings.prometheus_cache_seconds)

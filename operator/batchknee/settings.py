@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import ipaddress
+import json
 import re
 import urllib.parse
 from collections.abc import Mapping
@@ -12,7 +13,15 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from batchknee.adapters.observing import URL_FORM, check_ca_file, has_host, read_bearer_token, redact_url
+from batchknee.adapters.observing import (
+    CREDENTIAL_HEADERS,
+    URL_FORM,
+    check_ca_file,
+    check_headers,
+    has_host,
+    read_bearer_token,
+    redact_url,
+)
 from batchknee.api.admission import (
     DEFAULT_ALLOWED_IMAGES,
     DEFAULT_ALLOWED_RESOURCES,
@@ -171,6 +180,11 @@ class OperatorSettings(BaseSettings):
     prometheus_ca_file: str = Field(
         "", description="A PEM CA bundle that verifies prometheus_url's HTTPS certificate"
     )
+    prometheus_headers: Annotated[dict[str, str], NoDecode] = Field(
+        default_factory=dict,
+        description="HTTP headers sent with every query to prometheus_url, and only there, as a JSON "
+        'object: `{"X-Scope-OrgID": "team-a"}` for Mimir or Cortex; values are masked where an answer echoes them',
+    )
     prometheus_cache_seconds: float = Field(
         5.0,
         gt=0,
@@ -225,6 +239,33 @@ class OperatorSettings(BaseSettings):
             check_ca_file(value)
             _https_only(info, "a CA verifies HTTPS only")
         return value
+
+    @field_validator("prometheus_headers", mode="wrap")
+    @classmethod
+    def _check_headers(cls, value: Any, handler: Any, info: ValidationInfo) -> dict[str, str]:
+        # checked before pydantic's type check, whose errors would carry a value (it may be a secret)
+        if isinstance(value, str):
+            try:
+                value = json.loads(value) if value.strip() else {}
+            except ValueError:
+                value = None
+        if not isinstance(value, Mapping):
+            raise ValueError(
+                'not a JSON object of header names to values; write it as {"X-Scope-OrgID": "team-a"}'
+            )
+        headers = check_headers(value)
+        names = {name.lower() for name in headers}
+        if names & CREDENTIAL_HEADERS:
+            url = _https_only(info, "a header with credentials goes over HTTPS only")
+            if "authorization" in names and info.data.get("prometheus_bearer_token_file"):
+                raise ValueError("Authorization is the bearer token file's header too: give one of the two")
+            if (
+                "authorization" in names
+                and url is not None
+                and urllib.parse.urlsplit(url).username is not None
+            ):
+                raise ValueError("the Prometheus URL carries a user and password too: give one of the two")
+        return handler(headers)  # type: ignore[no-any-return]
 
     @field_validator("namespaces", mode="before")
     @classmethod

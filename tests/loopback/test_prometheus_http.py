@@ -584,6 +584,46 @@ def test_a_bearer_token_an_answer_echoes_is_masked_and_an_unreadable_one_sends_n
     assert str(tmp_path) not in unreadable.running.reason  # the operator's own path, not for status
 
 
+def test_the_operators_headers_go_to_its_own_prometheus_only_and_an_echo_shows_none() -> None:
+    """Mimir and Cortex answer only with a tenant (`X-Scope-OrgID`), a gateway only with its API key:
+    the operator's headers go with every query to its own Prometheus, never to a URL a tenant chose;
+    and an answer that echoes the request shows none of their values."""
+    from batchknee.handlers import prometheus_observer
+    from batchknee.settings import OperatorSettings
+
+    headers = {"X-Scope-OrgID": "team-a|team-b", "X-Api-Key": "k3y-0123456789"}
+    with FakePrometheus("empty") as own_prom, FakePrometheus("echo") as chosen:
+        router = prometheus_observer(
+            OperatorSettings(
+                prometheus_url=own_prom.url,
+                prometheus_allowed_urls=[chosen.url],
+                prometheus_headers=json.dumps(headers),
+            )
+        )
+        cache = router.inner._cache  # type: ignore[attr-defined]
+        own, theirs = cache(own_prom.url).observer, cache(chosen.url).observer
+        own.observe([target("llama")], NOW)
+        theirs.observe([target("llama")], NOW)
+        own.close()
+        theirs.close()
+    per_refresh = len(queries(scope_for(target("llama"))))
+    assert len(own_prom.requests) == per_refresh
+    assert all({k: r.headers.get(k) for k in headers} == headers for r in own_prom.requests)
+    assert all(
+        r.headers.get("Content-Type") == "application/x-www-form-urlencoded" for r in own_prom.requests
+    )
+    assert chosen.requests and all(k not in r.headers for r in chosen.requests for k in headers)
+
+    with FakePrometheus("echo") as prom:
+        observer = PrometheusObserver(prom.url, headers={"X-Api-Key": "k3y-0123456789", "X-Scope-OrgID": "a"})
+        echoed = observer.observe([target("llama")], NOW)[("prod", "llama")]
+        observer.close()
+    assert echoed.running.reason.startswith(f"Prometheus at {prom.url} answered HTTP 400: bad request:")
+    assert "k3y-0123456789" not in echoed.running.reason and "***" in echoed.running.reason
+    # a one-letter tenant is no secret: masking it would mask every "a" of the error
+    assert "bad request" in echoed.running.reason
+
+
 def test_an_https_prometheus_is_read_with_the_ca_given_and_refused_without_it(tmp_path: Path) -> None:
     from batchknee.devcluster.pki import ClusterPKI
 

@@ -290,6 +290,18 @@ def test_several_standalone_replicas_are_refused(helm: Helm) -> None:
         ({"prometheusUrl": "http://:9090"}, "prometheusUrl"),
         ({"prometheusAllowedUrls": ["http://?x"]}, "prometheusAllowedUrls"),
         ({"prometheusAuth": {"caConfigMap": "prom-ca"}}, "prometheusUrl is not an https:// URL"),
+        ({"prometheusHeaders": {"X Scope": "a"}}, "does not match pattern"),
+        ({"prometheusHeaders": {"X-Scope-OrgID": "a\r\nX-Injected: 1"}}, "does not match pattern"),
+        ({"prometheusHeaders": {"HOST": "mimir"}}, "HOST frames the request"),
+        ({"prometheusHeaders": {"Authorization": "Basic YTpi"}}, "goes over HTTPS only"),
+        (
+            {
+                "prometheusUrl": "https://mimir:8080",
+                "prometheusHeaders": {"authorization": "Basic YTpi"},
+                "prometheusAuth": {"serviceAccountToken": True},
+            },
+            "give one of the two",
+        ),
     ],
 )
 def test_settings_the_operator_would_refuse_are_refused_at_install(
@@ -397,6 +409,13 @@ def test_both_bearer_tokens_at_once_are_refused(helm: Helm) -> None:
     done = helm("template", both, check=False)
     assert done.returncode != 0
     assert "set serviceAccountToken or bearerTokenSecret, not both" in done.stderr, done.stderr
+
+
+def test_prometheus_headers_reach_the_operator_as_its_setting(render: Render) -> None:
+    headers = {"X-Scope-OrgID": "team-a|team-b", "X-Api-Key": "k3y"}
+    variables = env(render({"operator": {"prometheusHeaders": headers}}))
+    assert settings_under(variables).prometheus_headers == headers
+    assert "BATCHKNEE_PROMETHEUS_HEADERS" not in env(render())
 
 
 def test_the_prometheus_auth_variables_are_operator_settings(render: Render, tmp_path: Path) -> None:

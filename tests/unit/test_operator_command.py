@@ -162,6 +162,60 @@ def test_a_bearer_token_that_would_not_go_as_meant_is_refused(
     assert "(BATCHKNEE_PROMETHEUS_BEARER_TOKEN_FILE)" in err  # no flag to name: there is none
 
 
+@pytest.mark.parametrize(
+    ("url", "headers", "words"),
+    [
+        ("http://mimir:8080", "X-Scope-OrgID: s3cret-team", "not a JSON object of header names to values"),
+        ("http://mimir:8080", '["s3cret-team"]', "not a JSON object of header names to values"),
+        (
+            "http://mimir:8080",
+            '{"X-Scope-OrgID": 7}',
+            "header 'X-Scope-OrgID': give its value as a JSON string",
+        ),
+        ("http://mimir:8080", '{"X-Scope-OrgID": "s3cret\\r\\nX-Injected: 1"}', "control or non-ASCII"),
+        ("http://mimir:8080", '{"X-Scope-OrgID": " s3cret"}', "starts or ends with whitespace"),
+        ("http://mimir:8080", '{"X Scope": "s3cret"}', "header 1's name is not an HTTP header name"),
+        ("http://mimir:8080", '{"Host": "s3cret.example"}', "header 'Host' frames the request"),
+        ("http://mimir:8080", '{"x-scope-orgid": "a", "X-Scope-OrgID": "s3cret"}', "given twice"),
+        # credentials in clear text to every hop, as a bearer token would be
+        ("http://mimir:8080", '{"Authorization": "Basic s3cret"}', "goes over HTTPS only"),
+        ("https://u:pw@mimir", '{"Authorization": "Basic s3cret"}', "a user and password too"),
+    ],
+)
+def test_prometheus_headers_that_would_not_go_as_meant_are_refused_at_start_never_shown(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], url: str, headers: str, words: str
+) -> None:
+    monkeypatch.setenv("BATCHKNEE_PROMETHEUS_URL", url)
+    monkeypatch.setenv("BATCHKNEE_PROMETHEUS_HEADERS", headers)
+    assert main(["operator"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and words in err and "(BATCHKNEE_PROMETHEUS_HEADERS)" in err, err
+    assert "s3cret" not in err and "Injected" not in err and ":pw" not in err
+
+
+def test_prometheus_headers_and_a_bearer_token_both_setting_authorization_are_refused(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("eyJhbGciOi.eyJzdWIi.c2lnbmF0dXJl")
+    monkeypatch.setenv("BATCHKNEE_PROMETHEUS_URL", "https://mimir:8080")
+    monkeypatch.setenv("BATCHKNEE_PROMETHEUS_BEARER_TOKEN_FILE", str(token_file))
+    monkeypatch.setenv("BATCHKNEE_PROMETHEUS_HEADERS", '{"authorization": "Basic s3cret"}')
+    assert main(["operator"]) == 2
+    err = capsys.readouterr().err
+    assert "Authorization is the bearer token file's header too: give one of the two" in err, err
+    assert "s3cret" not in err and "eyJ" not in err
+
+
+def test_prometheus_headers_that_work_are_taken(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BATCHKNEE_PROMETHEUS_URL", "http://mimir-query-frontend.mimir.svc:8080/prometheus")
+    monkeypatch.setenv("BATCHKNEE_PROMETHEUS_HEADERS", '{"X-Scope-OrgID": "team-a|team-b"}')
+    settings = settings_from(build_parser().parse_args(["operator"]))
+    assert settings.prometheus_headers == {"X-Scope-OrgID": "team-a|team-b"}
+    monkeypatch.setenv("BATCHKNEE_PROMETHEUS_HEADERS", "")  # as the chart leaves it: none
+    assert settings_from(build_parser().parse_args(["operator"])).prometheus_headers == {}
+
+
 def test_the_kubelets_service_links_are_not_warned_of() -> None:
     """`helm install batchknee` makes a Service `batchknee-metrics`; where service links are on, the
     kubelet names its variables after it (the chart turns them off; other installs may not)."""

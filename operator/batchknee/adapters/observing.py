@@ -13,10 +13,11 @@ hold the threads that objects of another Prometheus need.
 from __future__ import annotations
 
 import asyncio
+import re
 import ssl
 import threading
 import urllib.parse
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Protocol
 
@@ -64,6 +65,57 @@ def read_bearer_token(path: str) -> str:
     if any(not 0x21 <= byte <= 0x7E for byte in token):  # it goes into a header: visible ASCII only
         raise ValueError("holds whitespace, control or non-ASCII characters: no token")
     return token.decode("ascii")
+
+
+# An HTTP header name (RFC 9110 `token`).
+HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+MAX_HEADER_VALUE_BYTES = 8 * 1024
+# Headers that frame the request or the connection: the operator's HTTP client sets them.
+FRAMING_HEADERS = frozenset(
+    {
+        "host",
+        "content-type",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "keep-alive",
+        "te",
+        "trailer",
+        "upgrade",
+        "expect",
+        "proxy-connection",
+    }
+)
+# Headers that carry credentials: like a bearer token, they go over HTTPS only.
+CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie"})
+
+
+def check_headers(headers: Mapping[str, object]) -> dict[str, str]:
+    """`headers` as sent with every query to the operator's Prometheus (Mimir's or Cortex's
+    `X-Scope-OrgID`, a gateway's API key). ValueError names the header and what is wrong with it,
+    never its value (it may be a secret)."""
+    checked: dict[str, str] = {}
+    for number, (name, value) in enumerate(headers.items(), 1):
+        if not isinstance(name, str) or not HEADER_NAME.match(name):
+            raise ValueError(
+                f"header {number}'s name is not an HTTP header name (letters, digits and !#$%&'*+-.^_`|~ only)"
+            )
+        if name.lower() in FRAMING_HEADERS:
+            raise ValueError(f"header {name!r} frames the request: the operator's HTTP client sets it")
+        if any(name.lower() == earlier.lower() for earlier in checked):
+            raise ValueError(f"header {name!r} is given twice (header names ignore case)")
+        if not isinstance(value, str):
+            raise ValueError(f"header {name!r}: give its value as a JSON string")
+        raw = value.encode("utf-8")
+        if not raw or raw != raw.strip() or len(raw) > MAX_HEADER_VALUE_BYTES:
+            raise ValueError(
+                f"header {name!r}: its value is empty, starts or ends with whitespace, or is over "
+                f"{MAX_HEADER_VALUE_BYTES // 1024} KiB"
+            )
+        if any(not (0x20 <= byte <= 0x7E) for byte in raw):  # no CR/LF: no header of its own
+            raise ValueError(f"header {name!r}: its value holds control or non-ASCII characters")
+        checked[name] = value
+    return checked
 
 
 def check_ca_file(path: str) -> None:

@@ -31,7 +31,7 @@ import threading
 import time
 import urllib.parse
 from collections import defaultdict, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field, fields
@@ -45,7 +45,7 @@ from urllib3.util.retry import Retry
 
 from batchknee.adapters import allocator
 from batchknee.adapters.deadline_http import DeadlineAdapter, reads_before
-from batchknee.adapters.observing import read_bearer_token, redact_url
+from batchknee.adapters.observing import CREDENTIAL_HEADERS, read_bearer_token, redact_url
 from batchknee.core.observation import (
     Engine,
     Observation,
@@ -247,6 +247,15 @@ def _credentials(url: str) -> tuple[str, ...]:
     user, password = urllib.parse.unquote(parts.username or ""), urllib.parse.unquote(parts.password)
     pair = f"{user}:{password}"
     return tuple(s for s in (base64.b64encode(pair.encode()).decode(), pair, password) if len(s) >= 4)
+
+
+def _header_secrets(headers: Mapping[str, str]) -> tuple[str, ...]:
+    """The header values an answer could echo (an API key, a tenant), a credential header's without
+    its scheme too (`Basic …`), bar the shortest: no secret, and masking them would mask every digit
+    of an error."""
+    values = [*headers.values()]
+    values += [v.split(None, 1)[-1] for k, v in headers.items() if k.lower() in CREDENTIAL_HEADERS]
+    return tuple(dict.fromkeys(v for v in values if len(v) >= 4))
 
 
 def _owner(scope: _Scope, labels: dict[str, str]) -> Key:
@@ -637,15 +646,18 @@ class PrometheusObserver:
         budget: AnswerBudget | None = None,
         bearer_token_file: str = "",
         ca_file: str = "",
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         self.url = url.rstrip("/")
-        # the operator's own Prometheus only: a URL an LLMServing chose never gets its token
+        # the operator's own Prometheus only: a URL an LLMServing chose never gets its token or headers
         self.bearer_token_file = bearer_token_file
+        self.headers = dict(headers or {})
         self.verify: str | bool = ca_file or True
         # alone, its threads bound what it holds: a budget they cannot pass
         self.budget = budget or AnswerBudget(max_concurrent_queries * MAX_BODY_BYTES)
         self.shown_url = redact_url(self.url)
-        self._credentials = _credentials(self.url)  # masked in whatever an answer echoes
+        # masked in whatever an answer echoes
+        self._credentials = (*_credentials(self.url), *_header_secrets(self.headers))
         self._tokens: deque[str] = deque(maxlen=4)  # the bearer tokens last sent (rotated ones too)
         self.timeout_s = timeout_s
         self.min_samples = min_samples
@@ -697,7 +709,7 @@ class PrometheusObserver:
         with self._counter_lock:
             self.queries_sent += 1
             self.largest_query_bytes = max(self.largest_query_bytes, len(body))
-        headers = {"Content-Type": "application/x-www-form-urlencoded"}
+        headers = {**self.headers, "Content-Type": "application/x-www-form-urlencoded"}
         if self.bearer_token_file:
             try:
                 token = read_bearer_token(self.bearer_token_file)
