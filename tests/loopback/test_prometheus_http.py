@@ -67,6 +67,20 @@ def test_queries_are_posted_and_their_size_does_not_grow_with_the_fleet() -> Non
     assert many.largest_query_bytes == max(len(r.body) for r in prom.requests)
 
 
+def test_a_tensorrt_llm_without_its_running_series_is_told_which_releases_export_them() -> None:
+    """A stable TensorRT-LLM (through 1.2.1) exports request latencies only: the status says that
+    much, not merely that the series are missing (which reads as a scrape problem)."""
+    with FakePrometheus("empty") as prom:
+        observer = PrometheusObserver(prom.url)
+        seen = observer.observe([ObservationTarget("prod", "trt", "TensorRTLLM", 300)], NOW)[("prod", "trt")]
+        observer.close()
+    assert seen.avg_context_tokens.reason == (
+        "no TensorRTLLM engine metrics in the last 300s; trtllm-serve exports trtllm_num_requests_running "
+        "from the 1.3.0 release candidates on (the default image, 1.3.0rc14, has it); releases through "
+        "1.2.1 export request latencies only"
+    )
+
+
 @pytest.mark.parametrize("mode", ["trickle", "trickle-head"])
 def test_a_trickling_server_costs_one_deadline_not_one_read_timeout_per_byte(mode: Mode) -> None:
     """Each byte comes well within any read timeout, in the body or already in the status line and

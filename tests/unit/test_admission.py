@@ -396,7 +396,7 @@ def test_an_image_outside_the_allowed_patterns_is_refused_naming_spec_image() ->
         check_admission(parse(image="r/" + "x" * 1020).spec, AdmissionRules(allowed_images=("p" * 900,) * 9))
     assert len(str(caught.value)) < 1024  # bounded for status and Events
     check_admission(parse().spec, AdmissionRules(allowed_images=()))  # the default image needs no pattern
-    assert matches_any("nvcr.io/nvidia/tensorrt-llm/release:1.0.0", DEFAULT_ALLOWED_IMAGES)
+    assert matches_any("nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc14", DEFAULT_ALLOWED_IMAGES)
     assert matches_any("vllm/vllm-openai@sha256:" + "0" * 64, DEFAULT_ALLOWED_IMAGES)
     assert not matches_any("vllm/vllm-openai-fork:v1", DEFAULT_ALLOWED_IMAGES)
 

@@ -140,6 +140,8 @@ ENGINE_METRICS: dict[Engine, EngineMetrics] = {
     "TensorRTLLM": TRTLLM_METRICS,
     "SGLang": SGLANG_METRICS,
 }
+# what to say when none of an engine's running series is there
+ABSENT_HINTS: dict[Engine, str] = {"TensorRTLLM": trtllm.ABSENT_HINT}
 
 
 @dataclass(frozen=True)
@@ -494,7 +496,10 @@ class ScopeData:
         running_rows = rows("running")
         pods = {labels.get("pod") for labels, _ in running_rows}
         if not pods:
-            return Observation.unavailable(now, f"no {scope.engine} engine metrics {window_text}")
+            hint = ABSENT_HINTS.get(scope.engine, "")
+            return Observation.unavailable(
+                now, f"no {scope.engine} engine metrics {window_text}" + (f"; {hint}" if hint else "")
+            )
         doubled = sorted((labels.get("pod", ""), n) for labels, n in rows("scrapes") if n > 1)
         if doubled:
             pod, n = doubled[0]

@@ -8,7 +8,11 @@ from __future__ import annotations
 
 from batchknee.engines.contract import CommandLine, EngineMetrics, HttpSurface
 
-VERSION = "1.0.0"  # the default image's release
+# The default image's release. No stable release exports the running, waiting and KV-pool series
+# the operator reads (1.2.1 exports five request histograms, unprefixed): they came with the 1.3.0
+# release candidates (NVIDIA/TensorRT-LLM PR #12545, after 1.3.0rc7), so the default is a candidate
+# that has them.
+VERSION = "1.3.0rc14"
 COLLECTOR_COMMIT = "050f80d"
 APP_NAME = "tensorrt-llm"
 KNOB_FLAG = "--max_batch_size"
@@ -67,6 +71,11 @@ METRICS = EngineMetrics(
     generation_length=(),
     prompt_tokens=("trtllm_prompt_tokens_total",),
     finished_requests=("trtllm_e2e_request_latency_seconds_count",),
+)
+# Said when none of its running series is there (which reads as a scrape problem otherwise).
+ABSENT_HINT = (
+    "trtllm-serve exports trtllm_num_requests_running from the 1.3.0 release candidates on "
+    f"(the default image, {VERSION}, has it); releases through 1.2.1 export request latencies only"
 )
 # The KV pool size: blocks × tokens per block.
 KV_MAX_BLOCKS = "trtllm_kv_cache_max_blocks"
