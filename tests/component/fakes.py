@@ -80,9 +80,10 @@ class MemoryKube:
         ]
 
     def apply(self, obj: dict[str, Any]) -> None:
-        """As the apiserver's server-side apply: conditional on metadata.resourceVersion when given
-        (409 when the object moved on), and an unforced create of an object that exists meanwhile
-        is a conflict too."""
+        """As KubernetesAdapter.apply on the apiserver: conditional on metadata.resourceVersion when
+        given (409 when the object moved on), and a create that meets an object someone else made
+        meanwhile is a conflict too (the apiserver merges an unforced apply into it unless a field
+        conflicts; the adapter takes back what it added and says so, tests/integration/test_ownership)."""
         with self._writing:
             self._apply(obj)
 

@@ -141,6 +141,51 @@ def test_a_write_decided_on_a_stale_read_is_refused(world: Harness, cluster: Dev
         kube.apply(raced)
     assert world.get("service", "raced")["spec"]["selector"] == {"app": "payments"}  # type: ignore[index]
 
+    # nor one whose fields an unforced apply would merge with, none conflicting: a selector-less
+    # Service (an external database behind hand-made EndpointSlices) took the operator's selector,
+    # port, labels and controller reference, and was the LLMServing's from then on (deleted with it)
+    external = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "raced-open", "labels": {"team": "payments"}},
+        "spec": {"ports": [{"name": "postgres", "port": 5432}]},
+    }
+    world.kubectl("apply", "-f", "-", input=json.dumps(external))
+    before = strip_volatile(world.get("service", "raced-open"))
+    llms = world.get("llmserving", "stale")
+    assert llms is not None
+    owner = {
+        "apiVersion": llms["apiVersion"],
+        "kind": "LLMServing",
+        "name": "stale",
+        "uid": llms["metadata"]["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+    ours = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": "raced-open",
+            "namespace": world.ns,
+            "labels": {"batchknee.io/llmserving": "stale"},
+            "ownerReferences": [owner],
+        },
+        "spec": {"selector": {"batchknee.io/llmserving": "stale"}, "ports": [{"name": "http", "port": 8000}]},
+    }
+    with pytest.raises(ApplyConflict, match="created by someone else"):
+        kube.apply(ours)
+    after = strip_volatile(world.get("service", "raced-open"))
+    assert after is not None and before is not None
+    # as it was (its resourceVersion moved: the apply and the taking back each wrote it)
+    assert after["spec"] == before["spec"] and "selector" not in after["spec"]
+    assert {**after["metadata"], "resourceVersion": ""} == {**before["metadata"], "resourceVersion": ""}
+    # a create the operator's own retry finds made (its first try's answer lost) is no stranger
+    mine = {**ours, "metadata": {**ours["metadata"], "name": "fresh"}}
+    kube.apply(mine)
+    kube.apply(mine)
+    assert world.get("service", "fresh")["spec"]["selector"] == {"batchknee.io/llmserving": "stale"}  # type: ignore[index]
+
 
 def test_an_engine_that_crash_loops_is_degraded(world: Harness) -> None:
     world.start_operator()

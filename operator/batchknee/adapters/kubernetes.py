@@ -55,6 +55,15 @@ def _finish(response: Any) -> None:
     response.release_conn()
 
 
+def _foreign(obj: dict[str, Any]) -> bool:
+    """Whether an object another manager created or writes (its managed fields name one beside the
+    operator's, bar the controllers' status writes): an apply that found it already there met it."""
+    return any(
+        entry.get("manager") != FIELD_MANAGER and not entry.get("subresource")
+        for entry in obj.get("metadata", {}).get("managedFields") or []
+    )
+
+
 def with_retries(
     call: Callable[[], T],
     what: str,
@@ -330,16 +339,19 @@ class KubernetesAdapter:
         return items
 
     # --- writes ---
-    def apply(self, obj: dict[str, Any]) -> None:
-        kind, meta = obj["kind"], obj["metadata"]
-        name, namespace = meta["name"], meta["namespace"]
-        method = {
+    def apply_method(self, kind: str) -> Callable[..., Any]:
+        return {
             "Deployment": self.apps.patch_namespaced_deployment,
             "StatefulSet": self.apps.patch_namespaced_stateful_set,
             "Service": self.core.patch_namespaced_service,
             "ConfigMap": self.core.patch_namespaced_config_map,
             "PodDisruptionBudget": self.policy.patch_namespaced_pod_disruption_budget,
         }[kind]
+
+    def apply(self, obj: dict[str, Any]) -> None:
+        kind, meta = obj["kind"], obj["metadata"]
+        name, namespace = meta["name"], meta["namespace"]
+        method = self.apply_method(kind)
         ours = bool(meta.get("resourceVersion"))
         try:
             response = with_retries(
@@ -356,12 +368,45 @@ class KubernetesAdapter:
                 f"apply {kind} {namespace}/{name}",
                 retry_conflicts=False,  # a failed resourceVersion precondition stays failed: decide again
             )
-            self._written(kind, namespace, name, response)
         except ApiException as error:
             # 409: the resourceVersion precondition failed, or (unforced) another manager owns a field
             # of an object that appeared since it was found missing.
             failure = ApplyConflict if error.status == 409 else ApplyError
             raise failure(f"{kind} {namespace}/{name}: {_explain(error)}") from None
+        if not ours and response.status != 201 and _foreign(json.loads(response.data)):
+            self._release(obj)
+            raise ApplyConflict(
+                f"{kind} {namespace}/{name} was created by someone else as the operator created it; "
+                "what the operator's apply added to it is taken back"
+            )
+        self._written(kind, namespace, name, response)
+
+    def _release(self, obj: dict[str, Any]) -> None:
+        """Take back what an apply added to an object that turned out not to be ours: an apply of no
+        fields drops every field only this manager owns (what the other owner set stays)."""
+        kind, meta = obj["kind"], obj["metadata"]
+        empty = {
+            "apiVersion": obj["apiVersion"],
+            "kind": kind,
+            "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+        }
+        try:
+            with_retries(
+                lambda: self.apply_method(kind)(
+                    meta["name"],
+                    meta["namespace"],
+                    cast(Any, empty),
+                    field_manager=FIELD_MANAGER,
+                    _content_type=APPLY,
+                    _request_timeout=self.timeout_s,
+                ),
+                f"release {kind} {meta['namespace']}/{meta['name']}",
+            )
+        except ApiException as error:
+            raise ApplyError(
+                f"{kind} {meta['namespace']}/{meta['name']} was created by someone else as the operator "
+                f"created it, and taking back what the apply added failed: {_explain(error)}"
+            ) from None
 
     def list_config_maps(self, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
         selector = ",".join(f"{key}={value}" for key, value in sorted(labels.items()))
