@@ -18,12 +18,16 @@ from batchknee.adapters.kubernetes import KubernetesAdapter
 from batchknee.ports import ApplyConflict, ApplyError, TransientApiError
 
 DEPLOYMENT = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "chat", "namespace": "ml"}}
+# a change to an object the operator read as its own: conditional on the resourceVersion read
+UPDATE = {**DEPLOYMENT, "metadata": {**DEPLOYMENT["metadata"], "resourceVersion": "7"}, "spec": {}}
+SERVICE = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "chat", "namespace": "ml"}}
 
 
 class Script:
     def __init__(self) -> None:
         self.answers: list[tuple[int, dict[str, Any]]] = []
         self.requests: list[str] = []
+        self.bodies: list[Any] = []
 
 
 @pytest.fixture
@@ -33,7 +37,8 @@ def apiserver() -> Iterator[tuple[Script, KubernetesAdapter]]:
     class Handler(BaseHTTPRequestHandler):
         def answer(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
-            self.rfile.read(length)
+            sent = self.rfile.read(length)
+            script.bodies.append(json.loads(sent) if sent else None)
             script.requests.append(f"{self.command} {self.path.split('?')[0]}")
             status, body = script.answers.pop(0) if script.answers else (500, {"message": "no script"})
             data = json.dumps(body).encode()
@@ -86,8 +91,72 @@ def test_an_apply_that_stays_busy_is_transient_not_an_apply_error(
     script, adapter = apiserver
     script.answers = [status(503, "ServiceUnavailable")] * 4
     with pytest.raises(TransientApiError, match="503"):
-        adapter.apply({**DEPLOYMENT, "spec": {}})
+        adapter.apply(UPDATE)
     assert len(script.requests) == 4  # the first try and three retries, then the next tick
+
+
+def test_a_create_answered_5xx_is_not_asked_again_but_read_at_the_next_evaluation(
+    apiserver: tuple[Script, KubernetesAdapter],
+) -> None:
+    """A 5xx may come after the object was made: asked again, the create would meet it and could
+    take it for someone else's. A 429 is a request not served: that one is asked again."""
+    script, adapter = apiserver
+    script.answers = [status(503, "ServiceUnavailable")]
+    with pytest.raises(TransientApiError, match=r"503 Service Unavailable \(after 1 try\)"):
+        adapter.apply({**DEPLOYMENT, "spec": {}})
+    assert len(script.requests) == 1
+    script.requests.clear()
+    script.answers = [status(429, "TooManyRequests"), (201, DEPLOYMENT)]
+    adapter.apply({**DEPLOYMENT, "spec": {}})
+    assert len(script.requests) == 2
+
+
+def managed(*managers: tuple[str, str]) -> dict[str, Any]:
+    entries = [{"manager": m, "operation": "Apply" if m == "batchknee" else "Update"} for m, _ in managers]
+    for entry, (_, subresource) in zip(entries, managers, strict=True):
+        if subresource:
+            entry["subresource"] = subresource
+    return {**SERVICE, "metadata": {**SERVICE["metadata"], "managedFields": entries}}
+
+
+def test_a_create_that_met_someone_elses_object_takes_back_what_it_added(
+    apiserver: tuple[Script, KubernetesAdapter],
+) -> None:
+    """The apiserver merges an unforced apply into an object made since it was found missing
+    wherever no field conflicts (tests/integration/test_ownership.py): an apply of no fields takes
+    back what only the operator owns, and reconcile decides again (it then reads a stranger's)."""
+    script, adapter = apiserver
+    ours = {**SERVICE, "spec": {"selector": {"batchknee.io/llmserving": "chat"}}}
+    script.answers = [(200, managed(("kubectl-create", ""), ("batchknee", ""))), (200, SERVICE)]
+    with pytest.raises(ApplyConflict, match="created by someone else"):
+        adapter.apply(ours)
+    assert script.requests == ["PATCH /api/v1/namespaces/ml/services/chat"] * 2
+    assert script.bodies[1] == {"apiVersion": "v1", "kind": "Service", "metadata": SERVICE["metadata"]}
+
+    # its own object, answered 200 (a create the watch had not shown yet): nothing taken back,
+    # whatever the controllers wrote of its status
+    script.requests.clear()
+    script.answers = [(200, managed(("batchknee", ""), ("kube-controller-manager", "status")))]
+    adapter.apply(ours)
+    assert len(script.requests) == 1
+
+
+def test_a_taking_back_that_fails_is_tried_again_and_nothing_is_applied_over_it(
+    apiserver: tuple[Script, KubernetesAdapter],
+) -> None:
+    script, adapter = apiserver
+    ours = {**SERVICE, "spec": {"selector": {"batchknee.io/llmserving": "chat"}}}
+    script.answers = [(200, managed(("kubectl-create", ""), ("batchknee", "")))]
+    script.answers += [status(503, "ServiceUnavailable")] * 4
+    with pytest.raises(ApplyError, match="taking back what the operator added failed"):
+        adapter.apply(ours)
+    # the next evaluation reads it as its own (it carries the controller reference the apply
+    # merged in) and applies over it: the taking back goes first, and then nothing else
+    script.bodies.clear()
+    script.answers = [(200, SERVICE)]
+    with pytest.raises(ApplyConflict, match="taken back"):
+        adapter.apply({**ours, "metadata": {**ours["metadata"], "resourceVersion": "7"}})
+    assert script.bodies == [{"apiVersion": "v1", "kind": "Service", "metadata": SERVICE["metadata"]}]
 
 
 def test_what_a_failing_answer_wrote_is_never_the_summary_and_is_bounded_in_the_detail(
@@ -100,7 +169,7 @@ def test_what_a_failing_answer_wrote_is_never_the_summary_and_is_bounded_in_the_
     message = "\x1b[31mupstream says: " + "x" * 5000
     script.answers = [(502, {"kind": "Status", "code": 502, "message": message})] * 4
     with pytest.raises(TransientApiError) as raised:
-        adapter.apply({**DEPLOYMENT, "spec": {}})
+        adapter.apply(UPDATE)
     error = raised.value
     assert error.summary == "apply Deployment ml/chat: 502 Bad Gateway (after 4 tries)"
     detail = str(error)

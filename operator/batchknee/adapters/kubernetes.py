@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from http import HTTPStatus
-from typing import Any, TypeVar, cast
+from typing import Any, NoReturn, TypeVar, cast
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
@@ -70,18 +70,20 @@ def with_retries(
     delays: tuple[float, ...] = RETRY_DELAYS_S,
     *,
     retry_conflicts: bool = True,
+    retry_server_errors: bool = True,
 ) -> T:
     """`call()`, retried with backoff (and jitter, honouring Retry-After up to the step's bound)
-    while the apiserver answers 409 (unless `retry_conflicts` is off), 429 or 5xx; then
-    TransientApiError."""
+    while the apiserver answers 409 (unless `retry_conflicts` is off), 429 or 5xx (unless
+    `retry_server_errors` is off: TransientApiError at once); then TransientApiError."""
     for attempt in range(len(delays) + 1):
         try:
             return call()
         except ApiException as error:
             if not transient(error) or (error.status == 409 and not retry_conflicts):
                 raise
-            if attempt == len(delays):
-                summary = f"{what}: {_status(error)} (after {attempt + 1} tries)"
+            if attempt == len(delays) or ((error.status or 0) >= 500 and not retry_server_errors):
+                tries = f"{attempt + 1} tries" if attempt else "1 try"
+                summary = f"{what}: {_status(error)} (after {tries})"
                 raise TransientApiError(summary, _message(error)) from None
             bound = delays[attempt]
             hinted = _retry_after(error)
@@ -229,6 +231,9 @@ class KubernetesAdapter:
         # who adopts which workload, from the watch (the operator's kopf index): (namespace, kind,
         # name) → [(creationTimestamp, LLMServing)]; None: list the namespace
         self.tuners_index: Callable[[str, str, str], list[tuple[str, str]]] | None = None
+        # objects a create met (someone else made them meanwhile) whose taking back has not
+        # succeeded yet: never applied over, the taking back tried again instead
+        self._not_taken_back: set[tuple[str, str, str]] = set()
 
     # --- reads ---
     def cached(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
@@ -351,6 +356,8 @@ class KubernetesAdapter:
     def apply(self, obj: dict[str, Any]) -> None:
         kind, meta = obj["kind"], obj["metadata"]
         name, namespace = meta["name"], meta["namespace"]
+        if (kind, namespace, name) in self._not_taken_back:
+            self._take_back(obj)
         method = self.apply_method(kind)
         ours = bool(meta.get("resourceVersion"))
         try:
@@ -367,46 +374,57 @@ class KubernetesAdapter:
                 ),
                 f"apply {kind} {namespace}/{name}",
                 retry_conflicts=False,  # a failed resourceVersion precondition stays failed: decide again
+                # a create answered 5xx may have been made: asked again, it would meet itself and
+                # could take itself for someone else's (below); the next evaluation reads it instead
+                retry_server_errors=ours,
             )
         except ApiException as error:
             # 409: the resourceVersion precondition failed, or (unforced) another manager owns a field
             # of an object that appeared since it was found missing.
             failure = ApplyConflict if error.status == 409 else ApplyError
             raise failure(f"{kind} {namespace}/{name}: {_explain(error)}") from None
-        if not ours and response.status != 201 and _foreign(json.loads(response.data)):
-            self._release(obj)
-            raise ApplyConflict(
-                f"{kind} {namespace}/{name} was created by someone else as the operator created it; "
-                "what the operator's apply added to it is taken back"
-            )
+        # A create that found the object there (200, not 201) met one someone else made since it was
+        # found missing: the apiserver merged the apply into it wherever no field conflicted.
+        if not ours and response.status != HTTPStatus.CREATED and _foreign(json.loads(response.data)):
+            self._not_taken_back.add((kind, namespace, name))
+            self._take_back(obj)
         self._written(kind, namespace, name, response)
 
-    def _release(self, obj: dict[str, Any]) -> None:
-        """Take back what an apply added to an object that turned out not to be ours: an apply of no
-        fields drops every field only this manager owns (what the other owner set stays)."""
+    def _take_back(self, obj: dict[str, Any]) -> NoReturn:
+        """Take back what a create added to an object someone else made: an apply of no fields drops
+        every field only this manager owns (what the other owner set stays). ApplyConflict when it
+        is done (the next evaluation reads the object as someone else's), ApplyError while not."""
         kind, meta = obj["kind"], obj["metadata"]
+        name, namespace = meta["name"], meta["namespace"]
         empty = {
             "apiVersion": obj["apiVersion"],
             "kind": kind,
-            "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+            "metadata": {"name": name, "namespace": namespace},
         }
         try:
             with_retries(
                 lambda: self.apply_method(kind)(
-                    meta["name"],
-                    meta["namespace"],
+                    name,
+                    namespace,
                     cast(Any, empty),
                     field_manager=FIELD_MANAGER,
                     _content_type=APPLY,
                     _request_timeout=self.timeout_s,
                 ),
-                f"release {kind} {meta['namespace']}/{meta['name']}",
+                f"take back the apply to {kind} {namespace}/{name}",
             )
-        except ApiException as error:
+        except (ApiException, TransientApiError) as error:
+            detail = _explain(error) if isinstance(error, ApiException) else error.summary
             raise ApplyError(
-                f"{kind} {meta['namespace']}/{meta['name']} was created by someone else as the operator "
-                f"created it, and taking back what the apply added failed: {_explain(error)}"
+                f"{kind} {namespace}/{name} was created by someone else as the operator created it, and "
+                f"taking back what the operator added failed ({detail}); tried again at every evaluation, "
+                "nothing else is applied to it meanwhile"
             ) from None
+        self._not_taken_back.discard((kind, namespace, name))
+        raise ApplyConflict(
+            f"{kind} {namespace}/{name} was created by someone else as the operator created it; what "
+            "the operator's apply added to it is taken back"
+        )
 
     def list_config_maps(self, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
         selector = ",".join(f"{key}={value}" for key, value in sorted(labels.items()))
