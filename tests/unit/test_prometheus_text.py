@@ -90,3 +90,16 @@ def test_a_secret_cut_in_two_by_the_bytes_read_is_masked_too() -> None:
         assert excerpt(body, secrets=[token]) == "echo: ***"
     # an answer that ends where it ends: nothing was cut, nothing more is masked
     assert excerpt(b"echo: eyJhbGciOi", secrets=[token]) == "echo: eyJhbGciOi"
+
+
+def test_a_secret_is_masked_however_an_answer_writes_it() -> None:
+    """A secret inside a longer one (a tenant that starts an API key) must not leave the longer
+    one's rest; an answer may write it escaped as HTML, JSON or a URL does, or split by tags."""
+    key, tenant = "team-a-9f8e7d6c5b", "team-a"
+    assert excerpt(b"tenant team-a, key team-a-9f8e7d6c5b", secrets=[tenant, key]) == "tenant ***, key ***"
+    assert excerpt(b"<p>v=ab<cd>ef9f8e7d6c5b</p>", secrets=["ab<cd>ef9f8e7d6c5b"]) == "v=***"
+    assert excerpt(b"v=k&amp;y12345 q=k%26y12345", secrets=["k&y12345"]) == "v=*** q=***"
+    assert excerpt(b'{"x": "k\\"y\\\\99"}', secrets=['k"y\\99']) == '{"x": "***"}'
+    assert excerpt(b'{"error": "bad k\\u0026y12345", "errorType": "bad_data"}', secrets=["k&y12345"]) == (
+        "bad_data: bad ***"
+    )

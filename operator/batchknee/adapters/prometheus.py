@@ -23,6 +23,7 @@ becomes `Reading.unavailable(reason)`, the reason naming the metric — never a 
 from __future__ import annotations
 
 import base64
+import html
 import json
 import math
 import re
@@ -105,6 +106,22 @@ def _without_cut_secret(text: str, secret: str, shortest: int = 4) -> str:
     return text
 
 
+def _echoed_forms(secret: str) -> set[str]:
+    return {
+        secret,
+        html.escape(secret),
+        html.escape(secret, quote=False),
+        json.dumps(secret)[1:-1],
+        urllib.parse.quote(secret, safe=""),
+    }
+
+
+def _masked(text: str, forms: Sequence[str]) -> str:
+    for form in forms:
+        text = text.replace(form, "***")
+    return text
+
+
 def excerpt(body: bytes | str, limit: int = EXCERPT_CHARS, secrets: Iterable[str] = ()) -> str:
     """A short, single-line, printable excerpt of an upstream answer (never the whole body: only
     its head is read, so a huge one costs no more than a small one). Prometheus's own JSON errors
@@ -112,6 +129,14 @@ def excerpt(body: bytes | str, limit: int = EXCERPT_CHARS, secrets: Iterable[str
     what looks like one, are masked."""
     head = body[:ERROR_BODY_BYTES]
     text = head.decode("utf-8", "replace") if isinstance(head, bytes) else head
+    secrets = [secret for secret in secrets if secret]
+    # as an answer may write a secret (escaped as HTML, JSON or a URL does), the longest first: a
+    # secret inside a longer one must not leave the longer one's rest
+    forms = sorted({form for secret in secrets for form in _echoed_forms(secret)}, key=len, reverse=True)
+    text = _masked(text, forms)  # before the tags go: they could split a secret that holds `<…>`
+    if len(body) >= ERROR_BODY_BYTES:
+        for secret in secrets:
+            text = _without_cut_secret(text, secret)
     try:
         parsed = json.loads(text)
     except (ValueError, RecursionError):
@@ -121,10 +146,7 @@ def excerpt(body: bytes | str, limit: int = EXCERPT_CHARS, secrets: Iterable[str
     else:
         text = re.sub(r"(?is)<(script|style)\b.*?</\1\s*>", " ", text)
         text = re.sub(r"<[^>]*>", " ", text)
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "***")
-            text = _without_cut_secret(text, secret) if len(body) >= ERROR_BODY_BYTES else text
+    text = _masked(text, forms)  # and as the JSON's unescaping wrote it
     text = _CREDENTIAL.sub(lambda m: f"{m.group(1)}{m.group(2)}***", text)
     text = "".join(ch if ch.isprintable() else " " for ch in text)
     text = " ".join(text.split())
