@@ -291,7 +291,14 @@ def test_several_standalone_replicas_are_refused(helm: Helm) -> None:
         ({"prometheusAllowedUrls": ["http://?x"]}, "prometheusAllowedUrls"),
         ({"prometheusAuth": {"caConfigMap": "prom-ca"}}, "prometheusUrl is not an https:// URL"),
         ({"prometheusHeaders": {"X Scope": "a"}}, "does not match pattern"),
-        ({"prometheusHeaders": {"X-Scope-OrgID": "a\r\nX-Injected: 1"}}, "does not match pattern"),
+        ({"prometheusHeaders": {"X-Scope-OrgID": "s3cret\r\nX-Injected: 1"}}, "the value of X-Scope-OrgID"),
+        ({"prometheusHeaders": {"X-Scope-OrgID": "s3cret "}}, "ends with a space"),
+        ({"prometheusHeaders": {"X-Scope-OrgID": "s3crét"}}, "non-ASCII"),
+        ({"prometheusHeaders": {"X-Api-Key": "s3cret", "x-api-key": "s3cret2"}}, "given twice"),
+        (
+            {"prometheusUrl": "https://u:pw@mimir", "prometheusHeaders": {"Authorization": "Basic s3cret"}},
+            "a user and password too",
+        ),
         ({"prometheusHeaders": {"HOST": "mimir"}}, "HOST frames the request"),
         ({"prometheusHeaders": {"Authorization": "Basic YTpi"}}, "goes over HTTPS only"),
         (
@@ -309,6 +316,7 @@ def test_settings_the_operator_would_refuse_are_refused_at_install(
 ) -> None:
     done = helm("template", {"operator": operator}, check=False)
     assert done.returncode != 0 and words in done.stderr, done.stderr
+    assert "s3cr" not in done.stderr and "Injected" not in done.stderr  # a header's value: maybe a secret
 
 
 # --- Prometheus behind a bearer token and a private CA -----------------------------------------------
