@@ -183,7 +183,6 @@ HUGE = "9" * 400  # under the 1,024 characters admission allows an argument
         ("SGLang", ["--chunked-prefill-size", HUGE]),
         ("SGLang", ["--mem-fraction-static", "inf"]),
         ("TensorRTLLM", ["--max_num_tokens", HUGE]),
-        ("TensorRTLLM", ["--kv_cache_free_gpu_memory_fraction", "-inf"]),
     ],
 )
 def test_a_number_in_args_past_any_setting_is_read_as_no_setting_not_a_crash(
@@ -198,3 +197,21 @@ def test_a_number_in_args_past_any_setting_is_read_as_no_setting_not_a_crash(
     status, plain = world.kube.status("default", "chat"), world.kube.status("default", "plain")
     assert status["maxNumSeqs"] == plain["maxNumSeqs"] and status["bKnee"] == plain["bKnee"]
     assert world.kube.condition("default", "chat", "Degraded")["reason"] == "AsExpected"
+
+
+@pytest.mark.parametrize("fraction", ["nan", "inf", "1e400", "most"])
+def test_a_tensorrt_llm_memory_fraction_that_is_no_number_is_an_invalid_spec(
+    world: World, fraction: str
+) -> None:
+    """trtllm-serve refuses it: read as absent, the operator would plan a pool from the default
+    and deploy an engine that cannot start."""
+    world.kube.create(
+        llmserving(engine="TensorRTLLM", args=["--kv_cache_free_gpu_memory_fraction", fraction])
+    )
+    world.reconcile()
+    degraded = world.kube.condition("default", "chat", "Degraded")
+    assert degraded["reason"] == "InvalidSpec", degraded
+    assert degraded["message"].startswith(
+        f"spec.args --kv_cache_free_gpu_memory_fraction: must be a number in (0, 1], got '{fraction}'"
+    )
+    assert world.kube.get("Deployment", "default", "chat") is None

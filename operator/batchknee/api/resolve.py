@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from batchknee.api.models import Engine, LLMServing, LLMServingSpec
 from batchknee.core.catalog import GIB, CatalogError, GpuSpec, ModelArchitecture, find_gpu, find_model
 from batchknee.core.engine_args import (
+    flag_value,
     float_flag,
     int_flag,
     sglang_mem_fraction_static,
@@ -187,6 +188,9 @@ def trtllm_kv_cache(spec: LLMServingSpec) -> TrtllmKvCache:
     if fraction is None:
         fraction = float_flag(spec.args, "--kv_cache_free_gpu_memory_fraction")
         where = "spec.args --kv_cache_free_gpu_memory_fraction"
+        given = flag_value(spec.args, "--kv_cache_free_gpu_memory_fraction")
+        if fraction is None and given is not None:  # trtllm-serve would refuse it: not its default
+            raise SpecError(where, f"must be a number in (0, 1], got {given[:40]!r}")
     if fraction is None:
         fraction = TRTLLM_FREE_GPU_MEMORY_FRACTION
     if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0.0 < fraction <= 1.0:
