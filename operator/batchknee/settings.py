@@ -243,11 +243,13 @@ class OperatorSettings(BaseSettings):
     @field_validator("prometheus_headers", mode="wrap")
     @classmethod
     def _check_headers(cls, value: Any, handler: Any, info: ValidationInfo) -> dict[str, str]:
-        # checked before pydantic's type check, whose errors would carry a value (it may be a secret)
+        # checked before pydantic's type check, whose messages would carry a value (it may be a
+        # secret): these messages name none (a ValidationError's str() carries the input, so the
+        # operator command prints the messages alone)
         if isinstance(value, str):
             try:
                 value = json.loads(value) if value.strip() else {}
-            except ValueError:
+            except (ValueError, RecursionError):
                 value = None
         if not isinstance(value, Mapping):
             raise ValueError(

@@ -167,6 +167,7 @@ def test_a_bearer_token_that_would_not_go_as_meant_is_refused(
     [
         ("http://mimir:8080", "X-Scope-OrgID: s3cret-team", "not a JSON object of header names to values"),
         ("http://mimir:8080", '["s3cret-team"]', "not a JSON object of header names to values"),
+        ("http://mimir:8080", "[" * 60_000 + "s3cret", "not a JSON object of header names to values"),
         (
             "http://mimir:8080",
             '{"X-Scope-OrgID": 7}',
