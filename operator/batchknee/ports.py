@@ -68,6 +68,12 @@ class KubernetesPort(Protocol):
         that appeared meanwhile. Raises ApplyConflict when a precondition fails, else ApplyError."""
         ...
 
+    def taking_back(self, kind: str, namespace: str, name: str) -> bool:
+        """An object a create met (someone else made it meanwhile) whose taking back has not
+        succeeded yet: `apply` of it tries the taking back again (and applies nothing else), so it
+        must be called even when the object reads as in place."""
+        ...
+
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         """Replace the LLMServing's status through the status subresource."""
         ...

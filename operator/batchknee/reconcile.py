@@ -1194,7 +1194,7 @@ class _Reconcile:
             if not controlled_by(existing, uid):
                 foreign.append(f"{kind} {self.namespace}/{name}")
                 continue
-            if in_place(item, existing):
+            if in_place(item, existing) and not kube.taking_back(kind, namespace, name):
                 continue
             item["metadata"]["resourceVersion"] = existing.get("metadata", {}).get("resourceVersion")
             pending.append(item)

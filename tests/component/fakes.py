@@ -42,6 +42,8 @@ class MemoryKube:
     fail_apply: set[str] = field(default_factory=set)
     fail_status: bool = False
     busy_applies: int = 0  # this many applies answer as an apiserver still busy after retries
+    # objects a create met (someone else's) whose taking back keeps failing (KubernetesAdapter)
+    not_taken_back: set[Key] = field(default_factory=set)
     _uids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     _versions: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     # a reconcile applies some objects together (reconcile.together): one write at a time, as etcd
@@ -87,8 +89,15 @@ class MemoryKube:
         with self._writing:
             self._apply(obj)
 
+    def taking_back(self, kind: str, namespace: str, name: str) -> bool:
+        return (kind, namespace, name) in self.not_taken_back
+
     def _apply(self, obj: dict[str, Any]) -> None:
         kind, meta = obj["kind"], obj["metadata"]
+        if self.taking_back(kind, meta["namespace"], meta["name"]):
+            raise ApplyError(
+                f"{kind} {meta['namespace']}/{meta['name']}: taking back what the operator added failed"
+            )
         if kind in self.fail_apply:
             raise ApplyError(f"{kind} {meta['name']}: admission webhook denied the request")
         if self.busy_applies > 0:

@@ -168,6 +168,19 @@ def test_a_crash_looping_engine_is_degraded_naming_the_pod(world: World) -> None
     assert "EngineCrashLooping" in [e["reason"] for e in world.kube.events]
 
 
+def test_an_object_whose_taking_back_failed_is_applied_to_however_in_place_it_reads(world: World) -> None:
+    """A create that met someone else's Service merged into it (the apiserver does so where no field
+    conflicts), and taking that back failed: the Service now carries the operator's content stamp
+    and reads as in place. The adapter retries the taking back only when asked to apply it, so it
+    is asked, and the failure shows."""
+    world.kube.create(llmserving())
+    world.reconcile()
+    world.kube.not_taken_back.add(("Service", "default", "chat"))
+    world.reconcile()
+    degraded = world.kube.condition("default", "chat", "Degraded")
+    assert degraded["reason"] == "ApplyFailed" and "taking back" in degraded["message"]
+
+
 HUGE = "9" * 400  # under the 1,024 characters admission allows an argument
 
 

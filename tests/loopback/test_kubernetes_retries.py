@@ -116,7 +116,11 @@ def managed(*managers: tuple[str, str]) -> dict[str, Any]:
     for entry, (_, subresource) in zip(entries, managers, strict=True):
         if subresource:
             entry["subresource"] = subresource
-    return {**SERVICE, "metadata": {**SERVICE["metadata"], "managedFields": entries}}
+    return {**SERVICE, "metadata": {**SERVICE["metadata"], "uid": "u-1", "managedFields": entries}}
+
+
+# an apply of no fields, on the object met only (gone or replaced: nothing to take back)
+TAKE_BACK = {"apiVersion": "v1", "kind": "Service", "metadata": {**SERVICE["metadata"], "uid": "u-1"}}
 
 
 def test_a_create_that_met_someone_elses_object_takes_back_what_it_added(
@@ -131,7 +135,7 @@ def test_a_create_that_met_someone_elses_object_takes_back_what_it_added(
     with pytest.raises(ApplyConflict, match="created by someone else"):
         adapter.apply(ours)
     assert script.requests == ["PATCH /api/v1/namespaces/ml/services/chat"] * 2
-    assert script.bodies[1] == {"apiVersion": "v1", "kind": "Service", "metadata": SERVICE["metadata"]}
+    assert script.bodies[1] == TAKE_BACK
 
     # its own object, answered 200 (a create the watch had not shown yet): nothing taken back,
     # whatever the controllers wrote of its status
@@ -156,7 +160,29 @@ def test_a_taking_back_that_fails_is_tried_again_and_nothing_is_applied_over_it(
     script.answers = [(200, SERVICE)]
     with pytest.raises(ApplyConflict, match="taken back"):
         adapter.apply({**ours, "metadata": {**ours["metadata"], "resourceVersion": "7"}})
-    assert script.bodies == [{"apiVersion": "v1", "kind": "Service", "metadata": SERVICE["metadata"]}]
+    assert script.bodies == [TAKE_BACK]
+    assert not adapter.taking_back("Service", "ml", "chat")
+
+
+def test_a_taking_back_of_an_object_gone_since_creates_nothing(
+    apiserver: tuple[Script, KubernetesAdapter],
+) -> None:
+    """The stranger's object was deleted (or replaced) before the taking back succeeded: an apply
+    of no fields would create an empty one; with the uid met, the apiserver refuses it (409)."""
+    script, adapter = apiserver
+    ours = {**SERVICE, "spec": {"selector": {"batchknee.io/llmserving": "chat"}}}
+    script.answers = [(200, managed(("kubectl-create", ""), ("batchknee", "")))]
+    script.answers += [status(503, "ServiceUnavailable")] * 4
+    with pytest.raises(ApplyError):
+        adapter.apply(ours)
+    script.answers = [status(409, "Conflict")]
+    with pytest.raises(ApplyConflict, match="taken back"):
+        adapter.apply(ours)
+    assert not adapter.taking_back("Service", "ml", "chat")
+    script.bodies.clear()
+    script.answers = [(201, SERVICE)]
+    adapter.apply(ours)  # decided again: created as any missing object is
+    assert script.bodies == [ours]
 
 
 def test_what_a_failing_answer_wrote_is_never_the_summary_and_is_bounded_in_the_detail(

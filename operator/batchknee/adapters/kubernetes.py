@@ -232,8 +232,8 @@ class KubernetesAdapter:
         # name) → [(creationTimestamp, LLMServing)]; None: list the namespace
         self.tuners_index: Callable[[str, str, str], list[tuple[str, str]]] | None = None
         # objects a create met (someone else made them meanwhile) whose taking back has not
-        # succeeded yet: never applied over, the taking back tried again instead
-        self._not_taken_back: set[tuple[str, str, str]] = set()
+        # succeeded yet, with the uid met: never applied over, the taking back tried again instead
+        self._not_taken_back: dict[tuple[str, str, str], str] = {}
 
     # --- reads ---
     def cached(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
@@ -356,7 +356,7 @@ class KubernetesAdapter:
     def apply(self, obj: dict[str, Any]) -> None:
         kind, meta = obj["kind"], obj["metadata"]
         name, namespace = meta["name"], meta["namespace"]
-        if (kind, namespace, name) in self._not_taken_back:
+        if self.taking_back(kind, namespace, name):
             self._take_back(obj)
         method = self.apply_method(kind)
         ours = bool(meta.get("resourceVersion"))
@@ -385,45 +385,67 @@ class KubernetesAdapter:
             raise failure(f"{kind} {namespace}/{name}: {_explain(error)}") from None
         # A create that found the object there (200, not 201) met one someone else made since it was
         # found missing: the apiserver merged the apply into it wherever no field conflicted.
-        if not ours and response.status != HTTPStatus.CREATED and _foreign(json.loads(response.data)):
-            self._not_taken_back.add((kind, namespace, name))
-            self._take_back(obj)
+        if not ours and response.status != HTTPStatus.CREATED:
+            met = json.loads(response.data)
+            if _foreign(met):
+                self._not_taken_back[kind, namespace, name] = str(met["metadata"].get("uid") or "")
+                self._written(kind, namespace, name, response)
+                self._take_back(obj)
         self._written(kind, namespace, name, response)
+
+    def taking_back(self, kind: str, namespace: str, name: str) -> bool:
+        return (kind, namespace, name) in self._not_taken_back
 
     def _take_back(self, obj: dict[str, Any]) -> NoReturn:
         """Take back what a create added to an object someone else made: an apply of no fields drops
-        every field only this manager owns (what the other owner set stays). ApplyConflict when it
-        is done (the next evaluation reads the object as someone else's), ApplyError while not."""
+        every field only this manager owns (what the other owner set stays), on that object only
+        (its uid: gone or replaced, there is nothing to take back, and an apply would create one).
+        ApplyConflict when done (the next evaluation reads the object as someone else's), ApplyError
+        while not."""
         kind, meta = obj["kind"], obj["metadata"]
         name, namespace = meta["name"], meta["namespace"]
+        key = (kind, namespace, name)
+        uid = self._not_taken_back[key]
         empty = {
             "apiVersion": obj["apiVersion"],
             "kind": kind,
-            "metadata": {"name": name, "namespace": namespace},
+            "metadata": {"name": name, "namespace": namespace, "uid": uid},
         }
         try:
-            with_retries(
+            response = with_retries(
                 lambda: self.apply_method(kind)(
                     name,
                     namespace,
                     cast(Any, empty),
                     field_manager=FIELD_MANAGER,
                     _content_type=APPLY,
+                    _preload_content=False,
                     _request_timeout=self.timeout_s,
                 ),
                 f"take back the apply to {kind} {namespace}/{name}",
+                retry_conflicts=False,
             )
-        except (ApiException, TransientApiError) as error:
-            detail = _explain(error) if isinstance(error, ApiException) else error.summary
-            raise ApplyError(
-                f"{kind} {namespace}/{name} was created by someone else as the operator created it, and "
-                f"taking back what the operator added failed ({detail}); tried again at every evaluation, "
-                "nothing else is applied to it meanwhile"
-            ) from None
-        self._not_taken_back.discard((kind, namespace, name))
+        except ApiException as error:
+            if error.status != 409:
+                raise self._not_taken(key, _explain(error)) from None
+            # another uid, or none: the object met is gone (and what was added with it)
+        except TransientApiError as error:
+            raise self._not_taken(key, error.summary) from None
+        else:
+            self._written(kind, namespace, name, response)
+        del self._not_taken_back[key]
         raise ApplyConflict(
             f"{kind} {namespace}/{name} was created by someone else as the operator created it; what "
-            "the operator's apply added to it is taken back"
+            "the operator's apply added to it is taken back (or gone with it)"
+        )
+
+    @staticmethod
+    def _not_taken(key: tuple[str, str, str], detail: str) -> ApplyError:
+        kind, namespace, name = key
+        return ApplyError(
+            f"{kind} {namespace}/{name} was created by someone else as the operator created it, and taking "
+            f"back what the operator added failed ({detail}); tried again at every evaluation, nothing "
+            "else is applied to it meanwhile"
         )
 
     def list_config_maps(self, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
