@@ -103,3 +103,14 @@ def test_a_secret_is_masked_however_an_answer_writes_it() -> None:
     assert excerpt(b'{"error": "bad k\\u0026y12345", "errorType": "bad_data"}', secrets=["k&y12345"]) == (
         "bad_data: bad ***"
     )
+    # as Go's encoders write it (a Mimir or a proxy in Go): JSON escapes &, < and >; HTML ' and "
+    secret = "k&y'1234\"5"
+    assert (
+        excerpt(b'{"message":"denied for k\\u0026y\'1234\\"5"}', secrets=[secret])
+        == '{"message":"denied for ***"}'
+    )
+    assert excerpt(b"<p>k&amp;y&#39;1234&#34;5</p>", secrets=[secret]) == "***"
+    assert excerpt(b"q=a+b+c+d", secrets=["a b c d"]) == "q=***"  # as a form writes it
+    # a secret that is also a word of Prometheus's error answer does not spoil its reading
+    answer = b'{"status":"error","errorType":"bad_data","error":"query timed out"}'
+    assert excerpt(answer, secrets=["error"]) == "bad_data: query timed out"

@@ -107,12 +107,18 @@ def _without_cut_secret(text: str, secret: str, shortest: int = 4) -> str:
 
 
 def _echoed_forms(secret: str) -> set[str]:
+    """`secret` as an answer may write it: as is, escaped as Python's and Go's HTML and JSON
+    encoders write it (Go's JSON escapes <, > and &), and as a URL or a form writes it."""
+    as_json = json.dumps(secret)[1:-1]
     return {
         secret,
         html.escape(secret),
         html.escape(secret, quote=False),
-        json.dumps(secret)[1:-1],
+        html.escape(secret).replace("&#x27;", "&#39;").replace("&quot;", "&#34;"),
+        as_json,
+        as_json.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e"),
         urllib.parse.quote(secret, safe=""),
+        urllib.parse.quote_plus(secret, safe=""),
     }
 
 
@@ -133,7 +139,9 @@ def excerpt(body: bytes | str, limit: int = EXCERPT_CHARS, secrets: Iterable[str
     # as an answer may write a secret (escaped as HTML, JSON or a URL does), the longest first: a
     # secret inside a longer one must not leave the longer one's rest
     forms = sorted({form for secret in secrets for form in _echoed_forms(secret)}, key=len, reverse=True)
-    text = _masked(text, forms)  # before the tags go: they could split a secret that holds `<…>`
+    # the forms that stripping tags or reading the JSON would change, before they do (the plain
+    # ones after: masked first, a secret that is also a JSON key would spoil the reading)
+    text = _masked(text, [form for form in forms if any(c in form for c in "<>&\\%+")])
     if len(body) >= ERROR_BODY_BYTES:
         for secret in secrets:
             text = _without_cut_secret(text, secret)
