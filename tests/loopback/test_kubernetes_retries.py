@@ -175,7 +175,11 @@ def test_a_taking_back_of_an_object_gone_since_creates_nothing(
     script.answers += [status(503, "ServiceUnavailable")] * 4
     with pytest.raises(ApplyError):
         adapter.apply(ours)
-    script.answers = [status(409, "Conflict")]
+    # refused for its uid, and read: another object holds the name now (or none does)
+    script.answers = [
+        status(422, "Invalid"),
+        (200, {**SERVICE, "metadata": {**SERVICE["metadata"], "uid": "u-2"}}),
+    ]
     with pytest.raises(ApplyConflict, match="taken back"):
         adapter.apply(ours)
     assert not adapter.taking_back("Service", "ml", "chat")
@@ -239,3 +243,21 @@ def test_the_reads_of_children_and_pods_are_retried_too(apiserver: tuple[Script,
         adapter.list_pods("ml", {"app": "chat"})
     script.answers = [status(404, "NotFound")]
     assert adapter.get_object("Service", "ml", "gone") is None
+
+
+def test_a_taking_back_refused_while_the_object_met_is_still_there_is_still_to_do(
+    apiserver: tuple[Script, KubernetesAdapter],
+) -> None:
+    """A 409 that is not the uid's (a webhook's, say) leaves the stranger's object as the create
+    left it: the taking back stays to do, and such a ConfigMap is never pruned meanwhile."""
+    script, adapter = apiserver
+    config = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "chat-1", "namespace": "ml"}}
+    met = {**config, "metadata": {**config["metadata"], "uid": "u-1"}}
+    met["metadata"]["managedFields"] = [{"manager": "kubectl-create", "operation": "Update"}]
+    script.answers = [(200, met), status(409, "Conflict"), (200, met)]
+    with pytest.raises(ApplyError, match="taking back what the operator added failed"):
+        adapter.apply({**config, "data": {"a": "b"}})
+    assert adapter.taking_back("ConfigMap", "ml", "chat-1")
+    script.requests.clear()
+    adapter.delete_config_map("ml", "chat-1", "u-1")
+    assert script.requests == []

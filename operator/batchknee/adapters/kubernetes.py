@@ -426,9 +426,10 @@ class KubernetesAdapter:
                 retry_conflicts=False,
             )
         except ApiException as error:
-            if error.status != 409:
+            # refused for the uid (409 when none is there, 422 when another object holds the name):
+            # the object met is gone, and what was added with it; anything else is still to do
+            if error.status not in (409, 422) or self._still_there(key, uid):
                 raise self._not_taken(key, _explain(error)) from None
-            # another uid, or none: the object met is gone (and what was added with it)
         except TransientApiError as error:
             raise self._not_taken(key, error.summary) from None
         else:
@@ -438,6 +439,14 @@ class KubernetesAdapter:
             f"{kind} {namespace}/{name} was created by someone else as the operator created it; what "
             "the operator's apply added to it is taken back (or gone with it)"
         )
+
+    def _still_there(self, key: tuple[str, str, str], uid: str) -> bool:
+        kind, namespace, name = key
+        try:
+            found = self.get_object(kind, namespace, name)
+        except (ApiException, TransientApiError):
+            return True  # not known to be gone: still to do
+        return found is not None and found.get("metadata", {}).get("uid") == uid
 
     @staticmethod
     def _not_taken(key: tuple[str, str, str], detail: str) -> ApplyError:
@@ -457,6 +466,8 @@ class KubernetesAdapter:
         return items
 
     def delete_config_map(self, namespace: str, name: str, uid: str) -> None:
+        if self.taking_back("ConfigMap", namespace, name):
+            return  # someone else's, with what a create merged into it still on it: never pruned
         try:
             self.core.delete_namespaced_config_map(
                 name,
