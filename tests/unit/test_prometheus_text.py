@@ -88,6 +88,10 @@ def test_a_secret_cut_in_two_by_the_bytes_read_is_masked_too() -> None:
     for cut in (8, 30, len(token) - 1):
         body = (" " * (ERROR_BODY_BYTES - 6 - cut) + "echo: " + token).encode()[:ERROR_BODY_BYTES]
         assert excerpt(body, secrets=[token]) == "echo: ***"
+    # a whole secret at the cut whose tail repeats its head: not only the repeat is masked
+    for secret in ("abcd-abcd", "hunter2hunter2"):
+        body = (" " * (ERROR_BODY_BYTES - 6 - len(secret)) + "echo: " + secret).encode()
+        assert excerpt(body, secrets=[secret]) == "echo: ***"
     # an answer that ends where it ends: nothing was cut, nothing more is masked
     assert excerpt(b"echo: eyJhbGciOi", secrets=[token]) == "echo: eyJhbGciOi"
 

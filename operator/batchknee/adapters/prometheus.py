@@ -100,7 +100,7 @@ _CREDENTIAL = re.compile(
 def _without_cut_secret(text: str, secret: str, shortest: int = 4) -> str:
     """`text` less a beginning of `secret` at its end: an answer cut at the bytes read may stop
     inside an echoed secret, whose head the whole-secret mask does not find."""
-    for size in range(len(secret) - 1, shortest - 1, -1):
+    for size in range(len(secret), shortest - 1, -1):  # the whole of it first: a tail may repeat its head
         if text.endswith(secret[:size]):
             return text[:-size] + "***"
     return text
