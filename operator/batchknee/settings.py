@@ -82,6 +82,13 @@ def _https_only(info: ValidationInfo, why: str) -> str | None:
     return url
 
 
+def _no_userinfo(url: str | None) -> None:
+    """ValueError when the Prometheus URL carries Basic credentials, which requests would send in
+    place of another Authorization."""
+    if url is not None and urllib.parse.urlsplit(url).username is not None:
+        raise ValueError("the Prometheus URL carries a user and password too: give one of the two")
+
+
 class OperatorSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="BATCHKNEE_", extra="ignore")
 
@@ -227,9 +234,7 @@ class OperatorSettings(BaseSettings):
             return value
         read_bearer_token(value)  # one that cannot work is refused at start, not at every query
         # (over http: a ServiceAccount's token in clear text, to every proxy and hop on the way)
-        url = _https_only(info, "a bearer token goes over HTTPS only")
-        if url is not None and urllib.parse.urlsplit(url).username is not None:
-            raise ValueError("the Prometheus URL carries a user and password too: give one of the two")
+        _no_userinfo(_https_only(info, "a bearer token goes over HTTPS only"))
         return value
 
     @field_validator("prometheus_ca_file")
@@ -261,12 +266,8 @@ class OperatorSettings(BaseSettings):
             url = _https_only(info, "a header with credentials goes over HTTPS only")
             if "authorization" in names and info.data.get("prometheus_bearer_token_file"):
                 raise ValueError("Authorization is the bearer token file's header too: give one of the two")
-            if (
-                "authorization" in names
-                and url is not None
-                and urllib.parse.urlsplit(url).username is not None
-            ):
-                raise ValueError("the Prometheus URL carries a user and password too: give one of the two")
+            if "authorization" in names:
+                _no_userinfo(url)
         return handler(headers)  # type: ignore[no-any-return]
 
     @field_validator("namespaces", mode="before")

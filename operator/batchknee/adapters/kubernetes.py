@@ -385,13 +385,11 @@ class KubernetesAdapter:
             raise failure(f"{kind} {namespace}/{name}: {_explain(error)}") from None
         # A create that found the object there (200, not 201) met one someone else made since it was
         # found missing: the apiserver merged the apply into it wherever no field conflicted.
-        if not ours and response.status != HTTPStatus.CREATED:
-            met = json.loads(response.data)
-            if _foreign(met):
-                self._not_taken_back[kind, namespace, name] = str(met["metadata"].get("uid") or "")
-                self._written(kind, namespace, name, response)
-                self._take_back(obj)
+        met = json.loads(response.data) if not ours and response.status != HTTPStatus.CREATED else None
         self._written(kind, namespace, name, response)
+        if met is not None and _foreign(met):
+            self._not_taken_back[kind, namespace, name] = str(met["metadata"].get("uid") or "")
+            self._take_back(obj)
 
     def taking_back(self, kind: str, namespace: str, name: str) -> bool:
         return (kind, namespace, name) in self._not_taken_back
