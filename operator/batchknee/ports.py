@@ -87,9 +87,17 @@ class KubernetesPort(Protocol):
         ...
 
     def emit_event(
-        self, involved: dict[str, Any], event_type: EventType, reason: str, message: str, now: datetime
+        self,
+        involved: dict[str, Any],
+        event_type: EventType,
+        reason: str,
+        message: str,
+        now: datetime,
+        name: str | None = None,
     ) -> None:
-        """Record a core/v1 Event about `involved` (an object's apiVersion, kind and metadata)."""
+        """Record a core/v1 Event about `involved` (an object's apiVersion, kind and metadata).
+        With `name` the Event is recorded once, however often it is sent: one of that name already
+        there is fine (a retune announced by an operator and again by the one that took over)."""
         ...
 
 

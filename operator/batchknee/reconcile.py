@@ -9,6 +9,7 @@ moment, converges to the same objects and never rolls twice.
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -421,6 +422,27 @@ def retune_message(decision: Decision, before: int | None, observation: Observat
     return f"{head}: {', '.join(parts)}"
 
 
+def rollout_event(rollout: Rollout, mode: str) -> tuple[EventType, str]:
+    """The Event type and reason that announce a rollout."""
+    if rollout.reason.startswith(ROLLBACK):
+        return "Warning", "RolledBack"
+    if rollout.reason.startswith(REVERT):
+        return "Warning", "Reverted"
+    if rollout.from_value is None:
+        return "Normal", "Deployed"
+    return "Normal", "Pinned" if mode == "Pinned" else "Retuned"
+
+
+def unannounced(history: Sequence[Rollout], stored: Sequence[HistoryEntry]) -> Rollout | None:
+    """The Deployment's last rollout when the stored status does not hold it: the operator that
+    wrote it stopped before its status write (and maybe before its Event)."""
+    if not history:
+        return None
+    last = history[-1]
+    known = {(format_timestamp(h.time), h.to) for h in stored}
+    return None if (format_timestamp(last.time), last.to_value) in known else last
+
+
 # What a steady hold changes every interval: the window's figures, the knee and the reason line
 # that quote them, and the recent targets (which matter once a target leaves the dead band, and
 # that evaluation is written: its hold reason changes).
@@ -485,7 +507,8 @@ class _Reconcile:
         self.old = _old_status(raw)
         self.conditions = _Conditions(self.old.conditions, self.generation, now)
         self.events: list[str] = []  # the reasons of the Events sent
-        self.unsent: list[tuple[EventType, str, str]] = []  # queued, sent with the status write
+        # queued, sent with the status write: (type, reason, message, the Event's name or None)
+        self.unsent: list[tuple[EventType, str, str, str | None]] = []
         self.settling = False
 
     def involved(self) -> dict[str, Any]:
@@ -496,17 +519,25 @@ class _Reconcile:
             "metadata": {k: meta.get(k) for k in ("name", "namespace", "uid", "resourceVersion")},
         }
 
-    def event(self, event_type: EventType, reason: str, message: str) -> None:
+    def event(self, event_type: EventType, reason: str, message: str, name: str | None = None) -> None:
         """Queue an Event: it goes out at once with the status write that ends the reconcile (or
-        after it, if the reconcile stops before one: `send_events`)."""
-        self.unsent.append((event_type, reason, message))
+        after it, if the reconcile stops before one: `send_events`). A named one is recorded once."""
+        self.unsent.append((event_type, reason, message, name))
+
+    def announce(self, rollout: Rollout, mode: str, message: str) -> None:
+        """The Event of a rollout, named after it: the operator that wrote it and one that takes
+        over after a crash before the status said so (`unannounced`) record one Event between them."""
+        uid = self.raw.get("metadata", {}).get("uid")
+        key = f"{uid}/{format_timestamp(rollout.time)}/{rollout.to_value}"
+        name = f"{self.name}.{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+        self.event(*rollout_event(rollout, mode), message, name)
 
     def send_events(self) -> None:
         """The queued Events, in order."""
         unsent, self.unsent = self.unsent, []
-        for event_type, reason, message in unsent:
+        for event_type, reason, message, name in unsent:
             try:
-                self.ports.kube.emit_event(self.involved(), event_type, reason, message, self.now)
+                self.ports.kube.emit_event(self.involved(), event_type, reason, message, self.now, name)
                 self.events.append(reason)
             except Exception as error:  # an event is worth a log line, not a failed reconcile
                 log.warning("%s/%s: could not record event %s: %s", self.namespace, self.name, reason, error)
@@ -689,14 +720,15 @@ class _Reconcile:
             rollouts = applied.rollouts
 
         self.remember_before(rolled, decision, rollouts, observation)
-        if rolled and decision.reason.startswith(ROLLBACK):
-            self.event("Warning", "RolledBack", decision.reason)
-        elif rolled and decision.reason.startswith(REVERT):
-            self.event("Warning", "Reverted", decision.reason)
-        elif rolled:
-            before = applied.max_num_seqs
-            reason = "Deployed" if before is None else ("Pinned" if rules.mode == "Pinned" else "Retuned")
-            self.event("Normal", reason, retune_message(decision, before, observation))
+        if rolled:
+            corrective = decision.reason.startswith((ROLLBACK, REVERT))
+            message = (
+                decision.reason if corrective else retune_message(decision, applied.max_num_seqs, observation)
+            )
+            self.announce(rollouts[-1], rules.mode, message)
+        elif target is None and (missed := unannounced(history, self.old.history)) is not None:
+            before = "∅" if missed.from_value is None else missed.from_value
+            self.announce(missed, rules.mode, f"max-num-seqs {before}→{missed.to_value}: {missed.reason}")
         elif (
             rules.mode == "Recommend"
             and decision.recommended is not None

@@ -37,10 +37,12 @@ class MemoryKube:
 
     objects: dict[Key, dict[str, Any]] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)
+    event_names: set[str] = field(default_factory=set)  # named Events recorded (lost ones too)
     applies: int = 0
     status_writes: int = 0
     fail_apply: set[str] = field(default_factory=set)
     fail_status: bool = False
+    fail_events: bool = False
     busy_applies: int = 0  # this many applies answer as an apiserver still busy after retries
     # objects a create met (someone else's) whose taking back keeps failing (KubernetesAdapter)
     not_taken_back: set[Key] = field(default_factory=set)
@@ -161,8 +163,20 @@ class MemoryKube:
         self.status_writes += 1
 
     def emit_event(
-        self, involved: dict[str, Any], event_type: EventType, reason: str, message: str, now: datetime
+        self,
+        involved: dict[str, Any],
+        event_type: EventType,
+        reason: str,
+        message: str,
+        now: datetime,
+        name: str | None = None,
     ) -> None:
+        if self.fail_events:
+            raise RuntimeError("connection reset while recording an Event")
+        if name is not None and name in self.event_names:
+            return  # the apiserver's AlreadyExists, which the adapter takes as recorded
+        if name is not None:
+            self.event_names.add(name)
         self.events.append(
             {
                 "object": involved["metadata"]["name"],
@@ -170,6 +184,7 @@ class MemoryKube:
                 "reason": reason,
                 "message": message,
                 "time": now,
+                "name": name,
             }
         )
 

@@ -266,7 +266,9 @@ def test_model_outside_the_catalog_names_the_fix(world: World) -> None:
     assert message.startswith("spec.model.name:") and "spec.model.architecture" in message
 
 
-def test_restart_after_the_roll_before_the_status_does_not_roll_twice(world: World) -> None:
+def crash_after_the_apply(world: World, *, event_sent: bool) -> None:
+    """A retune 64→16 written to the Deployment by an operator that dies before its status write
+    (and, unless `event_sent`, before its Event)."""
     world.kube.create(llmserving())
     world.reconcile()
     world.observer.set("default", "chat", observation(world.clock.now, ctx=2048))
@@ -274,11 +276,16 @@ def test_restart_after_the_roll_before_the_status_does_not_roll_twice(world: Wor
     world.reconcile()
     world.clock.advance(600)
     shift_context(world, 8192)
-    world.kube.fail_status = True  # the operator dies between the apply and the status write
+    world.kube.fail_status = True
+    world.kube.fail_events = not event_sent
     with contextlib.suppress(RuntimeError):
         world.reconcile()
-    world.kube.fail_status = False
+    world.kube.fail_status = world.kube.fail_events = False
     assert max_num_seqs(world) == 16
+
+
+def test_restart_after_the_roll_before_the_status_does_not_roll_twice(world: World) -> None:
+    crash_after_the_apply(world, event_sent=True)
     generation = world.kube.deployment("default", "chat")["metadata"]["generation"]
 
     # a fresh operator: status still says 64, the cluster says 16 with its rollout record
@@ -290,6 +297,38 @@ def test_restart_after_the_roll_before_the_status_does_not_roll_twice(world: Wor
     assert world.kube.deployment("default", "chat")["metadata"]["generation"] == generation
     status = world.kube.status("default", "chat")
     assert status["maxNumSeqs"] == 16 and [h["to"] for h in status["history"]] == [64, 16]
+    # the new operator announces the retune the status lacked under the same Event name: one Event
+    retuned = [e for e in world.kube.events if e["reason"] == "Retuned"]
+    assert len(retuned) == 1 and retuned[0]["message"].startswith("max-num-seqs 64→16: avg ctx 8192")
+
+
+def test_a_retune_whose_event_died_with_the_operator_is_announced_by_the_next(world: World) -> None:
+    crash_after_the_apply(world, event_sent=False)
+    assert [e["reason"] for e in world.kube.events] == ["Deployed"]
+
+    world.clock.advance(5)
+    world.reconcile()  # a fresh operator: the Deployment's record has 64→16, the status does not
+    world.clock.advance(30)
+    world.reconcile()
+    retuned = [e for e in world.kube.events if e["reason"] == "Retuned"]
+    assert len(retuned) == 1, world.kube.events
+    assert retuned[0]["type"] == "Normal" and retuned[0]["message"].startswith("max-num-seqs 64→16: ")
+    assert [h["to"] for h in world.kube.status("default", "chat")["history"]] == [64, 16]
+
+
+def test_the_first_deployment_lost_with_its_status_is_announced_once(world: World) -> None:
+    world.kube.create(llmserving())
+    world.kube.fail_status = world.kube.fail_events = True  # dies right after creating the Deployment
+    with contextlib.suppress(RuntimeError):
+        world.reconcile()
+    world.kube.fail_status = world.kube.fail_events = False
+    assert world.kube.events == [] and max_num_seqs(world) == 64
+
+    for _ in range(3):
+        world.clock.advance(30)
+        world.reconcile()
+    assert [(e["type"], e["reason"]) for e in world.kube.events] == [("Normal", "Deployed")]
+    assert world.kube.events[0]["message"].startswith("max-num-seqs ∅→64: ")
 
 
 def test_apply_refused_is_degraded_and_not_recorded(world: World) -> None:

@@ -14,6 +14,7 @@ import pytest
 from test_operator import Harness, crds, state_for, wait_for, world
 
 from batchknee.adapters.kubernetes import KubernetesAdapter
+from batchknee.api.models import API_VERSION
 from batchknee.devcluster import DevCluster
 from batchknee.handlers import prometheus_observer
 from batchknee.ports import ApplyConflict
@@ -185,6 +186,27 @@ def test_a_write_decided_on_a_stale_read_is_refused(world: Harness, cluster: Dev
     kube.apply(mine)
     kube.apply(mine)
     assert world.get("service", "fresh")["spec"]["selector"] == {"batchknee.io/llmserving": "stale"}  # type: ignore[index]
+
+
+def test_a_rollouts_event_sent_twice_is_recorded_once(world: Harness, cluster: DevCluster) -> None:
+    """A rollout's Event is named after it: sent again (by the operator that took over after a
+    crash, or a retry whose first try was made), the apiserver keeps the first."""
+    kube = KubernetesAdapter(cluster.api_client())
+    involved = {
+        "apiVersion": API_VERSION,
+        "kind": "LLMServing",
+        "metadata": {"name": "announced", "namespace": world.ns, "uid": "0f3c"},
+    }
+    now = datetime.now(UTC)
+    for message in ("max-num-seqs 64→16: the first", "max-num-seqs 64→16: again"):
+        kube.emit_event(involved, "Normal", "Retuned", message, now, name="announced.5e1f2a")
+    kube.emit_event(involved, "Normal", "Retuned", "max-num-seqs 16→32: unnamed", now)
+    events = [e for e in world.events("Retuned") if e["involvedObject"]["name"] == "announced"]
+    assert sorted((e["message"], e["count"]) for e in events) == [
+        ("max-num-seqs 16→32: unnamed", 1),
+        ("max-num-seqs 64→16: the first", 1),
+    ]
+    assert "announced.5e1f2a" in {e["metadata"]["name"] for e in events}
 
 
 def test_an_engine_that_crash_loops_is_degraded(world: Harness) -> None:

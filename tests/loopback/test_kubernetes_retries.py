@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -261,3 +262,30 @@ def test_a_taking_back_refused_while_the_object_met_is_still_there_is_still_to_d
     script.requests.clear()
     adapter.delete_config_map("ml", "chat-1", "u-1")
     assert script.requests == []
+
+
+def test_a_named_event_answered_5xx_then_already_there_is_recorded(
+    apiserver: tuple[Script, KubernetesAdapter],
+) -> None:
+    """A rollout's Event carries its own name: a retry that meets the first try's Event (made, its
+    answer lost) is done, and an unnamed Event's 409 is retried like any other."""
+    script, adapter = apiserver
+    involved = {
+        "apiVersion": "batchknee.io/v1alpha1",
+        "kind": "LLMServing",
+        "metadata": {"name": "chat", "namespace": "ml"},
+    }
+    now = datetime(2026, 12, 4, tzinfo=UTC)
+    script.answers = [status(503, "ServiceUnavailable"), status(409, "AlreadyExists")]
+    adapter.emit_event(involved, "Normal", "Retuned", "max-num-seqs 64→16", now, name="chat.5e1f2a")
+    assert script.requests == ["POST /api/v1/namespaces/ml/events"] * 2
+    assert [b["metadata"] for b in script.bodies] == [{"namespace": "ml", "name": "chat.5e1f2a"}] * 2
+
+    script.requests.clear()
+    script.bodies.clear()
+    script.answers = [status(409, "AlreadyExists"), (201, {})]
+    adapter.emit_event(involved, "Normal", "Recommended", "recommend 16", now)
+    assert len(script.requests) == 2 and script.bodies[0]["metadata"] == {
+        "namespace": "ml",
+        "generateName": "chat.",
+    }

@@ -513,14 +513,21 @@ class KubernetesAdapter:
         _finish(response)
 
     def emit_event(
-        self, involved: dict[str, Any], event_type: EventType, reason: str, message: str, now: datetime
+        self,
+        involved: dict[str, Any],
+        event_type: EventType,
+        reason: str,
+        message: str,
+        now: datetime,
+        name: str | None = None,
     ) -> None:
         meta = involved["metadata"]
         stamp = format_timestamp(now)
         body = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "metadata": {"namespace": meta["namespace"]}
+            | ({"name": name} if name else {"generateName": f"{meta['name']}."}),
             "involvedObject": {
                 "apiVersion": involved["apiVersion"],
                 "kind": involved["kind"],
@@ -538,12 +545,21 @@ class KubernetesAdapter:
             "reportingComponent": FIELD_MANAGER,
             "reportingInstance": self.instance,
         }
-        response = with_retries(
-            lambda: self.core.create_namespaced_event(
-                meta["namespace"], cast(Any, body), _preload_content=False, _request_timeout=self.timeout_s
-            ),
-            f"record an Event on {meta['namespace']}/{meta['name']}",
-        )
+        try:
+            response = with_retries(
+                lambda: self.core.create_namespaced_event(
+                    meta["namespace"],
+                    cast(Any, body),
+                    _preload_content=False,
+                    _request_timeout=self.timeout_s,
+                ),
+                f"record an Event on {meta['namespace']}/{meta['name']}",
+                retry_conflicts=not name,
+            )
+        except ApiException as error:
+            if name and error.status == 409:  # recorded already (or by a try answered 5xx that was made)
+                return
+            raise
         _finish(response)
 
     # --- peering ---
