@@ -433,10 +433,16 @@ def rollout_event(rollout: Rollout, mode: str) -> tuple[EventType, str]:
     return "Normal", "Pinned" if mode == "Pinned" else "Retuned"
 
 
-def unannounced(history: Sequence[Rollout], stored: Sequence[HistoryEntry]) -> Rollout | None:
-    """The Deployment's last rollout when the stored status does not hold it: the operator that
-    wrote it stopped before its status write (and maybe before its Event)."""
-    if not history:
+# How long after a rollout an operator that finds it missing from the status announces it: the one
+# that wrote it stopped before its status write (and maybe before its Event). Within the apiserver's
+# Event TTL (an hour by default) an Event already sent keeps its name, so none is recorded twice; a
+# rollout older than this is history that a lost status forgot, not news.
+ANNOUNCED_LATE_WITHIN = timedelta(minutes=30)
+
+
+def unannounced(history: Sequence[Rollout], stored: Sequence[HistoryEntry], now: datetime) -> Rollout | None:
+    """The Deployment's last rollout when it is recent and the stored status does not hold it."""
+    if not history or now - history[-1].time > ANNOUNCED_LATE_WITHIN:
         return None
     last = history[-1]
     known = {(format_timestamp(h.time), h.to) for h in stored}
@@ -720,15 +726,15 @@ class _Reconcile:
             rollouts = applied.rollouts
 
         self.remember_before(rolled, decision, rollouts, observation)
+        missed = unannounced(history, self.old.history, self.now) if target is None else None
+        if missed is not None:
+            self.announce(missed, rules.mode, missed.reason)
         if rolled:
             corrective = decision.reason.startswith((ROLLBACK, REVERT))
             message = (
                 decision.reason if corrective else retune_message(decision, applied.max_num_seqs, observation)
             )
             self.announce(rollouts[-1], rules.mode, message)
-        elif target is None and (missed := unannounced(history, self.old.history)) is not None:
-            before = "∅" if missed.from_value is None else missed.from_value
-            self.announce(missed, rules.mode, f"max-num-seqs {before}→{missed.to_value}: {missed.reason}")
         elif (
             rules.mode == "Recommend"
             and decision.recommended is not None

@@ -37,7 +37,8 @@ class MemoryKube:
 
     objects: dict[Key, dict[str, Any]] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)
-    event_names: set[str] = field(default_factory=set)  # named Events recorded (lost ones too)
+    event_names: set[str] = field(default_factory=set)  # named Events recorded
+    event_repeats: int = 0  # named Events sent again (the apiserver's AlreadyExists)
     applies: int = 0
     status_writes: int = 0
     fail_apply: set[str] = field(default_factory=set)
@@ -174,6 +175,7 @@ class MemoryKube:
         if self.fail_events:
             raise RuntimeError("connection reset while recording an Event")
         if name is not None and name in self.event_names:
+            self.event_repeats += 1
             return  # the apiserver's AlreadyExists, which the adapter takes as recorded
         if name is not None:
             self.event_names.add(name)

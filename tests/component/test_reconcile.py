@@ -300,19 +300,30 @@ def test_restart_after_the_roll_before_the_status_does_not_roll_twice(world: Wor
     # the new operator announces the retune the status lacked under the same Event name: one Event
     retuned = [e for e in world.kube.events if e["reason"] == "Retuned"]
     assert len(retuned) == 1 and retuned[0]["message"].startswith("max-num-seqs 64→16: avg ctx 8192")
+    assert world.kube.event_repeats == 1  # sent once more, then the status holds it: never again
 
 
 def test_a_retune_whose_event_died_with_the_operator_is_announced_by_the_next(world: World) -> None:
     crash_after_the_apply(world, event_sent=False)
     assert [e["reason"] for e in world.kube.events] == ["Deployed"]
 
+    rollout = deployment_state(world.kube.deployment("default", "chat")).rollouts[-1]  # type: ignore[union-attr]
     world.clock.advance(5)
     world.reconcile()  # a fresh operator: the Deployment's record has 64→16, the status does not
     world.clock.advance(30)
     world.reconcile()
     retuned = [e for e in world.kube.events if e["reason"] == "Retuned"]
-    assert len(retuned) == 1, world.kube.events
-    assert retuned[0]["type"] == "Normal" and retuned[0]["message"].startswith("max-num-seqs 64→16: ")
+    assert [(e["type"], e["message"]) for e in retuned] == [("Normal", rollout.reason)]
+    assert rollout.reason.startswith("max-num-seqs 64→16: avg ctx 8192 tok")
+    assert [h["to"] for h in world.kube.status("default", "chat")["history"]] == [64, 16]
+    assert world.kube.event_repeats == 0
+
+
+def test_an_old_rollout_a_lost_status_forgot_is_not_news(world: World) -> None:
+    crash_after_the_apply(world, event_sent=False)
+    world.clock.advance(31 * 60)  # the operator comes back after more than half an hour
+    world.reconcile()
+    assert [e["reason"] for e in world.kube.events] == ["Deployed"]
     assert [h["to"] for h in world.kube.status("default", "chat")["history"]] == [64, 16]
 
 
@@ -329,6 +340,8 @@ def test_the_first_deployment_lost_with_its_status_is_announced_once(world: Worl
         world.reconcile()
     assert [(e["type"], e["reason"]) for e in world.kube.events] == [("Normal", "Deployed")]
     assert world.kube.events[0]["message"].startswith("max-num-seqs ∅→64: ")
+    assert world.kube.events[0]["message"].count("max-num-seqs") == 1
+    assert world.kube.event_repeats == 0
 
 
 def test_apply_refused_is_degraded_and_not_recorded(world: World) -> None:
