@@ -11,7 +11,7 @@ written in the same apply as the new batch limit, so the change and its record l
 
 from __future__ import annotations
 
-import copy
+import functools
 import hashlib
 import json
 import math
@@ -227,7 +227,7 @@ def engine_config(obj: LLMServing, desired: Desired) -> str:
     which sets the reservation, is the clients' to choose. The pool stays sized by the free-memory
     fraction (or the user's own cap), the same figures the math uses (`trtllm_kv_cache`)."""
     memory = trtllm_kv_cache(obj.spec)
-    options: dict[str, Any] = copy.deepcopy(obj.spec.extra_llm_api_options or {})
+    options: dict[str, Any] = dict(obj.spec.extra_llm_api_options or {})  # only its top and kv change
     kv = options.get("kv_cache_config")
     kv = dict(kv) if isinstance(kv, dict) else {}
     kv["free_gpu_memory_fraction"] = memory.free_gpu_memory_fraction
@@ -238,7 +238,20 @@ def engine_config(obj: LLMServing, desired: Desired) -> str:
     options["kv_cache_config"] = kv
     options["max_batch_size"] = desired.max_num_seqs
     options.update(trtllm.metrics_options(trtllm_backend(obj.spec)))
-    return yaml.safe_dump(options, sort_keys=True)
+    try:
+        text = json.dumps(options, sort_keys=True)
+        cached = json.loads(text) == options
+    except (TypeError, ValueError):
+        cached = False
+    # what JSON does not carry as it is (a manifest read from YAML outside a cluster) is dumped as is
+    return _yaml(text) if cached else yaml.safe_dump(options, sort_keys=True)
+
+
+@functools.lru_cache(maxsize=256)
+def _yaml(options: str) -> str:
+    """The options (as JSON) as YAML. PyYAML's dumper is pure Python, a hundred times slower than
+    json: an object's file is rendered several times an evaluation, and alike until it changes."""
+    return yaml.safe_dump(json.loads(options), sort_keys=True)
 
 
 def trtllm_backend(spec: LLMServingSpec) -> str | None:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from batchknee.api.admission import (
     DEFAULT_ALLOWED_IMAGES,
@@ -32,6 +33,8 @@ from batchknee.api.models import (
     LONG_LABEL_KEY_PREFIX,
     MAX_ARGS,
     MAX_NAME_LENGTH,
+    MAX_OPTIONS_CHARACTERS,
+    MAX_OPTIONS_VALUES,
     LLMServing,
 )
 from batchknee.api.resolve import (
@@ -825,6 +828,50 @@ def test_tensorrt_llm_max_tokens_stays_within_int32() -> None:
     too_big = parse(engine="TensorRTLLM", extraLlmApiOptions={"kv_cache_config": {"max_tokens": 2**31}})
     with pytest.raises(SpecError, match=r"kv_cache_config\.max_tokens"):
         kv_pool_bytes(too_big.spec, resolve_roofline(too_big.spec))
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"x": [0] * 300_000},  # held the worker half a minute at every evaluation
+        {f"k{i}": "v" for i in range(2_000)},
+        {"s": "a" * (MAX_OPTIONS_CHARACTERS + 1)},
+        {"k" * (MAX_OPTIONS_CHARACTERS + 1): 1},
+        {"cuda_graph_config": {"batch_sizes": list(range(MAX_OPTIONS_VALUES - 2))}},  # one past
+    ],
+)
+def test_an_options_file_past_its_bounds_is_refused_naming_the_field(options: dict[str, Any]) -> None:
+    error = spec_error(engine="TensorRTLLM", extraLlmApiOptions=options)
+    assert error.field == "spec.extraLlmApiOptions"
+    assert f"more than {MAX_OPTIONS_VALUES} values or {MAX_OPTIONS_CHARACTERS} characters" in error.message
+
+
+def test_an_options_file_within_its_bounds_renders_as_pyyaml_writes_it() -> None:
+    """At the bound it parses (11 values beside the list's); the file is PyYAML's own dump of the
+    options, the same at a second render (taken from the cache)."""
+    batch_sizes = list(range(MAX_OPTIONS_VALUES - 11))
+    options = {
+        "cuda_graph_config": {"batch_sizes": batch_sizes},
+        "backend": "pytorch",
+        "enable_chunked_prefill": True,
+        "stream_interval": 2,
+        "guided_decoding_backend": None,
+        "note": "é ☃",
+        "kv_cache_config": {"free_gpu_memory_fraction": 0.85, "enable_block_reuse": False},
+    }
+    obj = parse(engine="TensorRTLLM", extraLlmApiOptions=options)
+    text = config_map(obj, Desired(64, None))["data"][ENGINE_CONFIG_FILE]
+    assert yaml.safe_load(text)["cuda_graph_config"]["batch_sizes"] == batch_sizes
+    expected = {
+        **options,
+        "kv_cache_config": {"free_gpu_memory_fraction": 0.85, "enable_block_reuse": False},
+        "max_batch_size": 64,
+    }
+    loaded = yaml.safe_load(text)
+    assert {k: loaded[k] for k in expected} == expected
+    assert text == yaml.safe_dump(loaded, sort_keys=True)
+    assert config_map(obj, Desired(64, None))["data"][ENGINE_CONFIG_FILE] == text
+    assert obj.spec.extra_llm_api_options == options  # the spec's own options are not changed
 
 
 def test_the_requester_policy_is_generated_and_checks_every_gated_field() -> None:

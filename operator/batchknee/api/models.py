@@ -630,6 +630,37 @@ MAX_ARG_LENGTH = 1024
 MAX_ENV_VALUE_LENGTH = 32768
 
 
+# TensorRT-LLM's options file holds a dozen keys in practice (a CUDA graph's batch sizes the longest
+# list). It is rendered to YAML, in pure Python, at every evaluation: a million values held the
+# operator's worker for half a minute, and every other namespace's evaluations behind it.
+MAX_OPTIONS_VALUES = 1024
+MAX_OPTIONS_CHARACTERS = 64 * 1024
+
+
+def _small_options(options: dict[str, Any]) -> dict[str, Any]:
+    """Refuse an options file past MAX_OPTIONS_VALUES values (maps, lists and scalars) or
+    MAX_OPTIONS_CHARACTERS characters of keys and strings. Walked without recursion, stopping at
+    the first bound passed."""
+    values = characters = 0
+    stack: list[Any] = [options]
+    while stack:
+        node = stack.pop()
+        values += 1
+        if type(node) is dict:
+            characters += sum(len(str(key)) for key in node)
+            stack.extend(node.values())
+        elif type(node) is list:
+            stack.extend(node)
+        elif type(node) is str:
+            characters += len(node)
+        if values > MAX_OPTIONS_VALUES or characters > MAX_OPTIONS_CHARACTERS:
+            raise ValueError(
+                f"more than {MAX_OPTIONS_VALUES} values or {MAX_OPTIONS_CHARACTERS} characters; keep it to "
+                "the LLM API options trtllm-serve reads (a model's options file is a few dozen lines)"
+            )
+    return options
+
+
 def _exactly_one(*fields: str) -> str:
     return "[" + ", ".join(f"has(self.{f})" for f in fields) + "].filter(x, x).size() == 1"
 
@@ -1424,9 +1455,10 @@ class LLMServingSpec(_Model):
         "--model-path, --max-running-requests, --tp-size, --host and --port (SGLang, aliases included); "
         "those are replaced, never duplicated.",
     )
-    extra_llm_api_options: Opaque | None = Field(
+    extra_llm_api_options: Annotated[Opaque, AfterValidator(_small_options)] | None = Field(
         None,
-        description="TensorRT-LLM only: extra keys of the LLM API options file; the operator owns "
+        description=f"TensorRT-LLM only: extra keys of the LLM API options file (at most {MAX_OPTIONS_VALUES} "
+        f"values and {MAX_OPTIONS_CHARACTERS} characters of keys and strings); the operator owns "
         "max_batch_size, writes kv_cache_config.free_gpu_memory_fraction (this one or 0.9) and dtype "
         "(from model.kvCacheDtype); kv_cache_config.max_tokens (1–2147483647) is optional and caps the "
         "KV pool in the math too.",
