@@ -94,6 +94,43 @@ def test_a_trickling_server_costs_one_deadline_not_one_read_timeout_per_byte(mod
     assert prom.bytes_sent < 100  # of a 10 KB answer: the client gave up long before its end
 
 
+@pytest.mark.parametrize("spelling", ["port with a leading zero", "escaped path"])
+def test_another_spelling_of_the_url_is_read_under_the_deadline_too(spelling: str) -> None:
+    """requests picks its adapter by the prepared URL: spelt `:09090` or with `%7E` in its path, the
+    URL's prepared form did not start with it, so the default adapter read the answer's head without
+    a deadline (eight query threads held per spelling, even after the observer was closed)."""
+    with FakePrometheus("trickle-head") as prom:
+        url = prom.url.replace(f":{prom.port}", f":0{prom.port}")
+        if spelling == "escaped path":
+            url = f"{prom.url}/%7Eprom"
+        observer = PrometheusObserver(url, timeout_s=1.0)
+        started = time.monotonic()
+        seen = observer.observe([target("llama")], NOW)[("prod", "llama")]
+        for _ in range(50):  # until no query thread reads an answer any more (5 s at most)
+            reading = query_threads_reading_an_answer()
+            if not reading:
+                break
+            time.sleep(0.1)
+        stopped_s = time.monotonic() - started
+        observer.close()
+        assert not reading and stopped_s < 2.5, (reading, stopped_s)
+        assert prom.disconnected.wait(10), "the client kept reading the trickle"
+    assert seen.avg_context_tokens.reason == f"Prometheus at {url} did not answer within 1s"
+    assert prom.bytes_sent < 100
+
+
+def test_cookies_an_answer_sets_are_never_sent_back() -> None:
+    """A jar kept every cookie any answer set and sent them all with every later query: 4 KB more
+    per answer, without bound, until the heads alone took longer than the deadline."""
+    with FakePrometheus("cookie") as prom:
+        observer = PrometheusObserver(prom.url)
+        for _ in range(2):
+            seen = observer.observe([target("llama")], NOW)[("prod", "llama")]
+        observer.close()
+    assert len(prom.requests) > 10 and seen.avg_context_tokens.reason == "no VLLM engine metrics in the last 300s"
+    assert [r.headers.get("Cookie") for r in prom.requests] == [None] * len(prom.requests)
+
+
 def test_a_redirect_is_not_followed() -> None:
     """An allowed Prometheus URL must not choose where else the operator reads."""
     with (

@@ -5,6 +5,7 @@
         slow.url, slow.requests, slow.bytes_sent, slow.disconnected
     FakePrometheus("html-error")                  # 502 with a 5 KB HTML page
     FakePrometheus("empty")                       # a valid empty query result
+    FakePrometheus("cookie")                      # the same, setting a new 4 KB cookie each time
     FakePrometheus("redirect", location=URL)      # 307 to URL
     FakePrometheus("busy")                        # 503 with Retry-After: 3600
     FakePrometheus("answer", payload=BYTES)       # 200 with BYTES as the body
@@ -29,7 +30,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Self
 
-Mode = Literal["trickle", "trickle-head", "html-error", "empty", "redirect", "busy", "answer", "echo"]
+Mode = Literal[
+    "trickle", "trickle-head", "html-error", "empty", "cookie", "redirect", "busy", "answer", "echo"
+]
 TRICKLE_LIMIT_S = 30.0  # a trickle ends on its own after this long (bounded in time)
 HTML_PAGE = (
     "<!DOCTYPE html>\n<html><head><title>502 Bad Gateway</title>"
@@ -90,16 +93,22 @@ class FakePrometheus:
                     self.reply(200, "application/json", fake.answer(query))
                 elif fake.mode == "answer":
                     self.reply(200, "application/json", fake.payload)
-                elif fake.mode == "empty":
+                elif fake.mode in ("empty", "cookie"):
                     answer = {"status": "success", "data": {"resultType": "vector", "result": []}}
-                    self.reply(200, "application/json", json.dumps(answer).encode())
+                    cookie = f"c{len(fake.requests)}={'x' * 4000}; Max-Age=999999; Path=/"
+                    extra = {"Set-Cookie": cookie} if fake.mode == "cookie" else {}
+                    self.reply(200, "application/json", json.dumps(answer).encode(), extra)
                 else:
                     self.trickle()
 
             do_GET = do_POST = handle_one
 
-            def reply(self, status: int, content_type: str, data: bytes) -> None:
+            def reply(
+                self, status: int, content_type: str, data: bytes, headers: dict[str, str] | None = None
+            ) -> None:
                 self.send_response(status)
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
                 self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()

@@ -37,6 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field, fields
 from datetime import datetime
+from http.cookiejar import DefaultCookiePolicy
 from typing import Any, cast
 
 import requests
@@ -715,8 +716,16 @@ class PrometheusObserver:
             raise_on_status=False,
         )
         self._client = PrometheusConnect(url=self.url, session=self._session, timeout=timeout_s, retry=retry)
-        # in place of the client's adapter: answers read within each query's deadline, head too
-        self._session.mount(self.url, DeadlineAdapter(max_retries=retry))
+        # in place of the client's adapter: answers read within each query's deadline, head too. On
+        # the schemes, not the URL: requests picks an adapter by the prepared URL, which another
+        # spelling of it (a port's leading zero, an escaped path) does not start with.
+        deadline = DeadlineAdapter(max_retries=retry)
+        self._session.adapters.clear()
+        for scheme in ("https://", "http://"):
+            self._session.mount(scheme, deadline)
+        # no cookies: an answer's Set-Cookie would be kept and sent back with every query, without
+        # bound (a jar of 4 MB made each query's head 4 MB, past every deadline)
+        self._session.cookies.set_policy(DefaultCookiePolicy(allowed_domains=[]))
         self._pool = ThreadPoolExecutor(max_concurrent_queries, thread_name_prefix="prometheus-query")
         self._counter_lock = threading.Lock()
         self.queries_sent = 0
