@@ -721,7 +721,7 @@ class _Reconcile:
         if live is not None and apply_error is None:
             enforced = decision.value if rolled else applied.max_num_seqs
             if enforced is not None and state is not None and enforced <= (state.max_num_seqs or 0):
-                self.set_live_caps(live, enforced)
+                self.set_live_caps(live, enforced, rolling=state.rolling)
         if not rolled:
             rollouts = applied.rollouts
 
@@ -1029,7 +1029,7 @@ class _Reconcile:
             self.event("Normal", "AboveCeiling", message)
         return ceiling
 
-    def set_live_caps(self, live: dict[str, tuple[str, LiveCap]], value: int) -> None:
+    def set_live_caps(self, live: dict[str, tuple[str, LiveCap]], value: int, *, rolling: bool) -> None:
         """Level-based: every ready pod whose cap differs (or cannot be read back) is set again."""
         runtime = self.ports.runtime
         assert runtime is not None
@@ -1039,6 +1039,17 @@ class _Reconcile:
             for name, (address, cap) in sorted(live.items())
             if cap.cap != value and (cap.ceiling is None or value <= cap.ceiling)
         ]
+        below = sorted(
+            name for name, (_, cap) in live.items() if cap.ceiling is not None and value > cap.ceiling
+        )
+        if below and not rolling:  # no rollout replaces them: say so, not a silent Live
+            self.conditions.set(
+                "Actuation",
+                "False",
+                "LiveCapRefused",
+                f"pods {', '.join(below[:5])} report a startup limit below the cap {value}; their cap is "
+                "not set (a pod started with another --max-num-seqs than its Deployment's)",
+            )
         sets = [functools.partial(_set_cap, runtime, address, cap.api, value) for _, address, cap in due]
         answers = on_engines(sets)
         failed = [

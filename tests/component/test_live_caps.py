@@ -96,6 +96,19 @@ def test_a_pod_that_does_not_answer_is_named_and_the_others_get_their_cap(world:
     assert world.kube.condition("default", "chat", "Actuation")["reason"] == "Live"
 
 
+def test_a_pod_reporting_a_lower_startup_limit_is_named_not_left_silently(world: World) -> None:
+    """A pod whose engine says it started below the cap (no rollout replaces it) is not set, and the
+    condition says so instead of Live."""
+    runtime = live_world(world)
+    runtime.pods["127.0.9.2:8000"] = {"api": "runtime-config", "cap": 32, "ceiling": 32}
+    world.reconcile()
+    assert runtime.pods["127.0.9.1:8000"]["cap"] == 64  # type: ignore[index]
+    assert runtime.pods["127.0.9.2:8000"]["cap"] == 32  # type: ignore[index]
+    actuation = world.kube.condition("default", "chat", "Actuation")
+    assert (actuation["status"], actuation["reason"]) == ("False", "LiveCapRefused")
+    assert actuation["message"].startswith("pods chat-abc-1 report a startup limit below the cap 64")
+
+
 def test_pods_without_a_runtime_endpoint_fall_back_to_a_restart(world: World) -> None:
     live_world(world, supported=False)
     world.reconcile()

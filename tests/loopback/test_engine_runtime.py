@@ -227,6 +227,23 @@ def test_a_huge_answer_is_refused_after_its_bound(pod: Pod) -> None:
     assert took < TIMEOUT_S
 
 
+@pytest.mark.parametrize(
+    ("ceiling", "read"), [(256, 256), (True, None), (0, None), (-1, None), ("256", None)]
+)
+def test_a_startup_limit_is_read_only_as_a_count(pod: Pod, ceiling: object, read: int | None) -> None:
+    """`true` is an int to Python: read as a ceiling of 1, every cap above it went unset."""
+
+    def answering(handler: Handler) -> None:
+        body = json.dumps({"max_num_running_seqs": 48, "max_num_seqs_capacity": ceiling}).encode()
+        handler.send_response(200)
+        handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        handler.wfile.write(body)
+
+    pod.answer = answering
+    assert HttpEngineRuntime(timeout_s=TIMEOUT_S).read_cap(pod.address) == LiveCap("runtime-config", 48, read)
+
+
 def test_a_cap_is_patched_as_json(pod: Pod) -> None:
     HttpEngineRuntime(timeout_s=TIMEOUT_S).set_cap(pod.address, "runtime-config", 32)
     assert [json.loads(body) for body in pod.patched] == [{"max_num_running_seqs": 32}]

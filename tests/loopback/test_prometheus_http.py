@@ -127,7 +127,10 @@ def test_cookies_an_answer_sets_are_never_sent_back() -> None:
         for _ in range(2):
             seen = observer.observe([target("llama")], NOW)[("prod", "llama")]
         observer.close()
-    assert len(prom.requests) > 10 and seen.avg_context_tokens.reason == "no VLLM engine metrics in the last 300s"
+    assert (
+        len(prom.requests) > 10
+        and seen.avg_context_tokens.reason == "no VLLM engine metrics in the last 300s"
+    )
     assert [r.headers.get("Cookie") for r in prom.requests] == [None] * len(prom.requests)
 
 

@@ -88,6 +88,11 @@ def _backoff_s(times: int) -> float:
     return min(MAX_SILENT_BACKOFF_S, SILENT_BACKOFF_S * 2.0 ** (times - 1))
 
 
+def _ceiling(value: Any) -> int | None:
+    """A reported startup limit: a count of one or more, else not reported (`true` is no count)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
+
+
 class HttpEngineRuntime:
     def __init__(self, *, timeout_s: float = 2.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.timeout_s = timeout_s
@@ -144,7 +149,7 @@ class HttpEngineRuntime:
             cap, ceiling = body.get("max_num_running_seqs"), body.get("max_num_seqs_capacity")
             if not isinstance(cap, int) or isinstance(cap, bool):
                 raise LiveCapError(f"GET {RUNTIME_CONFIG}: no integer max_num_running_seqs")
-            return LiveCap("runtime-config", cap, ceiling if isinstance(ceiling, int) else None)
+            return LiveCap("runtime-config", cap, _ceiling(ceiling))
         if status not in UNSUPPORTED:
             raise LiveCapError(f"GET {RUNTIME_CONFIG} answered {status}: {_excerpt(str(body))}")
         status, body = self._call("GET", address, TRIMTAB_KNOBS)
@@ -156,9 +161,7 @@ class HttpEngineRuntime:
         ceilings = body.get("ceilings")
         ceiling = ceilings.get("max_num_seqs") if isinstance(ceilings, dict) else None
         return LiveCap(
-            "trimtab",
-            cap if isinstance(cap, int) and not isinstance(cap, bool) else None,
-            ceiling if isinstance(ceiling, int) and not isinstance(ceiling, bool) else None,
+            "trimtab", cap if isinstance(cap, int) and not isinstance(cap, bool) else None, _ceiling(ceiling)
         )
 
     def set_cap(self, address: str, api: str, value: int) -> None:
