@@ -30,6 +30,15 @@ def test_an_html_error_page_becomes_one_short_line() -> None:
     assert "color:red" not in text and "var x" not in text and "<" not in text
 
 
+def test_scripts_and_tags_are_stripped_up_to_their_closing_only() -> None:
+    """Each script or style goes up to its own closing tag (any case, spaces before `>`); an
+    unclosed one, and a `<` that opens no tag, stay as text."""
+    assert excerpt("<SCRIPT>a</script >b<style type=x>c</STYLE>d<script>e") == "b d e"
+    assert excerpt("<p>1 <b>2</b> < 3 <i>4") == "1 2 < 3 4"
+    assert excerpt("<a <b>c") == "<a c"
+    assert excerpt("<" * 100) == "<" * 100
+
+
 def test_prometheus_json_errors_keep_their_message() -> None:
     body = b'{"status":"error","errorType":"bad_data","error":"parse error at char 3:\\nunexpected"}'
     assert excerpt(body) == "bad_data: parse error at char 3: unexpected"
