@@ -218,6 +218,23 @@ def test_a_sample_not_as_prometheus_writes_it_is_no_reading(sample: list[Any], r
         )
 
 
+def test_a_label_value_of_any_length_or_character_is_quoted_as_a_short_excerpt() -> None:
+    """A Prometheus answering a 200 KB pod name of escapes had it quoted whole in every reason."""
+    pod = "x\n\x1b[31m" + "A" * 200_000
+    labels = {"namespace": "prod", "llmserving": "llama", "pod": pod, "engine": "0"}
+    result = [{"metric": labels, "value": [NOW.timestamp(), "2"]}]
+    payload = json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
+    with FakePrometheus("answer", payload=payload) as prom:
+        observer = PrometheusObserver(prom.url, timeout_s=2.0)
+        seen = observer.observe([target("llama")], NOW)[("prod", "llama")]
+        observer.close()
+    reason = seen.running.reason or ""
+    assert (
+        reason.startswith("pod x [31mAAAA") and "…'s engine metrics came through 2 scrape targets" in reason
+    )
+    assert len(reason) < 400 and reason.isprintable()
+
+
 # What each query answers in the tests below, by its name in queries(): every figure distinct, so a
 # reading taken from another query's answer shows. (capacity: vLLM's cache config, 1,000 blocks of 16.)
 FIGURES = {

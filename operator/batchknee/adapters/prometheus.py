@@ -309,6 +309,17 @@ def _header_secrets(headers: Mapping[str, str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(v for v in values if len(v) >= 4))
 
 
+MAX_LABEL_CHARS = 253  # a pod's name at the longest Kubernetes allows
+
+
+def _label_value(value: Any) -> str:
+    """A label value as the reasons may quote it: a Prometheus (a tenant may choose theirs) can
+    answer any JSON for one — 200 KB of escapes went whole into the reasons."""
+    if type(value) is str and len(value) <= MAX_LABEL_CHARS and value.isprintable():
+        return value
+    return excerpt(str(value)[:ERROR_BODY_BYTES], limit=63)
+
+
 def _owner(scope: _Scope, labels: dict[str, str]) -> Key:
     """The target a series belongs to, its strings shared across the queries of a refresh."""
     namespace, name = scope.owner(labels)
@@ -889,7 +900,7 @@ class PrometheusObserver:
         by_key: dict[Key, list[Row]] = defaultdict(list)
         for series in result:
             labels = series["metric"]
-            kept = {k: sys.intern(labels[k]) for k in ROW_LABELS if k in labels}
+            kept = {k: sys.intern(_label_value(labels[k])) for k in ROW_LABELS if k in labels}
             by_key[_owner(scope, labels)].append((kept, self._sample(series, asked_at)))
         return dict(by_key)
 
