@@ -443,6 +443,45 @@ def test_a_slow_url_holds_no_thread_of_another_url() -> None:
             cache.drop_url(url)
 
 
+def test_silent_urls_specs_chose_never_hold_the_operators_own_prometheus() -> None:
+    """Eight tenants' URLs that never answer fill every refresh thread of chosen URLs; the objects
+    of the operator's own Prometheus are observed meanwhile (asyncio's shared pool, six threads
+    here, made them wait out the silent ones' deadlines)."""
+    import asyncio
+    import contextlib
+
+    from batchknee.adapters.observing import CHOSEN_REFRESH_THREADS, RoutedObserver
+    from batchknee.adapters.prometheus import CachedObserver
+
+    with contextlib.ExitStack() as stack:
+        silent = [stack.enter_context(FakePrometheus("trickle")) for _ in range(CHOSEN_REFRESH_THREADS)]
+        own = stack.enter_context(FakePrometheus("empty"))
+        cache = CachedObserver(lambda url: PrometheusObserver(url, timeout_s=3), ttl_s=60)
+        router = RoutedObserver(cache, own.url, [prom.url for prom in silent])
+        for i, prom in enumerate(silent):
+            router.route("tenant", f"t{i}", prom.url)
+
+        async def meanwhile() -> None:
+            now = datetime.now(UTC)
+            waiting = [
+                asyncio.create_task(router.prepare(target(f"t{i}", "tenant"), now))
+                for i in range(len(silent))
+            ]
+            while not all(prom.requests for prom in silent):  # every silent refresh in flight
+                await asyncio.sleep(0.05)
+            await router.prepare(target("llama"), now)
+            assert not any(task.done() for task in waiting)
+            assert (
+                router.observation(target("llama"), now).running.reason
+                == "no VLLM engine metrics in the last 300s"
+            )
+            await asyncio.gather(*waiting)
+
+        asyncio.run(meanwhile())
+        for url in cache.urls():
+            cache.drop_url(url)
+
+
 @contextmanager
 def answering_a_negative_chunk() -> Iterator[str]:
     """A server on loopback (its URL) answering chunked with a chunk size of `-1`, then sending as

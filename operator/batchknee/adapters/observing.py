@@ -7,17 +7,23 @@ batch of queries per tick, with one refresh in flight per URL.
 
 `prepare` is the asynchronous half: the handlers await it (under the object's asyncio lock) before
 reconcile goes to a thread, so objects waiting for a slow Prometheus wait as coroutines and never
-hold the threads that objects of another Prometheus need.
+hold the threads that objects of another Prometheus need. The refreshes themselves run on threads
+of their own: one for the operator's own Prometheus, and a pool for the URLs specs chose (asyncio's
+shared default pool, six threads on two cores, was filled by six tenants' silent URLs, and the
+operator's own Prometheus waited out their deadlines).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import re
 import ssl
 import threading
 import urllib.parse
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Protocol
 
@@ -138,6 +144,9 @@ def redact_url(url: str) -> str:
     return urllib.parse.urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
+CHOSEN_REFRESH_THREADS = 8  # refreshes of the URLs specs chose that run at once (one per URL)
+
+
 class RoutedObserver:
     """Implements `batchknee.ports.Observer`: which Prometheus to ask is remembered per object."""
 
@@ -153,6 +162,11 @@ class RoutedObserver:
         self.urls: dict[tuple[str, str], str] = {}
         self.lock = threading.Lock()
         self._preparing: dict[str, asyncio.Lock] = {}
+        # one refresh per URL runs at a time (`prepare`): the default URL needs one thread
+        self._own_refreshes = ThreadPoolExecutor(1, thread_name_prefix="refresh-own")
+        self._chosen_refreshes = ThreadPoolExecutor(
+            CHOSEN_REFRESH_THREADS, thread_name_prefix="refresh-chosen"
+        )
 
     def allows(self, url: str | None) -> bool:
         """May an LLMServing name `url` as its Prometheus? (Never one without a host.)"""
@@ -231,4 +245,6 @@ class RoutedObserver:
             gate = self._preparing.setdefault(url, asyncio.Lock())
         async with gate:
             if not self.is_fresh(target):
-                await asyncio.to_thread(refresh, url, target, now)
+                pool = self._own_refreshes if url == self.default_url else self._chosen_refreshes
+                call = functools.partial(contextvars.copy_context().run, refresh, url, target, now)
+                await asyncio.get_running_loop().run_in_executor(pool, call)
