@@ -84,20 +84,41 @@ def unobservable(target: Target) -> bool:
     return target.problem is not None and target.problem[0] != ALREADY_TARGETED
 
 
+# The longest shell script whose first command is read: shlex splits in pure Python (a 1.4 MB
+# script took 3.7 s at every evaluation); an engine's start script is a few lines.
+MAX_SCRIPT_CHARS = 64 * 1024
+
+
+def _words(container: Mapping[str, Any]) -> tuple[list[str], int | None]:
+    """The container's command and args, and where its shell's `-c` script is among them."""
+    words = [str(w) for w in (*(container.get("command") or []), *(container.get("args") or []))]
+    for index, word in enumerate(words[:-2]):
+        if word.rsplit("/", 1)[-1] in SHELLS and SHELL_SCRIPT_FLAG.fullmatch(words[index + 1]):
+            return words, index + 2
+    return words, None
+
+
 def engine_words(container: Mapping[str, Any]) -> list[str]:
     """The container's command and args; a shell's `-c` script is split into its words
     (`sh -c "vllm serve M --max-num-seqs=$(BATCHKNEE_MAX_NUM_SEQS)"`: Kubernetes expands the
     reference before the shell runs)."""
-    words = [str(w) for w in (*(container.get("command") or []), *(container.get("args") or []))]
-    for index, word in enumerate(words[:-2]):
-        if word.rsplit("/", 1)[-1] in SHELLS and SHELL_SCRIPT_FLAG.fullmatch(words[index + 1]):
-            return [*words[: index + 2], *_first_command(words[index + 2]), *words[index + 3 :]]
-    return words
+    words, script = _words(container)
+    if script is None:
+        return words
+    return [*words[:script], *_first_command(words[script]), *words[script + 1 :]]
+
+
+def script_too_long(container: Mapping[str, Any]) -> int | None:
+    """The length of the container's shell script when it is too long to be read, else None."""
+    words, script = _words(container)
+    return len(words[script]) if script is not None and len(words[script]) > MAX_SCRIPT_CHARS else None
 
 
 def _first_command(script: str) -> list[str]:
     """The words of a shell script's first command: comments dropped, nothing after `;`, `&&`,
-    `|` or `&` (another command's flags are not the engine's)."""
+    `|` or `&` (another command's flags are not the engine's). One too long to read stays whole."""
+    if len(script) > MAX_SCRIPT_CHARS:
+        return [script]
     lexer = shlex.shlex(script, posix=True, punctuation_chars=";&|")
     lexer.whitespace_split = True
     command: list[str] = []
@@ -207,6 +228,14 @@ def adopt(ref: TargetRef, engine: Engine, workload: Mapping[str, Any] | None, na
             "SelectorUnsupported",
             f"{ref.kind} {namespace}/{ref.name} selects its pods with matchExpressions; the operator "
             "finds the engine pods by matchLabels only",
+        )
+    length = script_too_long(container)
+    if length is not None:
+        problem = problem or (
+            "ScriptTooLong",
+            f"container {container.get('name')} of {ref.kind} {namespace}/{ref.name} runs a shell script of "
+            f"{length:,} characters; the operator reads scripts of at most {MAX_SCRIPT_CHARS:,}: start the "
+            "engine from a shorter script or from command and args",
         )
     words = engine_words(container)
     second_limit = second_batch_limit(words, engine)

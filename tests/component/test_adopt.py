@@ -197,6 +197,32 @@ def test_a_shell_wrapped_engine_is_read_word_by_word(world: World) -> None:
     assert TARGET_ENV_VAR not in env(world, "other")
 
 
+def test_a_shell_script_too_long_to_read_is_named_and_nothing_is_written(world: World) -> None:
+    """A 1.4 MB script was split word by word at every evaluation (3.7 s each, holding the worker);
+    past 64 Ki characters it is not read, and the condition says so."""
+    from batchknee.adopt import MAX_SCRIPT_CHARS, engine_words
+
+    script = "exec vllm serve M --max-num-seqs=$(BATCHKNEE_MAX_NUM_SEQS) " + "'a' " * (MAX_SCRIPT_CHARS // 4)
+    workload = user_workload(args=[])
+    engine = workload["spec"]["template"]["spec"]["containers"][0]
+    engine["command"] = ["/bin/sh", "-c", script]
+    assert engine_words(engine) == ["/bin/sh", "-c", script]  # whole: not split
+    world.kube.apply(workload)
+    before = world.kube.get("Deployment", "default", "vllm")
+    world.kube.create(adopting())
+    world.reconcile("tuner")
+    assert world.kube.get("Deployment", "default", "vllm") == before
+    wired = world.kube.condition("default", "tuner", "Wired")
+    assert (wired["status"], wired["reason"]) == ("False", "ScriptTooLong")
+    assert wired["message"].startswith(
+        f"container vllm of Deployment default/vllm runs a shell script of {len(script):,} characters; "
+        f"the operator reads scripts of at most {MAX_SCRIPT_CHARS:,}"
+    )
+
+    engine["command"][2] = script[: MAX_SCRIPT_CHARS - 1]  # within the bound it is read, and wired
+    assert engine_words(engine)[:5] == ["/bin/sh", "-c", "exec", "vllm", "serve"]
+
+
 @pytest.mark.parametrize(
     ("command", "args", "env_value", "running"),
     [
