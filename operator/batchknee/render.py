@@ -11,10 +11,11 @@ written in the same apply as the new batch limit, so the change and its record l
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import math
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -244,14 +245,40 @@ def engine_config(obj: LLMServing, desired: Desired) -> str:
     except (TypeError, ValueError):
         cached = False
     # what JSON does not carry as it is (a manifest read from YAML outside a cluster) is dumped as is
-    return _yaml(text) if cached else yaml.safe_dump(options, sort_keys=True)
+    return _OPTIONS_FILES.yaml(text) if cached else yaml.safe_dump(options, sort_keys=True)
 
 
-@functools.lru_cache(maxsize=256)
-def _yaml(options: str) -> str:
-    """The options (as JSON) as YAML. PyYAML's dumper is pure Python, a hundred times slower than
-    json: an object's file is rendered several times an evaluation, and alike until it changes."""
-    return yaml.safe_dump(json.loads(options), sort_keys=True)
+class _YamlCache:
+    """Options files by the digest of their JSON, the most recently used within `max_chars` in all.
+    PyYAML's dumper is pure Python, a hundred times slower than json: an object's file is rendered
+    several times an evaluation, and alike until it changes."""
+
+    def __init__(self, max_chars: int) -> None:
+        self.max_chars = max_chars
+        self.texts: OrderedDict[bytes, str] = OrderedDict()
+        self.chars = 0
+        self.lock = threading.Lock()  # the reconcile workers render at once
+
+    def yaml(self, options: str) -> str:
+        key = hashlib.sha256(options.encode()).digest()
+        with self.lock:
+            text = self.texts.get(key)
+            if text is not None:
+                self.texts.move_to_end(key)
+                return text
+        text = yaml.safe_dump(json.loads(options), sort_keys=True)
+        with self.lock:
+            if key not in self.texts and len(text) <= self.max_chars:
+                self.texts[key] = text
+                self.chars += len(text)
+            while self.chars > self.max_chars:
+                self.chars -= len(self.texts.popitem(last=False)[1])
+        return text
+
+
+# A thousand TensorRT-LLM objects' files of a few hundred characters each, or a dozen of the largest
+# spec.extraLlmApiOptions admits (64 Ki emoji are 700 KB of YAML escapes).
+_OPTIONS_FILES = _YamlCache(max_chars=8 * 2**20)
 
 
 def trtllm_backend(spec: LLMServingSpec) -> str | None:

@@ -128,6 +128,14 @@ def test_a_value_above_the_ceiling_restarts_with_a_higher_ceiling(world: World) 
     assert generation(world) == before + 1  # one restart, to the higher ceiling
     [raised] = [e for e in world.kube.events if e["reason"] == "AboveCeiling"]
     assert "240 is above the pods' startup ceiling 224" in raised["message"]
+    world.clock.advance(30)
+    world.reconcile()  # the old pods, at 224, wait for the rollout that replaces them: no refusal
+    assert world.kube.condition("default", "chat", "Actuation")["reason"] != "LiveCapRefused"
+    world.kube.finish_rollout("default", "chat")
+    world.clock.advance(30)
+    world.reconcile()  # the rollout is done and they still say 224: named
+    actuation = world.kube.condition("default", "chat", "Actuation")
+    assert actuation["reason"] == "LiveCapRefused" and "chat-abc-0, chat-abc-1" in actuation["message"]
 
 
 def test_tensorrt_llm_live_says_why_not_and_restarts(world: World) -> None:

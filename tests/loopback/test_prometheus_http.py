@@ -444,11 +444,12 @@ def test_a_slow_url_holds_no_thread_of_another_url() -> None:
 
 
 def test_silent_urls_specs_chose_never_hold_the_operators_own_prometheus() -> None:
-    """Eight tenants' URLs that never answer fill every refresh thread of chosen URLs; the objects
-    of the operator's own Prometheus are observed meanwhile (asyncio's shared pool, six threads
-    here, made them wait out the silent ones' deadlines)."""
+    """Tenants' URLs that never answer fill every refresh thread of chosen URLs; the objects of the
+    operator's own Prometheus are observed meanwhile (sharing asyncio's default pool, of as many
+    threads, they waited out the silent ones' deadlines)."""
     import asyncio
     import contextlib
+    from concurrent.futures import ThreadPoolExecutor
 
     from batchknee.adapters.observing import CHOSEN_REFRESH_THREADS, RoutedObserver
     from batchknee.adapters.prometheus import CachedObserver
@@ -462,6 +463,8 @@ def test_silent_urls_specs_chose_never_hold_the_operators_own_prometheus() -> No
             router.route("tenant", f"t{i}", prom.url)
 
         async def meanwhile() -> None:
+            # the default pool as large as the chosen URLs' (its size is the machine's otherwise)
+            asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(CHOSEN_REFRESH_THREADS))
             now = datetime.now(UTC)
             waiting = [
                 asyncio.create_task(router.prepare(target(f"t{i}", "tenant"), now))

@@ -36,6 +36,7 @@ def test_scripts_and_tags_are_stripped_up_to_their_closing_only() -> None:
     assert excerpt("<SCRIPT>a</script >b<style type=x>c</STYLE>d<script>e") == "b d e"
     assert excerpt("<p>1 <b>2</b> < 3 <i>4") == "1 2 < 3 4"
     assert excerpt("<a <b>c") == "<a c"
+    assert excerpt('<div class="x" onclick="if(a<b)go(\'>\')">Error 522</div>') == "Error 522"
     assert excerpt("<" * 100) == "<" * 100
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import UTC, datetime
 from typing import Any
@@ -401,3 +402,21 @@ def test_sglang_overridden_args_list_every_managed_flag_and_alias() -> None:
         "--model=x → meta-llama/Llama-3.1-8B-Instruct",
     ]
     assert overridden_args(obj(engine="SGLang", args=["--enable-metrics"]), Desired(32, 0)) == []
+
+
+def test_the_options_files_kept_stay_within_their_bound_newest_first() -> None:
+    """A TensorRT-LLM options file is rendered once per content and kept, the least recently used
+    dropped first, within a bound on the characters kept (64 Ki emoji are 700 KB of YAML)."""
+    from batchknee.render import _YamlCache
+
+    cache = _YamlCache(max_chars=120)  # two of these files of 54 characters
+    first = cache.yaml(json.dumps({"a": "x" * 50}))
+    assert first == yaml.safe_dump({"a": "x" * 50}) and cache.chars == len(first)
+    cache.yaml(json.dumps({"b": "y" * 50}))
+    assert cache.yaml(json.dumps({"a": "x" * 50})) is first  # kept, and now the most recent
+    cache.yaml(json.dumps({"c": "z" * 50}))  # past 120 characters: "b" goes, the least recent
+    assert len(cache.texts) == 2 and cache.chars <= 120
+    assert cache.yaml(json.dumps({"a": "x" * 50})) is first
+    huge = cache.yaml(json.dumps({"d": "\U0001f600" * 1000}))  # alone past the bound: not kept
+    assert huge == yaml.safe_dump({"d": "\U0001f600" * 1000}) and cache.chars <= 120
+    assert cache.yaml(json.dumps({"a": "x" * 50})) is first  # nor did it push out the others

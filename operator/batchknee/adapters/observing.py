@@ -8,9 +8,9 @@ batch of queries per tick, with one refresh in flight per URL.
 `prepare` is the asynchronous half: the handlers await it (under the object's asyncio lock) before
 reconcile goes to a thread, so objects waiting for a slow Prometheus wait as coroutines and never
 hold the threads that objects of another Prometheus need. The refreshes themselves run on threads
-of their own: one for the operator's own Prometheus, and a pool for the URLs specs chose (asyncio's
-shared default pool, six threads on two cores, was filled by six tenants' silent URLs, and the
-operator's own Prometheus waited out their deadlines).
+of their own: one for the operator's own Prometheus, and a pool for the URLs specs chose (sharing
+asyncio's default pool, six threads on two cores, six tenants' silent URLs made the operator's own
+Prometheus wait out their deadlines).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import os
 import re
 import ssl
 import threading
@@ -144,7 +145,8 @@ def redact_url(url: str) -> str:
     return urllib.parse.urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
-CHOSEN_REFRESH_THREADS = 8  # refreshes of the URLs specs chose that run at once (one per URL)
+# refreshes of the URLs specs chose that run at once (one per URL): as many as asyncio's own pool
+CHOSEN_REFRESH_THREADS = min(32, (os.cpu_count() or 1) + 4)
 
 
 class RoutedObserver:

@@ -130,8 +130,9 @@ def _masked(text: str, forms: Sequence[str]) -> str:
 
 
 # Linear in the text, whatever it holds: `<[^>]*>` and a lazy `<script>…</script>` tried every `<`
-# (or opener) to the end of a text with none closing it (8 KiB of `<` took 50 ms, per query).
-_TAG = re.compile(r"<[^<>]*>")
+# (or opener) to the end of a text with none closing it (8 KiB of `<` took 50 ms, per query). A
+# quoted attribute value may hold `<` and `>` (`onclick="if(a<b)…"`).
+_TAG = re.compile(r"""<(?:[^<>"']|"[^"]*"|'[^']*')*>""")
 _SCRIPT_OPENER = re.compile(r"<(script|style)\b", re.IGNORECASE)
 _SCRIPT_CLOSER = {name: re.compile(rf"</{name}\s*>", re.IGNORECASE) for name in ("script", "style")}
 
