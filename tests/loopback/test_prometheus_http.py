@@ -103,17 +103,7 @@ def test_another_spelling_of_the_url_is_read_under_the_deadline_too(spelling: st
         url = prom.url.replace(f":{prom.port}", f":0{prom.port}")
         if spelling == "escaped path":
             url = f"{prom.url}/%7Eprom"
-        observer = PrometheusObserver(url, timeout_s=1.0)
-        started = time.monotonic()
-        seen = observer.observe([target("llama")], NOW)[("prod", "llama")]
-        for _ in range(50):  # until no query thread reads an answer any more (5 s at most)
-            reading = query_threads_reading_an_answer()
-            if not reading:
-                break
-            time.sleep(0.1)
-        stopped_s = time.monotonic() - started
-        observer.close()
-        assert not reading and stopped_s < 2.5, (reading, stopped_s)
+        seen = observed_within_its_deadline(url)
         assert prom.disconnected.wait(10), "the client kept reading the trickle"
     assert seen.avg_context_tokens.reason == f"Prometheus at {url} did not answer within 1s"
     assert prom.bytes_sent < 100
@@ -590,6 +580,23 @@ def query_threads_reading_an_answer() -> list[str]:
     return reading
 
 
+def observed_within_its_deadline(url: str) -> Observation:
+    """One observation through `url` with a deadline of 1 s, and every query thread done reading
+    soon after it (a thread still reading the answer's head is one the deadline did not reach)."""
+    observer = PrometheusObserver(url, timeout_s=1.0)
+    started = time.monotonic()
+    seen = observer.observe([target("llama")], NOW)[("prod", "llama")]
+    for _ in range(50):  # until no query thread reads an answer any more (5 s at most)
+        reading = query_threads_reading_an_answer()
+        if not reading:
+            break
+        time.sleep(0.1)
+    stopped_s = time.monotonic() - started
+    observer.close()
+    assert not reading and stopped_s < 2.5, (reading, stopped_s)
+    return seen
+
+
 def test_a_proxy_from_the_environment_is_used_and_read_under_the_deadline(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -598,17 +605,7 @@ def test_a_proxy_from_the_environment_is_used_and_read_under_the_deadline(
     connections, 16 s later still reading them), until no query could start at all."""
     with FakePrometheus("trickle-head") as proxy:
         proxied_by(monkeypatch, proxy.url)
-        observer = PrometheusObserver(BEHIND_PROXY, timeout_s=1.0)
-        started = time.monotonic()
-        seen = observer.observe([target("llama")], NOW)[("prod", "llama")]
-        for _ in range(50):  # until no query thread reads an answer any more (5 s at most)
-            reading = query_threads_reading_an_answer()
-            if not reading:
-                break
-            time.sleep(0.1)
-        stopped_s = time.monotonic() - started
-        observer.close()
-        assert not reading and stopped_s < 2.5, (reading, stopped_s)
+        seen = observed_within_its_deadline(BEHIND_PROXY)
         assert proxy.disconnected.wait(10), "the client kept reading the proxy's trickle"
     assert proxy.requests and {r.path for r in proxy.requests} == {f"{BEHIND_PROXY}/api/v1/query"}
     assert seen.avg_context_tokens.reason == f"Prometheus at {BEHIND_PROXY} did not answer within 1s"
