@@ -1050,6 +1050,14 @@ class _Reconcile:
                 f"pods {', '.join(below[:5])} report a startup limit below the cap {value}; their cap is "
                 "not set (a pod started with another --max-num-seqs than its Deployment's)",
             )
+        elif below and (shown := self.conditions.new.get("Actuation")) is not None and shown.reason == "Live":
+            self.conditions.set(
+                "Actuation",
+                "True",
+                "Live",
+                f"{len(live) - len(below)} pods take their batch cap live, below the startup ceiling; "
+                f"{len(below)} started below {value} wait for the rollout that replaces them",
+            )
         sets = [functools.partial(_set_cap, runtime, address, cap.api, value) for _, address, cap in due]
         answers = on_engines(sets)
         failed = [

@@ -130,7 +130,9 @@ def test_a_value_above_the_ceiling_restarts_with_a_higher_ceiling(world: World) 
     assert "240 is above the pods' startup ceiling 224" in raised["message"]
     world.clock.advance(30)
     world.reconcile()  # the old pods, at 224, wait for the rollout that replaces them: no refusal
-    assert world.kube.condition("default", "chat", "Actuation")["reason"] != "LiveCapRefused"
+    actuation = world.kube.condition("default", "chat", "Actuation")
+    assert (actuation["status"], actuation["reason"]) == ("True", "Live")
+    assert actuation["message"].endswith("; 2 started below 240 wait for the rollout that replaces them")
     world.kube.finish_rollout("default", "chat")
     world.clock.advance(30)
     world.reconcile()  # the rollout is done and they still say 224: named
