@@ -58,6 +58,20 @@ def test_traffic_is_the_clients_prompt_not_the_running_context_a_restart_makes_y
     assert shifted.verdict == "Inconclusive" and "mean prompt 939 → 6042 tok" in shifted.reason
 
 
+def test_a_window_before_that_still_held_a_shifts_shorter_contexts_is_no_baseline() -> None:
+    """336 → 88 right after a 512 → 2,048 shift (seen in an e2e run): the clients' prompts had moved
+    already, so both windows show the same mean prompt, but the window before still held the ramp's
+    shorter running contexts — more tokens/s, faster steps. The window after, at the new traffic's
+    context, reads 15 % fewer tokens/s and no TPOT gain: not the setting's doing. A restart only
+    shortens the running context, so a rise past the dead band is traffic: inconclusive."""
+    before = figures(ctx=1330, tokens=80593, p99_ms=36.0, mean_ms=20.0, prompt=742)
+    after = figures(ctx=1531, tokens=68464, p99_ms=35.5, mean_ms=19.8, prompt=748)
+    check = verify(before, after, dead_band_percent=10)
+    assert check.verdict == "Inconclusive" and "avg ctx 1330 → 1531 tok" in check.reason
+    within_band = verify(replace(before, context_tokens=1420), after, dead_band_percent=10)
+    assert within_band.verdict == "Reverted" and "throughput fell" in within_band.reason
+
+
 def test_a_pod_drained_mid_window_counts_by_the_part_it_served() -> None:
     """Right after a rollout the window still holds the old pods' last samples: two new pods served
     the whole window (12 samples each), two drained old ones a quarter of it (3 each). The tokens of

@@ -2,7 +2,7 @@
 
 After every change, once the settle window has passed, the window after is compared with the window
 before, for similar traffic: the clients' mean prompt (else the running context) within the dead
-band — otherwise traffic changed, not the setting.
+band, and the running context not grown past it — otherwise traffic changed, not the setting.
 The change is reverted, and its value quarantined for that context, when
 
 - generation throughput per pod fell by more than 10 % without a TPOT p99 gain,
@@ -103,12 +103,19 @@ def _traffic_moved(before: Figures, after: Figures, dead_band_percent: int) -> s
 
     The clients' mean prompt is the traffic itself; the running context also shows the engine: a
     restart starts every sequence at its prompt, and a slower step keeps that cohort young for
-    longer, so right after a change it falls by itself. The running context is the measure only where
-    a window has no prompt mean (no request finished in it)."""
-    if before.prompt_tokens is not None and after.prompt_tokens is not None:
-        what, old, new = "mean prompt", before.prompt_tokens, after.prompt_tokens
-    else:
-        what, old, new = "avg ctx", before.context_tokens, after.context_tokens
-    if abs(new - old) / max(old, 1.0) * 100 <= dead_band_percent:
-        return None
-    return f"{what} {old:.0f} → {new:.0f} tok"
+    longer, so right after a change it falls by itself. A fall of the running context is therefore
+    judged by the prompt where a window has one; a rise is not the restart's doing, and it reads
+    every step longer (fewer tokens/s, slower TPOT): the window before still held the shorter
+    contexts of a shift the prompt mean, which moves first, had already passed."""
+    old, new = before.prompt_tokens, after.prompt_tokens
+    if old is not None and new is not None and _beyond(old, new, dead_band_percent):
+        return f"mean prompt {old:.0f} → {new:.0f} tok"
+    judged_by_prompt = old is not None and new is not None
+    old, new = before.context_tokens, after.context_tokens
+    if _beyond(old, new, dead_band_percent) and (new > old or not judged_by_prompt):
+        return f"avg ctx {old:.0f} → {new:.0f} tok"
+    return None
+
+
+def _beyond(old: float, new: float, dead_band_percent: int) -> bool:
+    return abs(new - old) / max(old, 1.0) * 100 > dead_band_percent
