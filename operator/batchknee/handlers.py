@@ -62,8 +62,15 @@ def prometheus_observer(settings: OperatorSettings) -> RoutedObserver:
     """The Prometheus adapter: one PrometheusObserver per URL behind a cache that serves every
     object of a tick with one batch of queries (one refresh in flight per URL), routed per object.
     Each URL an LLMServing chose holds one answer's worth of memory at most, under one budget
-    they share; the operator's own Prometheus is bounded by its query threads alone."""
-    from batchknee.adapters.prometheus import MAX_BODY_BYTES, AnswerBudget, CachedObserver, PrometheusObserver
+    they share but for the first bytes of each answer (small answers pass however full it is); the
+    operator's own Prometheus is bounded by its query threads alone."""
+    from batchknee.adapters.prometheus import (
+        ANSWER_BYTES_RESERVED,
+        MAX_BODY_BYTES,
+        AnswerBudget,
+        CachedObserver,
+        PrometheusObserver,
+    )
 
     chosen = AnswerBudget()
 
@@ -73,7 +80,9 @@ def prometheus_observer(settings: OperatorSettings) -> RoutedObserver:
             url,
             timeout_s=settings.prometheus_timeout_seconds,
             min_samples=settings.prometheus_min_samples,
-            budget=None if own else AnswerBudget(MAX_BODY_BYTES, parent=chosen),
+            budget=None
+            if own
+            else AnswerBudget(MAX_BODY_BYTES, parent=chosen, reserved=ANSWER_BYTES_RESERVED),
             # the operator's credentials, CA and headers are for its own Prometheus, never a URL a tenant chose
             bearer_token_file=settings.prometheus_bearer_token_file if own else "",
             ca_file=settings.prometheus_ca_file if own else "",

@@ -26,6 +26,7 @@ from fake_prometheus import FakePrometheus, Mode
 
 from batchknee.adapters.prometheus import (
     ANSWER_BYTES_IN_FLIGHT,
+    ANSWER_BYTES_RESERVED,
     EXCERPT_CHARS,
     MAX_ANSWER_VALUES,
     MAX_BODY_BYTES,
@@ -362,6 +363,48 @@ def test_the_urls_specs_chose_share_one_budget_and_the_operators_has_its_own() -
     while budget.held and time.monotonic() < deadline:
         time.sleep(0.05)
     assert budget.held == 0
+
+
+def test_a_small_answer_passes_when_other_tenants_fill_the_shared_budget() -> None:
+    """Four tenants' Prometheus servers holding an 8-MiB answer each fill the budget the URLs specs
+    chose share; another tenant's honest answer (about 1 KiB) is read from its URL's own first
+    bytes and goes through. A large answer of theirs still waits for the shared budget, and
+    everything taken is given back."""
+    from batchknee.handlers import prometheus_observer
+    from batchknee.settings import OperatorSettings
+
+    small = vector_of([NOW.timestamp(), "1"])
+    large = small + b" " * ANSWER_BYTES_RESERVED  # valid JSON, past the reserve
+    with (
+        FakePrometheus("answer", payload=small) as honest,
+        FakePrometheus("answer", payload=large) as bulky,
+    ):
+        router = prometheus_observer(
+            OperatorSettings(
+                prometheus_url="http://127.0.0.1:9",
+                prometheus_allowed_urls=["*"],
+                prometheus_timeout_seconds=5,
+                prometheus_min_samples=1,
+            )
+        )
+        cache = router.inner._cache  # type: ignore[attr-defined]
+        first, second = (cache(url).observer for url in (honest.url, bulky.url))
+        shared = first.budget.parent
+        assert shared is not None and first.budget.reserved == ANSWER_BYTES_RESERVED
+        assert shared.take(shared.limit) is None  # the hoarders' answers
+        try:
+            seen = first.observe([target("llama")], NOW)[("prod", "llama")]
+            refused = second.observe([target("llama")], NOW)[("prod", "llama")]
+        finally:
+            shared.give(shared.limit)
+            for observer in (first, second):
+                observer.close()
+    assert seen.running.value == 1
+    assert refused.running.reason == (
+        f"Prometheus at {bulky.url}: the answers being read at once passed 32 MiB; asking again at the "
+        "next evaluation"
+    )
+    assert (shared.held, first.budget.held, second.budget.held) == (0, 0, 0)
 
 
 def test_an_error_page_becomes_a_status_code_and_a_short_excerpt(caplog: pytest.LogCaptureFixture) -> None:

@@ -123,6 +123,8 @@ def test_a_budget_takes_from_its_parent_too_and_a_refusal_holds_nothing() -> Non
     assert mine.take(6) is None and theirs.take(6) is shared  # 12 > the 10 they share
     assert (mine.held, theirs.held, shared.held) == (6, 0, 6)
     assert mine.take(3) is mine  # 9 > its own 8
+    assert mine.take(2, alone=True) is None and (mine.held, shared.held) == (8, 6)  # its own bytes only
+    mine.give(2, alone=True)
     mine.give(6)
     assert (mine.held, shared.held) == (0, 0)
 

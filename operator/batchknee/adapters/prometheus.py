@@ -67,6 +67,11 @@ LLMSERVING_LABEL = "llmserving"  # target label carrying the pod's batchknee.io/
 MAX_BODY_BYTES = 8 * 1024 * 1024  # a query answer larger than this is refused, not buffered
 MAX_ANSWER_VALUES = 400_000  # JSON values (',' '{' '[' counted) of one answer: about 100 MiB parsed
 ANSWER_BYTES_IN_FLIGHT = 32 * 1024 * 1024  # answers held at once, of all the URLs specs chose
+# The first bytes of every answer of a URL a spec chose, held outside the budget those URLs share:
+# an honest answer (about 1 KiB per LLMServing) is never refused because other tenants' Prometheus
+# servers hold the shared budget with their largest answers. What that adds is bounded by the
+# threads reading: 64 KiB per query thread, 8 per URL, of the URLs refreshing at once.
+ANSWER_BYTES_RESERVED = 64 * 1024
 # Prometheus answers an instant query for the very time it was asked; VictoriaMetrics, for a time
 # near now, up to its -search.latencyOffset (30 s by default) earlier. Older is a cache's answer.
 SAMPLE_TIME_TOLERANCE_S = 60.0
@@ -467,14 +472,19 @@ class AnswerBudget:
     of them waits at the parent's, beside one of each sibling's.
 
     The operator's own Prometheus gets a budget its query threads cannot pass, and its own turn;
-    each URL an LLMServing chose gets one answer's worth, under one budget they all share. So a
-    tenant's Prometheus answering its largest to every query holds one answer of the shared budget
-    and one place in the queue to parse, and never the operator's memory (and with it every
-    tenant's loop) or its own reads."""
+    each URL an LLMServing chose gets one answer's worth, under one budget they all share, except
+    the first `reserved` bytes of each answer, taken from its own budget alone. So a tenant's
+    Prometheus answering its largest to every query holds one answer of the shared budget and one
+    place in the queue to parse, and never the operator's memory (and with it every tenant's loop)
+    or its own reads; a few such tenants fill the shared budget, and every other URL's small
+    answers still go through."""
 
-    def __init__(self, limit: int = ANSWER_BYTES_IN_FLIGHT, parent: AnswerBudget | None = None) -> None:
+    def __init__(
+        self, limit: int = ANSWER_BYTES_IN_FLIGHT, parent: AnswerBudget | None = None, reserved: int = 0
+    ) -> None:
         self.limit = limit
         self.parent = parent
+        self.reserved = reserved
         self.held = 0
         self.turn = threading.Lock()  # held while one of this budget's answers is parsed
         self._lock = threading.Lock()
@@ -494,14 +504,14 @@ class AnswerBudget:
             self.parent.end_turn()
         self.turn.release()
 
-    def take(self, size: int) -> AnswerBudget | None:
-        """Take `size` bytes from this budget and its parent; None if taken, else the budget that
-        refused (and nothing is held)."""
+    def take(self, size: int, alone: bool = False) -> AnswerBudget | None:
+        """Take `size` bytes from this budget and (unless `alone`) its parent; None if taken, else
+        the budget that refused (and nothing is held)."""
         with self._lock:
             if self.held + size > self.limit:
                 return self
             self.held += size
-        refused = self.parent.take(size) if self.parent is not None else None
+        refused = self.parent.take(size) if self.parent is not None and not alone else None
         if refused is not None:
             self.give(size, alone=True)
         return refused
@@ -870,16 +880,21 @@ class PrometheusObserver:
         self, scope: _Scope, name: str, promql: str, now: datetime, deadline: float
     ) -> dict[Key, list[Row]] | dict[Key, float]:
         """One query's answer by target, shaped in the worker: its bytes are held in the budget
-        until it is parsed, one answer is parsed at a time and dropped before the next, and the rows
-        keep only the labels the observation reads."""
-        held = 0
+        until it is parsed (its first `reserved` bytes from this URL's budget alone), one answer is
+        parsed at a time and dropped before the next, and the rows keep only the labels the
+        observation reads."""
+        held = held_alone = 0
 
         def take(size: int) -> None:
-            nonlocal held
-            refused = self.budget.take(size)
+            nonlocal held, held_alone
+            alone = held_alone + size <= self.budget.reserved
+            refused = self.budget.take(size, alone=alone)
             if refused is not None:
                 raise _OverBudget(refused.limit)
-            held += size
+            if alone:
+                held_alone += size
+            else:
+                held += size
 
         try:
             content = self._query(promql, now, deadline, take)
@@ -890,6 +905,7 @@ class PrometheusObserver:
             finally:
                 self.budget.end_turn()
         finally:
+            self.budget.give(held_alone, alone=True)
             self.budget.give(held)
 
     def _shape(
