@@ -106,7 +106,10 @@ def _traffic_moved(before: Figures, after: Figures, dead_band_percent: int) -> s
     longer, so right after a change it falls by itself. A fall of the running context is therefore
     judged by the prompt where a window has one; a rise is not the restart's doing, and it reads
     every step longer (fewer tokens/s, slower TPOT): the window before still held the shorter
-    contexts of a shift the prompt mean, which moves first, had already passed."""
+    contexts of a shift the prompt mean, which moves first, had already passed. (Under a shared
+    prefix, counted once, the unique context per sequence also rises when the batch falls — the
+    prefix spread over fewer — so a large decrease under heavy sharing may read as moved traffic:
+    inconclusive, which keeps it, never a wrong revert.)"""
     old, new = before.prompt_tokens, after.prompt_tokens
     if old is not None and new is not None and _beyond(old, new, dead_band_percent):
         return f"mean prompt {old:.0f} → {new:.0f} tok"
