@@ -87,6 +87,7 @@ def prometheus_observer(settings: OperatorSettings) -> RoutedObserver:
             bearer_token_file=settings.prometheus_bearer_token_file if own else "",
             ca_file=settings.prometheus_ca_file if own else "",
             headers=settings.prometheus_headers if own else None,
+            paced=not own,  # a silent chosen URL must not fill the refresh threads the chosen share
         )
 
     cache = CachedObserver(observer_for, ttl_s=settings.prometheus_cache_seconds)

@@ -30,6 +30,7 @@ from batchknee.adapters.prometheus import (
     EXCERPT_CHARS,
     MAX_ANSWER_VALUES,
     MAX_BODY_BYTES,
+    PACED_REUSE,
     AnswerBudget,
     PrometheusObserver,
     queries,
@@ -405,6 +406,45 @@ def test_a_small_answer_passes_when_other_tenants_fill_the_shared_budget() -> No
         "next evaluation"
     )
     assert (shared.held, first.budget.held, second.budget.held) == (0, 0, 0)
+
+
+def test_a_silent_url_a_spec_chose_is_asked_again_only_after_ten_times_its_wait() -> None:
+    """A tenant's Prometheus that never answers costs each refresh the whole deadline, on threads
+    every URL specs chose shares: its refresh serves for ten times as long as it took, so it holds a
+    thread a tenth of the time. The operator's own Prometheus, on a thread of its own, is asked
+    again once a reconcile no longer reuses its last refresh (three TTLs)."""
+    from batchknee.handlers import prometheus_observer
+    from batchknee.settings import OperatorSettings
+
+    ttl_s = 0.3
+    with FakePrometheus("trickle-head") as own, FakePrometheus("trickle-head") as chosen:
+        router = prometheus_observer(
+            OperatorSettings(
+                prometheus_url=own.url,
+                prometheus_allowed_urls=["*"],
+                prometheus_timeout_seconds=1,
+                prometheus_cache_seconds=ttl_s,
+            )
+        )
+        cache = router.inner
+        asked: dict[str, tuple[int, int, float, str | None, str | None]] = {}
+        try:
+            for prom in (own, chosen):
+                started = time.monotonic()
+                first = cache.observation(prom.url, target("llama"), NOW)  # type: ignore[attr-defined]
+                took = time.monotonic() - started
+                once = len(prom.requests)
+                time.sleep(3 * ttl_s + 0.1)
+                again = cache.observation(prom.url, target("llama"), NOW)  # type: ignore[attr-defined]
+                asked[prom.url] = (once, len(prom.requests), took, first.running.reason, again.running.reason)
+        finally:
+            for url in cache.urls():  # type: ignore[attr-defined]
+                cache.drop_url(url)  # type: ignore[attr-defined]
+    once, twice, took, reason, reason_again = asked[chosen.url]
+    assert once > 0 and twice == once and took * PACED_REUSE > 3 * ttl_s + 0.1  # not asked again yet
+    assert reason == reason_again == f"Prometheus at {chosen.url} did not answer within 1s"
+    once, twice, *_ = asked[own.url]
+    assert once > 0 and twice == 2 * once
 
 
 def test_an_error_page_becomes_a_status_code_and_a_short_excerpt(caplog: pytest.LogCaptureFixture) -> None:

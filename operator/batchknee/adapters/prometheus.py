@@ -72,6 +72,11 @@ ANSWER_BYTES_IN_FLIGHT = 32 * 1024 * 1024  # answers held at once, of all the UR
 # servers hold the shared budget with their largest answers. What that adds is bounded by the
 # threads reading: 64 KiB per query thread, 8 per URL, of the URLs refreshing at once.
 ANSWER_BYTES_RESERVED = 64 * 1024
+# A refresh of a URL a spec chose serves for this many times as long as it took (at least the
+# cache's TTL): a silent URL, each refresh waiting out the deadline, then holds one of the threads
+# those URLs share a tenth of the time, not all of it, and one tenant's silent URLs no longer keep
+# every other chosen URL's refresh waiting. A fast answer (milliseconds) is paced by the TTL alone.
+PACED_REUSE = 10
 # Prometheus answers an instant query for the very time it was asked; VictoriaMetrics, for a time
 # near now, up to its -search.latencyOffset (30 s by default) earlier. Older is a cache's answer.
 SAMPLE_TIME_TOLERANCE_S = 60.0
@@ -723,8 +728,10 @@ class PrometheusObserver:
         bearer_token_file: str = "",
         ca_file: str = "",
         headers: Mapping[str, str] | None = None,
+        paced: bool = False,
     ) -> None:
         self.url = url.rstrip("/")
+        self.paced = paced  # a refresh serves for PACED_REUSE times as long as it took
         # the operator's own Prometheus only: a URL an LLMServing chose never gets its token or headers
         self.bearer_token_file = bearer_token_file
         self.headers = dict(headers or {})
@@ -1137,6 +1144,7 @@ def _kv_context(running_rows: list[Row], usage_rows: list[Row], capacity_rows: l
 class _Entry:
     data: ScopeData
     fetched: float  # time.monotonic() when the refresh finished
+    serves_s: float = 0.0  # fresh for at least this long, whatever the caller's TTL (a paced URL)
 
 
 class _UrlCache:
@@ -1152,15 +1160,18 @@ class _UrlCache:
     def fresh(self, scope: _Scope, ttl_s: float) -> _Entry | None:
         with self.guard:
             entry = self.entries.get(scope)
-        if entry is not None and time.monotonic() - entry.fetched < ttl_s:
+        if entry is not None and time.monotonic() - entry.fetched < max(ttl_s, entry.serves_s):
             return entry
         return None
 
-    def store(self, scope: _Scope, data: ScopeData, ttl_s: float) -> _Entry:
-        entry = _Entry(data, time.monotonic())
+    def store(self, scope: _Scope, data: ScopeData, ttl_s: float, took_s: float = 0.0) -> _Entry:
+        entry = _Entry(data, time.monotonic(), PACED_REUSE * took_s if self.observer.paced else 0.0)
         with self.guard:
             # Scopes nobody asked for in a while (a window changed, a selector dropped) go.
-            for old in [s for s, e in self.entries.items() if entry.fetched - e.fetched > 10 * ttl_s]:
+            gone = [
+                s for s, e in self.entries.items() if entry.fetched - e.fetched > max(10 * ttl_s, e.serves_s)
+            ]
+            for old in gone:
                 del self.entries[old]
             self.entries[scope] = entry
         return entry
@@ -1197,7 +1208,9 @@ class CachedObserver:
             entry = cache.fresh(scope, self.ttl_s)
             fetched = entry is None
             if entry is None:
-                entry = cache.store(scope, cache.observer.fetch(scope, now), self.ttl_s)
+                started = time.monotonic()
+                data = cache.observer.fetch(scope, now)
+                entry = cache.store(scope, data, self.ttl_s, took_s=time.monotonic() - started)
         if fetched:
             allocator.trim()  # the parsed answers are garbage now: give their pages back
         return entry.data
