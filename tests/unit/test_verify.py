@@ -70,6 +70,9 @@ def test_a_window_before_that_still_held_a_shifts_shorter_contexts_is_no_baselin
     assert check.verdict == "Inconclusive" and "avg ctx 1330 → 1531 tok" in check.reason
     within_band = verify(replace(before, context_tokens=1420), after, dead_band_percent=10)
     assert within_band.verdict == "Reverted" and "throughput fell" in within_band.reason
+    # preemptions are judged first: the engine preempts the youngest, leaving the running set older
+    preempting = verify(before, replace(after, preemptions_per_s=0.5), dead_band_percent=10)
+    assert preempting.verdict == "Reverted" and "preemptions appeared" in preempting.reason
 
 
 def test_a_pod_drained_mid_window_counts_by_the_part_it_served() -> None:

@@ -2,14 +2,18 @@
 
 After every change, once the settle window has passed, the window after is compared with the window
 before, for similar traffic: the clients' mean prompt (else the running context) within the dead
-band, and the running context not grown past it — otherwise traffic changed, not the setting.
+band — otherwise traffic changed, not the setting.
 The change is reverted, and its value quarantined for that context, when
 
 - generation throughput per pod fell by more than 10 % without a TPOT p99 gain,
 - preemptions appeared where there were none (the batch no longer fits the KV pool), or
 - TPOT p99 now breaks a target it met before;
 
-else it is kept (and the settled window becomes a verified calibration point).
+else it is kept (and the settled window becomes a verified calibration point). Throughput and TPOT
+are compared only while the running context has not grown past the band either: a restart only
+shortens it, so a rise says the window before still held a shift's shorter contexts (or, under a
+shared prefix counted once, a decrease spread the prefix over fewer sequences): inconclusive,
+which keeps the change. Preemptions are judged before that.
 """
 
 from __future__ import annotations
@@ -80,6 +84,19 @@ def verify(
         f"({change * 100:+.0f} %), TPOT p99 {before.tpot_p99_s * 1e3:.1f} → {after.tpot_p99_s * 1e3:.1f} ms, "
         f"preemptions/s {before.preemptions_per_s:.2f} → {after.preemptions_per_s:.2f}"
     )
+    if before.preemptions_per_s < PREEMPTIONS_NONE <= after.preemptions_per_s:
+        return Check("Reverted", f"preemptions appeared: {figures}")
+    # Throughput and TPOT both follow the running context: when it grew past the band while the
+    # clients' prompts held, the window before still held a shift's shorter contexts (a restart
+    # only shortens it) and neither compares.
+    if _beyond(before.context_tokens, after.context_tokens, dead_band_percent) and (
+        after.context_tokens > before.context_tokens
+    ):
+        return Check(
+            "Inconclusive",
+            f"the running context grew (avg ctx {before.context_tokens:.0f} → {after.context_tokens:.0f} "
+            f"tok) while the prompts held: the window before still held shorter contexts; {figures}",
+        )
     # A TPOT gain shows in the p99 or, since Prometheus interpolates the p99 inside the engine's
     # histogram buckets (25, 50, 75 ms…), in the exact mean.
     tpot_gained = after.tpot_p99_s <= before.tpot_p99_s * (1 - TPOT_GAIN) or (
@@ -89,8 +106,6 @@ def verify(
     )
     if change < -THROUGHPUT_DROP and not tpot_gained:
         return Check("Reverted", f"throughput fell without a TPOT gain: {figures}")
-    if before.preemptions_per_s < PREEMPTIONS_NONE <= after.preemptions_per_s:
-        return Check("Reverted", f"preemptions appeared: {figures}")
     if tpot_target_s is not None and before.tpot_p99_s <= tpot_target_s < after.tpot_p99_s:
         return Check(
             "Reverted", f"TPOT p99 now breaks its {tpot_target_s * 1e3:.0f} ms target, met before: {figures}"
@@ -103,21 +118,17 @@ def _traffic_moved(before: Figures, after: Figures, dead_band_percent: int) -> s
 
     The clients' mean prompt is the traffic itself; the running context also shows the engine: a
     restart starts every sequence at its prompt, and a slower step keeps that cohort young for
-    longer, so right after a change it falls by itself. A fall of the running context is therefore
-    judged by the prompt where a window has one; a rise is not the restart's doing, and it reads
-    every step longer (fewer tokens/s, slower TPOT): the window before still held the shorter
-    contexts of a shift the prompt mean, which moves first, had already passed. (Under a shared
-    prefix, counted once, the unique context per sequence also rises when the batch falls — the
-    prefix spread over fewer — so a large decrease under heavy sharing may read as moved traffic:
-    inconclusive, which keeps it, never a wrong revert.)"""
+    longer, so right after a change it falls by itself. The running context is the measure only where
+    a window has no prompt mean (no request finished in it); where both have one, a context that
+    grew is weighed in `verify` (after the preemptions: the engine preempts the youngest)."""
     old, new = before.prompt_tokens, after.prompt_tokens
-    if old is not None and new is not None and _beyond(old, new, dead_band_percent):
-        return f"mean prompt {old:.0f} → {new:.0f} tok"
-    judged_by_prompt = old is not None and new is not None
-    old, new = before.context_tokens, after.context_tokens
-    if _beyond(old, new, dead_band_percent) and (new > old or not judged_by_prompt):
-        return f"avg ctx {old:.0f} → {new:.0f} tok"
-    return None
+    if old is None or new is None:
+        what, old, new = "avg ctx", before.context_tokens, after.context_tokens
+    else:
+        what = "mean prompt"
+    if not _beyond(old, new, dead_band_percent):
+        return None
+    return f"{what} {old:.0f} → {new:.0f} tok"
 
 
 def _beyond(old: float, new: float, dead_band_percent: int) -> bool:
