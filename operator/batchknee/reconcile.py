@@ -1104,7 +1104,9 @@ class _Reconcile:
         before: WindowFigures | None = record.get("before")
         if before is None or record.get("verdict") is not None:
             return None
-        if self.now < settled_since + timedelta(seconds=rules.window_s):
+        # the window after is all after the settle: by the observation's time (a cached reading
+        # may be older than the clock)
+        if observation is None or observation.sampled_at < settled_since + timedelta(seconds=rules.window_s):
             return None
         after = Figures.of(observation)
         if after is None:

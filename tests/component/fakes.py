@@ -298,6 +298,7 @@ class MemoryObserver:
     readings: dict[tuple[str, str], Observation] = field(default_factory=dict)
     down: bool = False
     calls: int = 0
+    lag_s: float = 0.0  # a cached reading: sampled this long before it is asked for
 
     def set(self, namespace: str, name: str, value: Observation) -> None:
         self.readings[(namespace, name)] = value
@@ -309,7 +310,8 @@ class MemoryObserver:
                 now, "Prometheus at http://127.0.0.1:9090 unreachable (connection refused)"
             )
         found = self.readings[target.key]
-        return Observation(now, *[getattr(found, f) for f in list(found.__dataclass_fields__)[1:]])
+        sampled_at = now - timedelta(seconds=self.lag_s)
+        return Observation(sampled_at, *[getattr(found, f) for f in list(found.__dataclass_fields__)[1:]])
 
 
 @dataclass

@@ -182,6 +182,28 @@ def test_a_change_that_did_what_the_model_said_is_kept(world: World) -> None:
     assert applied(world) == 16
 
 
+def test_the_check_waits_for_a_window_sampled_after_the_settle(world: World) -> None:
+    """A cached reading (a slow Prometheus a spec chose is read at most a tenth of the time) can
+    be older than the clock: the window after is the one sampled once the settle is over, not the
+    first one read after it."""
+    started(world)
+    for _ in range(6):
+        world.observer.set(
+            "default", "chat", observation(world.clock.now, ctx=512, tpot_p99_ms=20, tokens_per_s=3000)
+        )
+        world.reconcile()
+        world.clock.advance(30)
+    assert applied(world) == 240
+    world.observer.lag_s = 30  # sampled 30 s before each reconcile: 91 s into the 120-s settle
+    settled_window(world, 512, tpot_p99_ms=60, tokens_per_s=2000)
+    assert world.kube.status("default", "chat")["history"][-1].get("verdict") is None
+    assert applied(world) == 240
+    world.observer.lag_s = 0
+    world.reconcile()
+    checked = world.kube.status("default", "chat")["history"][-2]
+    assert checked["to"] == 240 and checked["verdict"] == "Reverted" and applied(world) == 64
+
+
 def test_a_change_that_lost_throughput_is_reverted_and_not_retried(world: World) -> None:
     """A kernel or memory cliff: 240 runs, but slower per pod than 64 did."""
     started(world)

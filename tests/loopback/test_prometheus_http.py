@@ -8,6 +8,7 @@ import base64
 import json
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -30,7 +31,6 @@ from batchknee.adapters.prometheus import (
     EXCERPT_CHARS,
     MAX_ANSWER_VALUES,
     MAX_BODY_BYTES,
-    PACED_REUSE,
     AnswerBudget,
     PrometheusObserver,
     queries,
@@ -408,14 +408,78 @@ def test_a_small_answer_passes_when_other_tenants_fill_the_shared_budget() -> No
     assert (shared.held, first.budget.held, second.budget.held) == (0, 0, 0)
 
 
-def test_a_silent_url_a_spec_chose_is_asked_again_only_after_ten_times_its_wait() -> None:
-    """A tenant's Prometheus that never answers costs each refresh the whole deadline, on threads
-    every URL specs chose shares: its refresh serves for ten times as long as it took, so it holds a
-    thread a tenth of the time. The operator's own Prometheus, on a thread of its own, is asked
-    again once a reconcile no longer reuses its last refresh (three TTLs)."""
+def test_a_refresh_whose_first_query_fails_waits_for_the_others_it_started() -> None:
+    """A tenant's server refuses the first query at once and trickles the others: the refresh
+    returns once the queries it started have ended (by the deadline), so what the threads refreshing
+    bound — the answers being read at once, and their first bytes held outside the shared budget —
+    stays bounded by them, however many URL spellings a tenant uses."""
     from batchknee.handlers import prometheus_observer
     from batchknee.settings import OperatorSettings
 
+    first_query = queries(scope_for(target("llama")))["running"]
+    stop = threading.Event()
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if urllib.parse.parse_qs(body.decode())["query"][0] == first_query:
+                self.send_response(400)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"no")
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", str(MAX_BODY_BYTES - 1))
+            self.end_headers()
+            self.wfile.write(b" " * ANSWER_BYTES_RESERVED)  # the reserve's worth, then silence
+            self.wfile.flush()
+            stop.wait(5.0)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    router = prometheus_observer(
+        OperatorSettings(
+            prometheus_url="http://127.0.0.1:9", prometheus_allowed_urls=["*"], prometheus_timeout_seconds=1
+        )
+    )
+    cache: Any = router.inner
+    held_after: list[int] = []
+    try:
+        for spelling in range(3):
+            url = f"{base}/tenant{spelling}"
+            data = cache.refresh(url, target("llama"), NOW)
+            held_after.append(cache._cache(url).observer.budget.held)
+    finally:
+        stop.set()
+        for url in cache.urls():
+            cache.drop_url(url)
+        server.shutdown()
+        server.server_close()
+    assert data.error == f"Prometheus at {base}/tenant2 answered HTTP 400: no"
+    assert held_after == [0, 0, 0]  # nothing still reading once its refresh returned
+
+
+def test_a_silent_url_a_spec_chose_is_asked_again_only_after_ten_times_its_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A tenant's Prometheus that never answers costs each refresh the whole deadline, on threads
+    every URL specs chose shares: the URL is asked nothing for ten times as long as its last
+    refresh took (at most PACED_MAX_S, here 2.5 s), whatever scope (window, selector) asks — its
+    last refresh serves those it read, and one it did not read is told when it is asked again. The
+    operator's own Prometheus, on a thread of its own, is asked again once a reconcile no longer
+    reuses its last refresh (three TTLs)."""
+    from batchknee.adapters import prometheus
+    from batchknee.handlers import prometheus_observer
+    from batchknee.settings import OperatorSettings
+
+    monkeypatch.setattr(prometheus, "PACED_MAX_S", 2.5)
     ttl_s = 0.3
     with FakePrometheus("trickle-head") as own, FakePrometheus("trickle-head") as chosen:
         router = prometheus_observer(
@@ -426,25 +490,36 @@ def test_a_silent_url_a_spec_chose_is_asked_again_only_after_ten_times_its_wait(
                 prometheus_cache_seconds=ttl_s,
             )
         )
-        cache = router.inner
-        asked: dict[str, tuple[int, int, float, str | None, str | None]] = {}
+        cache: Any = router.inner
+        window, other_window = target("llama"), ObservationTarget("prod", "other", "VLLM", 301)
+
+        def asked(prom: FakePrometheus, seen: ObservationTarget) -> tuple[int, str | None]:
+            reading = cache.observation(prom.url, seen, NOW).running
+            return len(prom.requests), reading.reason
+
         try:
-            for prom in (own, chosen):
-                started = time.monotonic()
-                first = cache.observation(prom.url, target("llama"), NOW)  # type: ignore[attr-defined]
-                took = time.monotonic() - started
-                once = len(prom.requests)
-                time.sleep(3 * ttl_s + 0.1)
-                again = cache.observation(prom.url, target("llama"), NOW)  # type: ignore[attr-defined]
-                asked[prom.url] = (once, len(prom.requests), took, first.running.reason, again.running.reason)
+            first = asked(chosen, window)
+            other = asked(chosen, other_window)  # another scope, at once
+            time.sleep(3 * ttl_s + 0.1)
+            reused = asked(chosen, window)
+            time.sleep(2.5 - 3 * ttl_s)
+            again = asked(chosen, window)
+            own_first = asked(own, window)
+            time.sleep(3 * ttl_s + 0.1)
+            own_again = asked(own, window)
         finally:
-            for url in cache.urls():  # type: ignore[attr-defined]
-                cache.drop_url(url)  # type: ignore[attr-defined]
-    once, twice, took, reason, reason_again = asked[chosen.url]
-    assert once > 0 and twice == once and took * PACED_REUSE > 3 * ttl_s + 0.1  # not asked again yet
-    assert reason == reason_again == f"Prometheus at {chosen.url} did not answer within 1s"
-    once, twice, *_ = asked[own.url]
-    assert once > 0 and twice == 2 * once
+            for url in cache.urls():
+                cache.drop_url(url)
+    timed_out = f"Prometheus at {chosen.url} did not answer within 1s"
+    assert first[0] > 0 and first[1] == timed_out
+    assert other[0] == first[0] and re.fullmatch(
+        rf"Prometheus at {re.escape(chosen.url)} is asked again in [12]s: a URL a spec chose is asked at "
+        r"most a tenth of the time \(its last refresh took 1\.\ds\)",
+        other[1] or "",
+    )
+    assert reused == first  # nothing asked: the last refresh serves
+    assert again[0] == 2 * first[0] and again[1] == timed_out  # asked again once the pace allows
+    assert own_first[0] > 0 and own_again[0] == 2 * own_first[0]
 
 
 def test_an_error_page_becomes_a_status_code_and_a_short_excerpt(caplog: pytest.LogCaptureFixture) -> None:

@@ -116,6 +116,20 @@ def test_the_window_after_a_rollout_settles(r: TuningRules, ctx: int, applied: i
         assert not d.rolls and d.hold == "settling"
 
 
+@given(rules(), contexts, st.integers(1, 1024), st.integers(1, 600))
+def test_the_window_settles_by_the_observations_time_not_the_clocks(
+    r: TuningRules, ctx: int, applied: int, lag: int
+) -> None:
+    """A cached reading (a slow Prometheus a spec chose is read at most a tenth of the time) may
+    be a window that ended before the settle did: it still holds the pods before the rollout."""
+    settled = replace(steady(applied), settled_since=T0)
+    now = T0 + timedelta(seconds=r.window_s + lag)
+    stale = seen(ctx, now=now - timedelta(seconds=lag + 1))
+    d = decide(r, ROOFLINE, POOL, stale, settled, (), now)
+    assert not d.rolls and d.hold == "settling"
+    assert decide(r, ROOFLINE, POOL, seen(ctx, now=now), settled, (), now).hold != "settling"
+
+
 @given(rules(), contexts, st.integers(1, 1024), st.integers(0, 7200))
 def test_cooldown(r: TuningRules, ctx: int, applied: int, since: int) -> None:
     last = Rollout(T0, 256, applied, "earlier")

@@ -35,6 +35,7 @@ from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import wait as wait_for
 from dataclasses import dataclass, field, fields
 from datetime import datetime
 from http.cookiejar import DefaultCookiePolicy
@@ -70,13 +71,16 @@ ANSWER_BYTES_IN_FLIGHT = 32 * 1024 * 1024  # answers held at once, of all the UR
 # The first bytes of every answer of a URL a spec chose, held outside the budget those URLs share:
 # an honest answer (about 1 KiB per LLMServing) is never refused because other tenants' Prometheus
 # servers hold the shared budget with their largest answers. What that adds is bounded by the
-# threads reading: 64 KiB per query thread, 8 per URL, of the URLs refreshing at once.
+# threads reading: 64 KiB per query thread, 8 per refresh, of the refreshes running at once (a
+# refresh returns once every query it started has ended: see `fetch`).
 ANSWER_BYTES_RESERVED = 64 * 1024
-# A refresh of a URL a spec chose serves for this many times as long as it took (at least the
-# cache's TTL): a silent URL, each refresh waiting out the deadline, then holds one of the threads
-# those URLs share a tenth of the time, not all of it, and one tenant's silent URLs no longer keep
-# every other chosen URL's refresh waiting. A fast answer (milliseconds) is paced by the TTL alone.
+# A URL a spec chose is asked nothing for this many times as long as its last refresh took (any
+# scope of it; at least the cache's TTL, at most PACED_MAX_S): a silent URL, each refresh waiting
+# out the deadline, then holds one of the threads those URLs share a tenth of the time, not all of
+# it, however many objects or windows read it. A fast answer (milliseconds) is paced by the TTL
+# alone; a slow honest one is read at least once a minute.
 PACED_REUSE = 10
+PACED_MAX_S = 60.0
 # Prometheus answers an instant query for the very time it was asked; VictoriaMetrics, for a time
 # near now, up to its -search.latencyOffset (30 s by default) earlier. Older is a cache's answer.
 SAMPLE_TIME_TOLERANCE_S = 60.0
@@ -977,6 +981,10 @@ class PrometheusObserver:
         finally:
             for future in futures.values():
                 future.cancel()
+            # The queries already reading end by the deadline: waiting for them keeps a refresh
+            # (one per caller's thread) the bound on how many answers are read at once, also when
+            # its first query failed at once and the others trickle.
+            wait_for(futures.values(), timeout=max(0.0, deadline - time.monotonic()) + 0.25)
         return data
 
     def observe(self, targets: Sequence[ObservationTarget], now: datetime) -> dict[Key, Observation]:
@@ -1144,34 +1152,41 @@ def _kv_context(running_rows: list[Row], usage_rows: list[Row], capacity_rows: l
 class _Entry:
     data: ScopeData
     fetched: float  # time.monotonic() when the refresh finished
-    serves_s: float = 0.0  # fresh for at least this long, whatever the caller's TTL (a paced URL)
 
 
 class _UrlCache:
     """The refreshed scopes of one Prometheus URL. `refreshing` is held across the HTTP calls of
-    one refresh (one in flight per URL); `guard` only ever around dict reads and writes."""
+    one refresh (one in flight per URL); `guard` only ever around dict reads and writes. A paced
+    URL (one a spec chose) is asked nothing until `paced_until`, whatever the scope: its last
+    refresh serves its scopes until then."""
 
     def __init__(self, observer: PrometheusObserver) -> None:
         self.observer = observer
         self.refreshing = threading.Lock()
         self.guard = threading.Lock()
         self.entries: dict[_Scope, _Entry] = {}
+        self.paced_until = 0.0  # time.monotonic()
+        self.last_took_s = 0.0
+
+    def paced(self) -> bool:
+        return time.monotonic() < self.paced_until
 
     def fresh(self, scope: _Scope, ttl_s: float) -> _Entry | None:
         with self.guard:
             entry = self.entries.get(scope)
-        if entry is not None and time.monotonic() - entry.fetched < max(ttl_s, entry.serves_s):
+        if entry is not None and (time.monotonic() - entry.fetched < ttl_s or self.paced()):
             return entry
         return None
 
-    def store(self, scope: _Scope, data: ScopeData, ttl_s: float, took_s: float = 0.0) -> _Entry:
-        entry = _Entry(data, time.monotonic(), PACED_REUSE * took_s if self.observer.paced else 0.0)
+    def store(self, scope: _Scope, data: ScopeData, ttl_s: float, started: float) -> _Entry:
+        entry = _Entry(data, time.monotonic())
+        if self.observer.paced:
+            self.last_took_s = entry.fetched - started
+            self.paced_until = entry.fetched + min(PACED_REUSE * self.last_took_s, PACED_MAX_S)
         with self.guard:
             # Scopes nobody asked for in a while (a window changed, a selector dropped) go.
-            gone = [
-                s for s, e in self.entries.items() if entry.fetched - e.fetched > max(10 * ttl_s, e.serves_s)
-            ]
-            for old in gone:
+            kept_s = 10 * ttl_s + (PACED_MAX_S if self.observer.paced else 0.0)
+            for old in [s for s, e in self.entries.items() if entry.fetched - e.fetched > kept_s]:
                 del self.entries[old]
             self.entries[scope] = entry
         return entry
@@ -1207,10 +1222,19 @@ class CachedObserver:
         with cache.refreshing:
             entry = cache.fresh(scope, self.ttl_s)
             fetched = entry is None
+            if entry is None and cache.paced():  # a scope not read yet, of a paced URL
+                left = cache.paced_until - time.monotonic()
+                return ScopeData(
+                    scope,
+                    now,
+                    cache.observer.min_samples,
+                    error=f"Prometheus at {cache.observer.shown_url} is asked again in {left:.0f}s: a URL a "
+                    f"spec chose is asked at most a tenth of the time (its last refresh took "
+                    f"{cache.last_took_s:.1f}s)",
+                )
             if entry is None:
                 started = time.monotonic()
-                data = cache.observer.fetch(scope, now)
-                entry = cache.store(scope, data, self.ttl_s, took_s=time.monotonic() - started)
+                entry = cache.store(scope, cache.observer.fetch(scope, now), self.ttl_s, started)
         if fetched:
             allocator.trim()  # the parsed answers are garbage now: give their pages back
         return entry.data

@@ -1065,7 +1065,10 @@ def decide(
     goes_now = wanted < current and at_once
     safety = goes_now or (wanted < current and _guard_breaks(rules, target.guard, current))
     settled = applied.settled_since
-    settling = settled is not None and now < settled + timedelta(seconds=rules.window_s)
+    # by the observation's time, not the clock's: a cached reading of a slow Prometheus may be a
+    # window that still holds the pods before the rollout
+    observed_at = observation.sampled_at if observation is not None else now
+    settling = settled is not None and observed_at < settled + timedelta(seconds=rules.window_s)
     # Under Live actuation such a decrease after a retune does not wait out the whole settle window:
     # the pods keep running, and the next step can follow once the window's last third is all after
     # the change (an engine just created is left its window: its first requests arrive together).
@@ -1074,7 +1077,7 @@ def decide(
         and goes_now
         and applied.last_retune is not None
         and settled is not None
-        and now >= settled + timedelta(seconds=rules.window_s / 3)
+        and observed_at >= settled + timedelta(seconds=rules.window_s / 3)
     )
     if settling and not follows_live:
         assert settled is not None
