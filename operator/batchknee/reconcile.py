@@ -748,10 +748,12 @@ class _Reconcile:
                 f"{decision.recommendation.explain() if decision.recommendation else decision.reason}",
             )
 
-        # calibration samples: settled observations only, one per refresh slot (a window long), so
-        # a new sample lands in the status write that refreshes the figures
+        # calibration samples: settled observations only (by their own time: a cached reading may be
+        # older than the clock), one per refresh slot (a window long), so a new sample lands in the
+        # status write that refreshes the figures
+        observed_at = observation.sampled_at if observation is not None else self.now
         settled = not applied.rolling and (
-            settled_since is None or self.now >= settled_since + timedelta(seconds=rules.window_s)
+            settled_since is None or observed_at >= settled_since + timedelta(seconds=rules.window_s)
         )
         spec_changed = self.old.observed_generation != self.generation
         if settled and observation is not None and not decision.rolls and not spec_changed:

@@ -528,6 +528,21 @@ def test_calibration_samples_accumulate_and_reset_on_a_new_model(world: World) -
     assert world.kube.status("default", "chat")["calibration"]["samples"] == []
 
 
+def test_a_window_read_before_the_settle_ended_is_no_calibration_sample(world: World) -> None:
+    """A cached reading older than the clock (a slow Prometheus a spec chose is read at most a
+    tenth of the time) may be a window that still holds the pods before the rollout: not a sample."""
+    world.kube.create(llmserving(tuning={"windowSeconds": 60}))
+    world.reconcile()
+    settle(world, 61)
+    world.observer.lag_s = 5  # sampled 56 s into the 60-s settle
+    world.observer.set("default", "chat", observation(world.clock.now, ctx=2048, running=32))
+    world.reconcile()
+    assert world.kube.status("default", "chat")["calibration"]["samples"] == []
+    world.observer.lag_s = 0
+    world.reconcile()
+    assert len(world.kube.status("default", "chat")["calibration"]["samples"]) == 1
+
+
 def test_a_window_without_a_prefix_cache_reading_is_calibrated_as_unknown_not_as_no_hits(
     world: World,
 ) -> None:
