@@ -151,6 +151,14 @@ def test_a_rollout_that_stalls_while_no_context_is_seen_is_quarantined_at_every_
     assert applied(world) == 16
 
 
+def steady_traffic(world: World, ctx: int, **figures: float) -> None:
+    """Six evaluations, 30 s apart, of traffic with these figures (enough for a retune to roll)."""
+    for _ in range(6):
+        world.observer.set("default", "chat", observation(world.clock.now, ctx=ctx, **figures))  # type: ignore[arg-type]
+        world.reconcile()
+        world.clock.advance(30)
+
+
 def settled_window(world: World, ctx: int, **figures: float) -> None:
     """The rollout completes, then a whole settle window of traffic with these figures."""
     world.kube.finish_rollout("default", "chat")
@@ -163,12 +171,7 @@ def settled_window(world: World, ctx: int, **figures: float) -> None:
 
 def test_a_change_that_did_what_the_model_said_is_kept(world: World) -> None:
     started(world)
-    for _ in range(6):
-        world.observer.set(
-            "default", "chat", observation(world.clock.now, ctx=8192, tpot_p99_ms=40, tokens_per_s=1500)
-        )
-        world.reconcile()
-        world.clock.advance(30)
+    steady_traffic(world, 8192, tpot_p99_ms=40, tokens_per_s=1500)
     assert applied(world) == 16
     settled_window(world, 8192, tpot_p99_ms=25, tokens_per_s=1450)  # TPOT halves, throughput holds
 
@@ -187,12 +190,7 @@ def test_the_check_waits_for_a_window_sampled_after_the_settle(world: World) -> 
     be older than the clock: the window after is the one sampled once the settle is over, not the
     first one read after it."""
     started(world)
-    for _ in range(6):
-        world.observer.set(
-            "default", "chat", observation(world.clock.now, ctx=512, tpot_p99_ms=20, tokens_per_s=3000)
-        )
-        world.reconcile()
-        world.clock.advance(30)
+    steady_traffic(world, 512, tpot_p99_ms=20, tokens_per_s=3000)
     assert applied(world) == 240
     world.observer.lag_s = 30  # sampled 30 s before each reconcile: 91 s into the 120-s settle
     settled_window(world, 512, tpot_p99_ms=60, tokens_per_s=2000)
@@ -207,12 +205,7 @@ def test_the_check_waits_for_a_window_sampled_after_the_settle(world: World) -> 
 def test_a_change_that_lost_throughput_is_reverted_and_not_retried(world: World) -> None:
     """A kernel or memory cliff: 240 runs, but slower per pod than 64 did."""
     started(world)
-    for _ in range(6):
-        world.observer.set(
-            "default", "chat", observation(world.clock.now, ctx=512, tpot_p99_ms=20, tokens_per_s=3000)
-        )
-        world.reconcile()
-        world.clock.advance(30)
+    steady_traffic(world, 512, tpot_p99_ms=20, tokens_per_s=3000)
     assert applied(world) == 240
     settled_window(world, 512, tpot_p99_ms=60, tokens_per_s=2000)  # −33 % and TPOT worse
 
