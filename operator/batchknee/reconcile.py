@@ -766,7 +766,7 @@ class _Reconcile:
         self.settling = (
             rolled
             or applied.rolling
-            or (settled_since is not None and self.now < settled_since + timedelta(seconds=rules.window_s))
+            or (settled_since is not None and observed_at < settled_since + timedelta(seconds=rules.window_s))
         )
         # A crash-looping container leaves its pod unready, and the Deployment says so: pods are
         # listed only then (a healthy fleet costs no pod LIST per object and interval).
@@ -1125,6 +1125,7 @@ class _Reconcile:
             after,
             rules.dead_band_percent,
             rules.tpot_p99_target_ms / 1e3 if rules.tpot_p99_target_ms is not None else None,
+            raised=last.to_value > last.from_value,
         )
         record.update(after=window_figures(after), verdict=check.verdict, verdictReason=check.reason)
         message = f"max-num-seqs {last.from_value}→{last.to_value}: {check.verdict.lower()} — {check.reason}"

@@ -66,13 +66,16 @@ def test_a_window_before_that_still_held_a_shifts_shorter_contexts_is_no_baselin
     shortens the running context, so a rise past the dead band is traffic: inconclusive."""
     before = figures(ctx=1330, tokens=80593, p99_ms=36.0, mean_ms=20.0, prompt=742)
     after = figures(ctx=1531, tokens=68464, p99_ms=35.5, mean_ms=19.8, prompt=748)
-    check = verify(before, after, dead_band_percent=10)
+    check = verify(before, after, dead_band_percent=10, raised=False)
     assert check.verdict == "Inconclusive" and "avg ctx 1330 → 1531 tok" in check.reason
     within_band = verify(replace(before, context_tokens=1420), after, dead_band_percent=10)
     assert within_band.verdict == "Reverted" and "throughput fell" in within_band.reason
-    # preemptions are judged first: the engine preempts the youngest, leaving the running set older
-    preempting = verify(before, replace(after, preemptions_per_s=0.5), dead_band_percent=10)
-    assert preempting.verdict == "Reverted" and "preemptions appeared" in preempting.reason
+    # after a raise, preemptions are judged first: the engine preempts the youngest, leaving the
+    # running set older; after a cut (as here) they come with the longer contexts
+    preempting = replace(after, preemptions_per_s=0.5)
+    raised = verify(before, preempting, dead_band_percent=10, raised=True)
+    assert raised.verdict == "Reverted" and "preemptions appeared" in raised.reason
+    assert verify(before, preempting, dead_band_percent=10, raised=False).verdict == "Inconclusive"
 
 
 def test_a_pod_drained_mid_window_counts_by_the_part_it_served() -> None:

@@ -956,6 +956,7 @@ class PrometheusObserver:
         then carries the reason). Costs at most one deadline, however slowly Prometheus answers."""
         data = ScopeData(scope, now, self.min_samples)
         deadline = time.monotonic() + self.timeout_s
+        cutoff = deadline + 0.25  # the workers stop reading at the deadline; a hung header read is cut here
         try:
             futures = {
                 name: self._pool.submit(self._shaped, scope, name, promql, now, deadline)
@@ -966,8 +967,7 @@ class PrometheusObserver:
             return data
         try:
             for name, future in futures.items():
-                # The worker stops reading at the deadline; a hung header read is cut off here.
-                shaped = future.result(timeout=max(0.0, deadline - time.monotonic()) + 0.25)
+                shaped = future.result(timeout=max(0.0, cutoff - time.monotonic()))
                 if name in POD_QUERIES:
                     data.pod_rows[name] = cast(dict[Key, list[Row]], shaped)
                 else:
@@ -984,7 +984,7 @@ class PrometheusObserver:
             # The queries already reading end by the deadline: waiting for them keeps a refresh
             # (one per caller's thread) the bound on how many answers are read at once, also when
             # its first query failed at once and the others trickle.
-            wait_for(futures.values(), timeout=max(0.0, deadline - time.monotonic()) + 0.25)
+            wait_for(futures.values(), timeout=max(0.0, cutoff - time.monotonic()))
         return data
 
     def observe(self, targets: Sequence[ObservationTarget], now: datetime) -> dict[Key, Observation]:
@@ -1156,17 +1156,19 @@ class _Entry:
 
 class _UrlCache:
     """The refreshed scopes of one Prometheus URL. `refreshing` is held across the HTTP calls of
-    one refresh (one in flight per URL); `guard` only ever around dict reads and writes. A paced
-    URL (one a spec chose) is asked nothing until `paced_until`, whatever the scope: its last
-    refresh serves its scopes until then."""
+    one refresh (one in flight per URL); `guard` only ever around dict reads and writes.
+
+    A paced URL (one a spec chose) is asked nothing until `paced_until`: its last refresh serves
+    every scope it read, however old, and a scope asked for meanwhile is read with the next one,
+    which reads every scope due (so no scope waits behind another's turn)."""
 
     def __init__(self, observer: PrometheusObserver) -> None:
         self.observer = observer
         self.refreshing = threading.Lock()
         self.guard = threading.Lock()
         self.entries: dict[_Scope, _Entry] = {}
+        self.asked: dict[_Scope, float] = {}  # when each scope was last asked for (time.monotonic())
         self.paced_until = 0.0  # time.monotonic()
-        self.last_took_s = 0.0
 
     def paced(self) -> bool:
         return time.monotonic() < self.paced_until
@@ -1178,18 +1180,51 @@ class _UrlCache:
             return entry
         return None
 
-    def store(self, scope: _Scope, data: ScopeData, ttl_s: float, started: float) -> _Entry:
+    def ask(self, scope: _Scope) -> _Entry | None:
+        """Note that `scope` is wanted; its entry of any age."""
+        with self.guard:
+            self.asked[scope] = time.monotonic()
+            return self.entries.get(scope)
+
+    def kept_s(self, ttl_s: float) -> float:
+        return 10 * ttl_s + (PACED_MAX_S if self.observer.paced else 0.0)
+
+    def due(self, ttl_s: float) -> list[_Scope]:
+        """The scopes asked for lately whose entry is missing or older than `ttl_s`, oldest first."""
+        now = time.monotonic()
+        with self.guard:
+            wanted = [s for s, at in self.asked.items() if now - at <= self.kept_s(ttl_s)]
+            fetched = {s: e.fetched for s, e in self.entries.items()}
+        return sorted(
+            (s for s in wanted if now - fetched.get(s, -math.inf) >= ttl_s),
+            key=lambda s: fetched.get(s, -math.inf),
+        )
+
+    def store(self, scope: _Scope, data: ScopeData, ttl_s: float) -> _Entry:
         entry = _Entry(data, time.monotonic())
-        if self.observer.paced:
-            self.last_took_s = entry.fetched - started
-            self.paced_until = entry.fetched + min(PACED_REUSE * self.last_took_s, PACED_MAX_S)
         with self.guard:
             # Scopes nobody asked for in a while (a window changed, a selector dropped) go.
-            kept_s = 10 * ttl_s + (PACED_MAX_S if self.observer.paced else 0.0)
+            kept_s = self.kept_s(ttl_s)
             for old in [s for s, e in self.entries.items() if entry.fetched - e.fetched > kept_s]:
                 del self.entries[old]
+            for old in [s for s, at in self.asked.items() if entry.fetched - at > kept_s]:
+                del self.asked[old]
             self.entries[scope] = entry
         return entry
+
+    def pace(self, started: float) -> None:
+        took_s = time.monotonic() - started
+        self.paced_until = time.monotonic() + min(PACED_REUSE * took_s, PACED_MAX_S)
+
+    def not_yet(self, scope: _Scope, now: datetime) -> ScopeData:
+        return ScopeData(
+            scope,
+            now,
+            self.observer.min_samples,
+            error=f"Prometheus at {self.observer.shown_url} has not been read for this window and "
+            "selector yet: a URL a spec chose is read at most a tenth of the time (its answers are "
+            "slow), and this one is read with its next refresh",
+        )
 
 
 class CachedObserver:
@@ -1220,35 +1255,45 @@ class CachedObserver:
         """The scope of `target`, refreshed unless another caller just did (then theirs)."""
         cache, scope = self._cache(url), scope_for(target)
         with cache.refreshing:
+            cache.ask(scope)
             entry = cache.fresh(scope, self.ttl_s)
             fetched = entry is None
             if entry is None and cache.paced():  # a scope not read yet, of a paced URL
-                left = cache.paced_until - time.monotonic()
-                return ScopeData(
-                    scope,
-                    now,
-                    cache.observer.min_samples,
-                    error=f"Prometheus at {cache.observer.shown_url} is asked again in {left:.0f}s: a URL a "
-                    f"spec chose is asked at most a tenth of the time (its last refresh took "
-                    f"{cache.last_took_s:.1f}s)",
-                )
-            if entry is None:
-                started = time.monotonic()
-                entry = cache.store(scope, cache.observer.fetch(scope, now), self.ttl_s, started)
+                return cache.not_yet(scope, now)
+            if entry is None and cache.observer.paced:
+                entry = self._refresh_paced(cache, scope, now)
+            elif entry is None:
+                entry = cache.store(scope, cache.observer.fetch(scope, now), self.ttl_s)
         if fetched:
             allocator.trim()  # the parsed answers are garbage now: give their pages back
         return entry.data
+
+    def _refresh_paced(self, cache: _UrlCache, scope: _Scope, now: datetime) -> _Entry:
+        """`scope` and then every other scope of the URL that is due (oldest first, each within its
+        own deadline, none once the URL let one run out: it would cost every one of them a
+        deadline); then the URL is paced by the time that took."""
+        started = time.monotonic()
+        entry = cache.store(scope, cache.observer.fetch(scope, now), self.ttl_s)
+        if time.monotonic() - started < cache.observer.timeout_s:
+            for other in cache.due(self.ttl_s):
+                began = time.monotonic()
+                cache.store(other, cache.observer.fetch(other, now), self.ttl_s)
+                if time.monotonic() - began >= cache.observer.timeout_s:
+                    break
+        cache.pace(started)
+        return entry
 
     def observation(self, url: str, target: ObservationTarget, now: datetime) -> Observation:
         cache, scope = self._cache(url), scope_for(target)
         # The handlers refresh before a reconcile goes to a thread (`RoutedObserver.prepare`);
         # one that waited for a thread a little longer still uses that refresh.
         entry = cache.fresh(scope, 3 * self.ttl_s)
-        if entry is None and cache.refreshing.locked():
-            # Someone is refreshing this URL (maybe waiting out a slow Prometheus): the last
-            # refresh serves rather than this thread waiting too.
-            with cache.guard:
-                entry = cache.entries.get(scope)
+        if entry is None and (cache.refreshing.locked() or cache.paced()):
+            # Someone is refreshing this URL (maybe waiting out a slow Prometheus), or it is paced:
+            # the last refresh serves rather than this thread waiting or asking too.
+            entry = cache.ask(scope)
+            if entry is None and cache.paced():
+                return cache.not_yet(scope, now).observation(target.key)
         data = entry.data if entry is not None else self.refresh(url, target, now)
         return data.observation(target.key)
 

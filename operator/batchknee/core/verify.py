@@ -13,7 +13,7 @@ else it is kept (and the settled window becomes a verified calibration point). T
 are compared only while the running context has not grown past the band either: a restart only
 shortens it, so a rise says the window before still held a shift's shorter contexts (or, under a
 shared prefix counted once, a decrease spread the prefix over fewer sequences): inconclusive,
-which keeps the change. Preemptions are judged before that.
+which keeps the change. Preemptions after a raise are judged before that.
 """
 
 from __future__ import annotations
@@ -70,9 +70,14 @@ class Check:
 
 
 def verify(
-    before: Figures, after: Figures, dead_band_percent: int, tpot_target_s: float | None = None
+    before: Figures,
+    after: Figures,
+    dead_band_percent: int,
+    tpot_target_s: float | None = None,
+    *,
+    raised: bool = True,
 ) -> Check:
-    """The verdict on one change from the windows before and after it."""
+    """The verdict on one change (`raised`: to a larger limit) from the windows before and after it."""
     moved = _traffic_moved(before, after, dead_band_percent)
     if moved is not None:
         return Check("Inconclusive", f"traffic moved ({moved}): nothing to compare")
@@ -84,14 +89,17 @@ def verify(
         f"({change * 100:+.0f} %), TPOT p99 {before.tpot_p99_s * 1e3:.1f} → {after.tpot_p99_s * 1e3:.1f} ms, "
         f"preemptions/s {before.preemptions_per_s:.2f} → {after.preemptions_per_s:.2f}"
     )
-    if before.preemptions_per_s < PREEMPTIONS_NONE <= after.preemptions_per_s:
-        return Check("Reverted", f"preemptions appeared: {figures}")
     # Throughput and TPOT both follow the running context: when it grew past the band while the
     # clients' prompts held, the window before still held a shift's shorter contexts (a restart
-    # only shortens it) and neither compares.
-    if _beyond(before.context_tokens, after.context_tokens, dead_band_percent) and (
-        after.context_tokens > before.context_tokens
-    ):
+    # only shortens it) and neither compares. Preemptions after a raise are the raise's doing
+    # whatever the context (the engine preempts the youngest, leaving the running set older);
+    # after a cut, with the context grown, they are the longer traffic's.
+    grown = after.context_tokens > before.context_tokens and _beyond(
+        before.context_tokens, after.context_tokens, dead_band_percent
+    )
+    if before.preemptions_per_s < PREEMPTIONS_NONE <= after.preemptions_per_s and (raised or not grown):
+        return Check("Reverted", f"preemptions appeared: {figures}")
+    if grown:
         return Check(
             "Inconclusive",
             f"the running context grew (avg ctx {before.context_tokens:.0f} → {after.context_tokens:.0f} "
