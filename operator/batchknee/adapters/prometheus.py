@@ -1305,6 +1305,8 @@ class CachedObserver:
             with cache.guard:
                 for scope in [s for s in cache.entries if s.owner_key == key]:
                     del cache.entries[scope]
+                for scope in [s for s in cache.asked if s.owner_key == key]:
+                    del cache.asked[scope]
 
     def drop_url(self, url: str) -> None:
         """No object uses `url` any more: its cache and HTTP session go."""
