@@ -165,8 +165,37 @@ def main() -> None:
     # requests (a scrape between them shifts a 10-s window's mean by a percent)
     ticking = threading.Lock()
 
+    def tick(current: dict[str, Any], elapsed: float) -> None:
+        """The gauges as `current` says, and `elapsed` seconds of its rates."""
+        nonlocal owed
+        metrics["running"].labels(**label).set(current["running"])
+        metrics["waiting"].labels(**label).set(current["waiting"])
+        metrics["usage"].labels(**label).set(current["kvUsage"])
+        owed += current["requestsPerSecond"] * elapsed
+        finished, owed = int(owed), owed - int(owed)
+        for _ in range(finished):
+            metrics["tpot"].labels(**label).observe(current["tpotSeconds"])
+            if "itl" in metrics:
+                itl = current["itlSeconds"]
+                metrics["itl"].labels(**label).observe(current["tpotSeconds"] if itl is None else itl)
+            metrics["ttft"].labels(**label).observe(current["ttftSeconds"])
+            metrics["prompt_len"].labels(**label).observe(current["promptTokens"])
+            metrics["gen_len"].labels(**label).observe(current["generationTokens"])
+            metrics["prompt_tokens"].labels(**label).inc(current["promptTokens"])
+            metrics["gen_tokens"].labels(**label).inc(current["generationTokens"])
+            metrics["queries"].labels(**label).inc(current["promptTokens"])
+            metrics["hits"].labels(**label).inc(current["promptTokens"] * current["prefixHitRatio"])
+        metrics["preemptions"].labels(**label).inc(current["preemptionsPerSecond"] * elapsed)
+        metrics["read_bytes"].labels(**label).inc(current["readBytesPerSecond"] * elapsed)
+        if current["dramActive"] is None:
+            metrics["dram_active"].clear()
+        else:
+            metrics["dram_active"].labels(**gpu).set(current["dramActive"])
+
+    owed = 0.0
+    tick(state, 0.0)  # the first scrape already sees the state: no 0 before the first tick
+
     def advance() -> None:
-        owed = 0.0
         last = time.monotonic()
         while not stop.wait(0.1):
             try:
@@ -176,29 +205,7 @@ def main() -> None:
             with ticking:
                 now = time.monotonic()
                 elapsed, last = now - last, now
-                metrics["running"].labels(**label).set(current["running"])
-                metrics["waiting"].labels(**label).set(current["waiting"])
-                metrics["usage"].labels(**label).set(current["kvUsage"])
-                owed += current["requestsPerSecond"] * elapsed
-                finished, owed = int(owed), owed - int(owed)
-                for _ in range(finished):
-                    metrics["tpot"].labels(**label).observe(current["tpotSeconds"])
-                    if "itl" in metrics:
-                        itl = current["itlSeconds"]
-                        metrics["itl"].labels(**label).observe(current["tpotSeconds"] if itl is None else itl)
-                    metrics["ttft"].labels(**label).observe(current["ttftSeconds"])
-                    metrics["prompt_len"].labels(**label).observe(current["promptTokens"])
-                    metrics["gen_len"].labels(**label).observe(current["generationTokens"])
-                    metrics["prompt_tokens"].labels(**label).inc(current["promptTokens"])
-                    metrics["gen_tokens"].labels(**label).inc(current["generationTokens"])
-                    metrics["queries"].labels(**label).inc(current["promptTokens"])
-                    metrics["hits"].labels(**label).inc(current["promptTokens"] * current["prefixHitRatio"])
-                metrics["preemptions"].labels(**label).inc(current["preemptionsPerSecond"] * elapsed)
-                metrics["read_bytes"].labels(**label).inc(current["readBytesPerSecond"] * elapsed)
-                if current["dramActive"] is None:
-                    metrics["dram_active"].clear()
-                else:
-                    metrics["dram_active"].labels(**gpu).set(current["dramActive"])
+                tick(current, elapsed)
 
     ceiling = int(wanted) if wanted is not None else 256
     live = {"cap": ceiling}
