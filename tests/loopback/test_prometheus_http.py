@@ -44,6 +44,19 @@ def target(name: str, namespace: str = "prod") -> ObservationTarget:
     return ObservationTarget(namespace, name, "VLLM", 300)
 
 
+def any_url_router(**settings: Any) -> Any:
+    """The operator's own Prometheus wiring with any URL allowed to specs (its own URL a closed
+    loopback port unless `settings` names one)."""
+    from batchknee.handlers import prometheus_observer
+    from batchknee.settings import OperatorSettings
+
+    return prometheus_observer(
+        OperatorSettings(
+            **{"prometheus_url": "http://127.0.0.1:9", "prometheus_allowed_urls": ["*"], **settings}
+        )
+    )
+
+
 def test_queries_are_posted_and_their_size_does_not_grow_with_the_fleet() -> None:
     with FakePrometheus("empty") as prom:
         one = PrometheusObserver(prom.url)
@@ -311,21 +324,16 @@ def test_the_urls_specs_chose_share_one_budget_and_the_operators_has_its_own() -
     waiting on its own turn (which one is parsed next is the OS's choice: fair in expectation, not
     a strict rotation), and never delays the operator's own reads. A budget past
     its limit refuses the next piece at once (the next evaluation asks again) and keeps nothing."""
-    from batchknee.handlers import prometheus_observer
-    from batchknee.settings import OperatorSettings
 
     answer = vector_of([NOW.timestamp(), "1"])  # every query: 1 (one scrape target, one sample)
     with (
         FakePrometheus("answer", payload=answer) as own_prom,
         FakePrometheus("answer", payload=answer) as chosen,
     ):
-        router = prometheus_observer(
-            OperatorSettings(
-                prometheus_url=own_prom.url,
-                prometheus_allowed_urls=["*"],
-                prometheus_timeout_seconds=1,
-                prometheus_min_samples=1,
-            )
+        router = any_url_router(
+            prometheus_url=own_prom.url,
+            prometheus_timeout_seconds=1,
+            prometheus_min_samples=1,
         )
         cache = router.inner._cache  # type: ignore[attr-defined]
         own, first, second = (cache(url).observer for url in (own_prom.url, chosen.url, "http://127.0.0.3:9"))
@@ -370,8 +378,6 @@ def test_a_small_answer_passes_when_other_tenants_fill_the_shared_budget() -> No
     chose share; another tenant's honest answer (about 1 KiB) is read from its URL's own first
     bytes and goes through. A large answer of theirs still waits for the shared budget, and
     everything taken is given back."""
-    from batchknee.handlers import prometheus_observer
-    from batchknee.settings import OperatorSettings
 
     small = vector_of([NOW.timestamp(), "1"])
     large = small + b" " * ANSWER_BYTES_RESERVED  # valid JSON, past the reserve
@@ -379,14 +385,7 @@ def test_a_small_answer_passes_when_other_tenants_fill_the_shared_budget() -> No
         FakePrometheus("answer", payload=small) as honest,
         FakePrometheus("answer", payload=large) as bulky,
     ):
-        router = prometheus_observer(
-            OperatorSettings(
-                prometheus_url="http://127.0.0.1:9",
-                prometheus_allowed_urls=["*"],
-                prometheus_timeout_seconds=5,
-                prometheus_min_samples=1,
-            )
-        )
+        router = any_url_router(prometheus_timeout_seconds=5, prometheus_min_samples=1)
         cache = router.inner._cache  # type: ignore[attr-defined]
         first, second = (cache(url).observer for url in (honest.url, bulky.url))
         shared = first.budget.parent
@@ -412,8 +411,6 @@ def test_a_refresh_whose_first_query_fails_waits_for_the_others_it_started() -> 
     returns once the queries it started have ended (by the deadline), so what the threads refreshing
     bound — the answers being read at once, and their first bytes held outside the shared budget —
     stays bounded by them, however many URL spellings a tenant uses."""
-    from batchknee.handlers import prometheus_observer
-    from batchknee.settings import OperatorSettings
 
     first_query = queries(scope_for(target("llama")))["running"]
     stop = threading.Event()
@@ -443,11 +440,7 @@ def test_a_refresh_whose_first_query_fails_waits_for_the_others_it_started() -> 
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     base = f"http://127.0.0.1:{server.server_address[1]}"
-    router = prometheus_observer(
-        OperatorSettings(
-            prometheus_url="http://127.0.0.1:9", prometheus_allowed_urls=["*"], prometheus_timeout_seconds=1
-        )
-    )
+    router = any_url_router(prometheus_timeout_seconds=1)
     cache: Any = router.inner
     held_after: list[int] = []
     try:
@@ -474,19 +467,14 @@ def test_a_silent_url_a_spec_chose_is_asked_again_only_after_ten_times_its_wait(
     operator's own Prometheus, on a thread of its own, is asked again once a reconcile no longer
     reuses its last refresh (three TTLs)."""
     from batchknee.adapters import prometheus
-    from batchknee.handlers import prometheus_observer
-    from batchknee.settings import OperatorSettings
 
     monkeypatch.setattr(prometheus, "PACED_MAX_S", 2.5)
     ttl_s = 0.3
     with FakePrometheus("trickle-head") as own, FakePrometheus("trickle-head") as chosen:
-        router = prometheus_observer(
-            OperatorSettings(
-                prometheus_url=own.url,
-                prometheus_allowed_urls=["*"],
-                prometheus_timeout_seconds=1,
-                prometheus_cache_seconds=ttl_s,
-            )
+        router = any_url_router(
+            prometheus_url=own.url,
+            prometheus_timeout_seconds=1,
+            prometheus_cache_seconds=ttl_s,
         )
         cache: Any = router.inner
 
@@ -519,8 +507,6 @@ def test_a_paced_urls_next_refresh_reads_every_window_asked_for_meanwhile(
     URL is paced the second is told it is read with the next refresh — and it is, whichever object
     asks first then: no window waits behind another's turn."""
     from batchknee.adapters import prometheus
-    from batchknee.handlers import prometheus_observer
-    from batchknee.settings import OperatorSettings
 
     monkeypatch.setattr(prometheus, "PACED_MAX_S", 1.5)
 
@@ -530,14 +516,10 @@ def test_a_paced_urls_next_refresh_reads_every_window_asked_for_meanwhile(
 
     first_window, second_window = target("llama"), ObservationTarget("prod", "llama", "VLLM", 301)
     with FakePrometheus("answer", answer=slowly) as chosen:
-        router = prometheus_observer(
-            OperatorSettings(
-                prometheus_url="http://127.0.0.1:9",
-                prometheus_allowed_urls=["*"],
-                prometheus_timeout_seconds=5,
-                prometheus_cache_seconds=0.3,
-                prometheus_min_samples=1,
-            )
+        router = any_url_router(
+            prometheus_timeout_seconds=5,
+            prometheus_cache_seconds=0.3,
+            prometheus_min_samples=1,
         )
         cache: Any = router.inner
 

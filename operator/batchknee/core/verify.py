@@ -128,7 +128,7 @@ def _traffic_moved(before: Figures, after: Figures, dead_band_percent: int) -> s
     restart starts every sequence at its prompt, and a slower step keeps that cohort young for
     longer, so right after a change it falls by itself. The running context is the measure only where
     a window has no prompt mean (no request finished in it); where both have one, a context that
-    grew is weighed in `verify` (after the preemptions: the engine preempts the youngest)."""
+    grew is weighed in `verify` (after a raise's preemptions: the engine preempts the youngest)."""
     old, new = before.prompt_tokens, after.prompt_tokens
     if old is None or new is None:
         what, old, new = "avg ctx", before.context_tokens, after.context_tokens
