@@ -176,7 +176,7 @@ class Runtime:
                 self.note(namespace, name, body)
             target = self.prepared_target(key)
             if target is not None:
-                await self.router.prepare(target, datetime.now(UTC))
+                await self.router.prepare(target, self.clock())
             loop = asyncio.get_running_loop()
             executor = self.engine_executor if key in self.live else self.executor
             outcome = await loop.run_in_executor(executor, self.reconcile, namespace, name)

@@ -544,6 +544,77 @@ def test_a_paced_urls_next_refresh_reads_every_window_asked_for_meanwhile(
     assert asked_while_paced == 0 and read.value == 1
 
 
+def test_a_selector_a_url_never_answers_keeps_no_other_selector_unread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two LLMServings (two teams) chose one Prometheus URL, each with its own selector; the URL
+    never answers the first's queries. However often the first asks first, the second's scope is
+    read at the URL's next refresh: the scope read longest ago goes first, and the silent one,
+    just tried, goes to the back."""
+    from batchknee.adapters import prometheus
+
+    monkeypatch.setattr(prometheus, "PACED_MAX_S", 1.5)
+
+    def silent_for_one_selector(query: str) -> bytes:
+        if 'model_name="silent"' in query:
+            time.sleep(1.5)  # past the 1-s deadline
+        return vector_of([NOW.timestamp(), "1"])
+
+    silent = ObservationTarget("team-a", "llama", "VLLM", 300, selector={"model_name": "silent"})
+    answered = ObservationTarget("team-b", "llama", "VLLM", 300, selector={"model_name": "fine"})
+    with FakePrometheus("answer", answer=silent_for_one_selector) as chosen:
+        router = any_url_router(
+            prometheus_timeout_seconds=1, prometheus_cache_seconds=0.3, prometheus_min_samples=1
+        )
+        cache: Any = router.inner
+        try:
+            first = cache.observation(chosen.url, silent, NOW).running
+            waiting = cache.observation(chosen.url, answered, NOW).running
+            time.sleep(1.6)
+            again = cache.observation(chosen.url, silent, NOW).running  # the silent one asks first again
+            read = cache.observation(chosen.url, answered, NOW).running
+        finally:
+            for url in cache.urls():
+                cache.drop_url(url)
+    assert first.value is None and first.reason == f"Prometheus at {chosen.url} did not answer within 1s"
+    assert waiting.value is None and "has not been read" in str(waiting.reason)
+    assert again.value is None and again.reason == first.reason
+    assert read.value == 1
+
+
+def test_recreating_the_objects_that_chose_a_slow_url_does_not_end_its_pace(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The last object choosing a silent URL is deleted (its cache and session go) and created
+    again at once: the URL is still paced — asked nothing, the new object told it is read with the
+    next refresh — and is asked again once the pace ends."""
+    from batchknee.adapters import prometheus
+
+    monkeypatch.setattr(prometheus, "PACED_MAX_S", 2.0)
+    with FakePrometheus("trickle-head") as chosen:
+        router = any_url_router(prometheus_timeout_seconds=1)
+        cache: Any = router.inner
+
+        def recreate_and_read() -> tuple[int, str | None]:
+            router.forget("prod", "llama")
+            router.route("prod", "llama", chosen.url)
+            return len(chosen.requests), cache.observation(chosen.url, target("llama"), NOW).running.reason
+
+        try:
+            router.route("prod", "llama", chosen.url)
+            cache.observation(chosen.url, target("llama"), NOW)
+            asked_first = len(chosen.requests)
+            recreated = recreate_and_read()
+            time.sleep(2.1)
+            after_pace = recreate_and_read()
+        finally:
+            router.forget("prod", "llama")
+    assert asked_first > 0 and cache.urls() == []
+    assert recreated[0] == asked_first and "has not been read" in str(recreated[1])
+    assert after_pace == (asked_first, f"Prometheus at {chosen.url} did not answer within 1s")
+    assert len(chosen.requests) == 2 * asked_first
+
+
 def test_an_error_page_becomes_a_status_code_and_a_short_excerpt(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
     with FakePrometheus("html-error") as prom:

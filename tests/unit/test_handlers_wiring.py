@@ -366,6 +366,38 @@ def test_objects_with_a_stale_scope_of_their_own_share_their_namespaces_lane() -
     assert rt.prepared_target(("team-a", "plain")) is None
 
 
+def test_the_refresh_before_a_reconcile_reads_at_the_runtimes_clock() -> None:
+    """The refresh the event loop runs before a reconcile asks Prometheus at the same time the
+    reconcile then decides at: the runtime's clock (a simulated one in the tests and the bench),
+    not the wall clock."""
+    import asyncio
+
+    from batchknee import handlers
+    from batchknee.adapters.prometheus import CachedObserver
+    from batchknee.reconcile import Ports
+
+    asked: list[datetime] = []
+
+    class RecordingPrometheus(SlowPrometheus):
+        def fetch(self, scope: Any, now: datetime) -> Any:
+            asked.append(now)
+            return super().fetch(scope, now)
+
+    router = RoutedObserver(CachedObserver(RecordingPrometheus, ttl_s=60), "http://prometheus:9090")
+    rt = handlers.Runtime(
+        Ports(kube=None, observer=router),  # type: ignore[arg-type]
+        router,
+        OperatorMetrics(),
+        clock=lambda: NOW,
+    )
+    target = ObservationTarget("team-a", "llama", "VLLM", 300)
+    rt.targets[target.key] = target
+    rt.cache.seen("Deployment", {"metadata": {"namespace": "team-a", "name": "llama"}})
+    rt.reconcile = lambda namespace, name: Outcome(namespace, name)  # type: ignore[method-assign]
+    asyncio.run(rt.run("team-a", "llama"))
+    assert asked == [NOW]
+
+
 def adopter(name: str, created: str, workload: str | None, **meta: Any) -> dict[str, Any]:
     spec = (
         {"targetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": workload}} if workload else {}

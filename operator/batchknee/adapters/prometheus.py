@@ -1238,12 +1238,16 @@ class CachedObserver:
         self.ttl_s = ttl_s
         self._guard = threading.Lock()
         self._urls: dict[str, _UrlCache] = {}
+        # A dropped URL's pace, until it ends: deleting and recreating the objects that chose a
+        # slow URL must not buy its next refresh early (time.monotonic(), by URL).
+        self._paced_until: dict[str, float] = {}
 
     def _cache(self, url: str) -> _UrlCache:
         with self._guard:
             cache = self._urls.get(url)
             if cache is None:
                 cache = self._urls[url] = _UrlCache(self._observer_for_url(url))
+                cache.paced_until = self._paced_until.pop(url, 0.0)
             return cache
 
     def is_fresh(self, url: str, target: ObservationTarget) -> bool:
@@ -1262,26 +1266,28 @@ class CachedObserver:
                 return cache.not_yet(scope, now)
             if entry is None and cache.observer.paced:
                 entry = self._refresh_paced(cache, scope, now)
+                if entry is None:  # the URL let an older scope's deadline run out first
+                    return cache.not_yet(scope, now)
             elif entry is None:
                 entry = cache.store(scope, cache.observer.fetch(scope, now), self.ttl_s)
         if fetched:
             allocator.trim()  # the parsed answers are garbage now: give their pages back
         return entry.data
 
-    def _refresh_paced(self, cache: _UrlCache, scope: _Scope, now: datetime) -> _Entry:
-        """`scope` and then every other scope of the URL that is due (oldest first, each within its
-        own deadline, none once the URL let one run out: it would cost every one of them a
-        deadline); then the URL is paced by the time that took."""
+    def _refresh_paced(self, cache: _UrlCache, scope: _Scope, now: datetime) -> _Entry | None:
+        """Every scope of the URL that is due, `scope` among them, oldest read first, each within
+        its own deadline, none after one the URL let run out (it would cost every one of them a
+        deadline); then the URL is paced by the time that took. Oldest first, a scope the URL
+        never answers goes to the back: it cannot keep the URL's other scopes (another object's
+        selector, maybe another team's) unread. `scope`'s entry, unless its turn did not come."""
         started = time.monotonic()
-        entry = cache.store(scope, cache.observer.fetch(scope, now), self.ttl_s)
-        if time.monotonic() - started < cache.observer.timeout_s:
-            for other in cache.due(self.ttl_s):
-                began = time.monotonic()
-                cache.store(other, cache.observer.fetch(other, now), self.ttl_s)
-                if time.monotonic() - began >= cache.observer.timeout_s:
-                    break
+        for due in cache.due(self.ttl_s):
+            began = time.monotonic()
+            cache.store(due, cache.observer.fetch(due, now), self.ttl_s)
+            if time.monotonic() - began >= cache.observer.timeout_s:
+                break
         cache.pace(started)
-        return entry
+        return cache.fresh(scope, self.ttl_s)
 
     def observation(self, url: str, target: ObservationTarget, now: datetime) -> Observation:
         cache, scope = self._cache(url), scope_for(target)
@@ -1312,6 +1318,11 @@ class CachedObserver:
         """No object uses `url` any more: its cache and HTTP session go."""
         with self._guard:
             cache = self._urls.pop(url, None)
+            now = time.monotonic()
+            for ended in [u for u, until in self._paced_until.items() if until <= now]:
+                del self._paced_until[ended]
+            if cache is not None and cache.paced():
+                self._paced_until[url] = cache.paced_until
         if cache is not None:
             cache.observer.close()
 
