@@ -69,3 +69,37 @@ def test_the_client_follows_endpoint_changes_and_lets_a_leaving_pods_requests_fi
     assert report["finishedOnDrainingPods"] == len(drained)
     assert [s["pods"] for s in report["endpointSets"]] == [["pod-a", "pod-b"], ["pod-b"]]
     assert report["itlP50Ms"] is not None and report["ttftP50Ms"] is not None
+
+
+def test_the_client_follows_endpoints_while_its_streams_hold_its_event_loop() -> None:
+    """In a busy run the streams' event loop wakes seconds late; routing must not wait for it
+    (a pod's preStop sleep covers only so long). Here the loop is held for 3 s: the endpoints
+    changed meanwhile are seen while it is still held."""
+    argv = ["llama-3-8b", "--served-model-name", "llama", "--speedup", "10", "--startup-delay-s", "0.1"]
+    held: dict[str, float] = {}
+
+    def hold_the_loop() -> None:
+        held["from"] = time.time()
+        time.sleep(3.0)
+        held["until"] = time.time()
+
+    with emulator_process(argv) as url:
+        endpoints = [("pod-a", url), ("pod-b", url)]
+        client = ExternalClient(
+            lambda: list(endpoints), model="llama", speedup=10.0, concurrency=2, max_tokens=16
+        )
+        client.set_phase("short", 200)
+        client.start()
+        deadline = time.monotonic() + 30
+        while (client.loop is None or not client.records) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert client.loop is not None
+        client.loop.call_soon_threadsafe(hold_the_loop)
+        while "from" not in held and time.monotonic() < deadline:
+            time.sleep(0.01)
+        endpoints = [("pod-b", url)]
+        while "until" not in held and time.monotonic() < deadline:
+            time.sleep(0.05)
+        client.stop()
+    assert [pods for _at, pods in client.endpoint_sets] == [["pod-a", "pod-b"], ["pod-b"]]
+    assert held["from"] < client.endpoint_sets[1][0] < held["until"]

@@ -74,17 +74,24 @@ class ExternalClient:
         self._turns = itertools.count()  # one round robin over all requests, as a router keeps
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._main, name="external-client", daemon=True)
+        # The endpoints are followed on a thread of their own: on the streams' event loop, in a
+        # busy e2e run, a 0.5-s sleep woke 2 s late and the routing lagged past the pods' preStop
+        # sleep (requests went to draining pods and got 503).
+        self._follower = threading.Thread(target=self._follow, name="external-client-endpoints", daemon=True)
+        self.loop: asyncio.AbstractEventLoop | None = None  # the streams' loop, once started
 
     def set_phase(self, name: str, prompt_tokens: int) -> None:
         self._phase, self._prompt_tokens = name, prompt_tokens
 
     def start(self) -> None:
+        self._follower.start()
         self._thread.start()
 
     def stop(self, timeout_s: float = REQUEST_TIMEOUT_S + 10) -> None:
         """Stop sending; the requests in flight finish (bounded by their timeout)."""
         self._stop.set()
         self._thread.join(timeout_s)
+        self._follower.join(timeout_s)
 
     def write_report(self, path: Path) -> None:
         errors = [r for r in self.records if r.error]
@@ -115,6 +122,7 @@ class ExternalClient:
         asyncio.run(self._run())
 
     async def _run(self) -> None:
+        self.loop = asyncio.get_running_loop()
         # Loopback only: never through a proxy from the environment.
         http = openai.DefaultAsyncHttpxClient(trust_env=False, timeout=REQUEST_TIMEOUT_S)
         clients: dict[str, openai.AsyncOpenAI] = {}
@@ -126,21 +134,17 @@ class ExternalClient:
                 )
             return clients[url]
 
-        refresher = asyncio.create_task(self._refresh())
         workers = [asyncio.create_task(self._worker(client_for)) for _ in range(self.concurrency)]
         await asyncio.gather(*workers)
-        refresher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await refresher
         await http.aclose()
 
-    async def _refresh(self) -> None:
+    def _follow(self) -> None:
         while not self._stop.is_set():
             began = time.monotonic()
             with contextlib.suppress(Exception):  # a failed read keeps the last known endpoints
-                self._note(await asyncio.to_thread(self.endpoints))
+                self._note(self.endpoints())
             self.slowest_refresh_s = max(self.slowest_refresh_s, time.monotonic() - began)
-            await asyncio.sleep(REFRESH_S)
+            self._stop.wait(REFRESH_S)
 
     def _note(self, ready: list[tuple[str, str]]) -> None:
         pods = sorted(pod for pod, _url in ready)
