@@ -291,3 +291,35 @@ def test_a_negative_chunk_size_is_refused_before_the_rest_is_read(pod: Pod) -> N
         tracemalloc.stop()
     assert message == "GET /v1/runtime_config: IncompleteRead"
     assert peak < 2**20, peak  # what the pod sent after its head was never buffered
+
+
+# 98 header lines of 65,000 bytes: each within http.client's line limit, together within its 100
+# lines; read whole, it keeps them and copies them as it parses (about 40 MiB an answer).
+HUGE_HEAD = (
+    b"HTTP/1.1 200 OK\r\n"
+    + b"".join(b"X-Padding-%d: %s\r\n" % (line, b"a" * 65_000) for line in range(98))
+    + b"Content-Length: %d\r\n\r\n" % len(BODY)
+)
+
+
+def test_a_huge_head_is_refused_after_its_bound(pod: Pod) -> None:
+    """A pod's status line and headers may take 64 KiB: many pods answering 6 MiB heads at once
+    would have the operator hold hundreds of MiB (its chart's limit is 512 MiB)."""
+
+    def huge_head(handler: Handler) -> None:
+        try:
+            handler.wfile.write(HUGE_HEAD)
+            handler.wfile.write(BODY)
+        except OSError:  # the client gave up: what the test wants
+            pass
+
+    pod.answer = huge_head
+    tracemalloc.start()
+    try:
+        took, message = timed_failure(HttpEngineRuntime(timeout_s=2.0), pod.address)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert message == "GET /v1/runtime_config: the answer's status line and headers passed 64 KiB"
+    assert peak < 2**20, peak
+    assert took < 2.0  # refused at the bound, not at the deadline

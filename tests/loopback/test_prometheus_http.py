@@ -1004,3 +1004,48 @@ def test_an_https_prometheus_is_read_with_the_ca_given_and_refused_without_it(tm
     assert refused.running.value is None
     assert refused.running.reason.startswith(f"Prometheus at {prom.url} unreachable: SSLError")
     assert len(prom.requests) == served  # nothing was sent over the connection that did not verify
+
+
+# 98 header lines of 65,000 bytes: each within http.client's limits, about 40 MiB held to parse.
+HUGE_HEAD = (
+    b"HTTP/1.1 200 OK\r\n"
+    + b"".join(b"X-Padding-%d: %s\r\n" % (line, b"a" * 65_000) for line in range(98))
+    + b"Content-Length: 2\r\n\r\n"
+)
+
+
+def test_a_huge_head_is_refused_after_its_bound() -> None:
+    """A Prometheus a spec chose answers every query with 6 MiB of headers: each answer is refused
+    at 64 KiB of status line and headers, the refresh says so, and no answer's head is held whole."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            try:
+                self.wfile.write(HUGE_HEAD)
+                self.wfile.write(b"{}")
+            except OSError:  # the operator gave up: what the test wants
+                pass
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    router = any_url_router(prometheus_timeout_seconds=2)
+    cache: Any = router.inner
+    tracemalloc.start()
+    try:
+        running = cache.observation(url, target("llama"), NOW).running
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        for each in cache.urls():
+            cache.drop_url(each)
+        server.shutdown()
+        server.server_close()
+    assert running.value is None
+    assert running.reason == f"Prometheus at {url}: its answer's status line and headers passed 64 KiB"
+    assert peak < 4 * 2**20, peak  # eight queries at once, each refused at 64 KiB and a read ahead

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from batchknee.adapters.deadline_http import ResponseBefore, reads_before
+from batchknee.adapters.deadline_http import ResponseBefore, head_too_large, reads_before
 from batchknee.ports import LiveCap, LiveCapError
 
 RUNTIME_CONFIG = "/v1/runtime_config"
@@ -77,6 +77,8 @@ def _failure(error: Exception) -> str:
     """What went wrong, in words a status can carry (never the pod's text)."""
     if isinstance(error, TimeoutError):
         return f"no answer within the deadline ({type(error).__name__})"
+    if head_too_large(error):
+        return str(error)
     return type(error).__name__
 
 

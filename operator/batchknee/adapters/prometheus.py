@@ -47,7 +47,7 @@ from prometheus_api_client import PrometheusConnect
 from urllib3.util.retry import Retry
 
 from batchknee.adapters import allocator
-from batchknee.adapters.deadline_http import DeadlineAdapter, reads_before
+from batchknee.adapters.deadline_http import MAX_HEAD_BYTES, DeadlineAdapter, head_too_large, reads_before
 from batchknee.adapters.observing import CREDENTIAL_HEADERS, read_bearer_token, redact_url
 from batchknee.core.observation import (
     Engine,
@@ -848,6 +848,11 @@ class PrometheusObserver:
                 "is its certificate signed by a CA the operator trusts?)"
             ) from None
         except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as error:
+            if head_too_large(error):
+                raise PrometheusUnavailable(
+                    f"Prometheus at {self.shown_url}: its answer's status line and headers passed "
+                    f"{MAX_HEAD_BYTES // 1024} KiB"
+                ) from None
             raise PrometheusUnavailable(
                 f"Prometheus at {self.shown_url} unreachable: {type(error).__name__}"
             ) from None
