@@ -145,6 +145,7 @@ class Runtime:
     targets: dict[tuple[str, str], ObservationTarget] = field(default_factory=dict)
     adopting: set[tuple[str, str]] = field(default_factory=set)  # spec.targetRef: observed by pod names
     live: set[tuple[str, str]] = field(default_factory=set)  # actuation Live: its reconcile calls its engines
+    launched_live: dict[tuple[str, str], bool] = field(default_factory=dict)  # by the scheduler, at launch
     evaluated: dict[tuple[str, str], float] = field(default_factory=dict)  # loop time of the last
     spec_versions: dict[tuple[str, str], tuple[Any, Any]] = field(default_factory=dict)  # (uid, generation)
     scheduler: Scheduler | None = None
@@ -169,6 +170,9 @@ class Runtime:
     async def run(self, namespace: str, name: str, body: Any = None) -> Outcome:
         """One reconcile of one object; only ever called from the event loop's thread."""
         key = (namespace, name)
+        # Whether it may call engine pods was decided with its lane, at launch: a spec flipped to
+        # Live since must not put engine calls on the shared worker (or outside the lane).
+        live = self.launched_live.pop(key, key in self.live)
         lock = self.locks.setdefault(key, asyncio.Lock())
         async with lock:
             self.evaluated[key] = asyncio.get_running_loop().time()
@@ -178,8 +182,8 @@ class Runtime:
             if target is not None:
                 await self.router.prepare(target, self.clock())
             loop = asyncio.get_running_loop()
-            executor = self.engine_executor if key in self.live else self.executor
-            outcome = await loop.run_in_executor(executor, self.reconcile, namespace, name)
+            executor = self.engine_executor if live else self.executor
+            outcome = await loop.run_in_executor(executor, self.reconcile, namespace, name, live)
         if not outcome.found or outcome.deleting:
             self.forget(namespace, name)
         return outcome
@@ -211,6 +215,12 @@ class Runtime:
             return None
         return target
 
+    def lane(self, key: tuple[str, str]) -> str | None:
+        """The scheduler's lane for an evaluation it launches (its namespace, or none); whether
+        that evaluation may call engine pods is decided with it (`run`)."""
+        self.launched_live[key] = key in self.live
+        return key[0] if self.in_lane(key) else None
+
     def in_lane(self, key: tuple[str, str]) -> bool:
         """Whether the evaluation may wait long on what the object's own spec chose — Live engine
         calls, its own Prometheus, an adopted workload's pods (a scope of their own, refreshed in
@@ -227,11 +237,11 @@ class Runtime:
         )
         return key in self.live or key in self.adopting or self.router.reads_its_own(*key) or own_refresh
 
-    def reconcile(self, namespace: str, name: str) -> Outcome:
+    def reconcile(self, namespace: str, name: str, engine_calls: bool = True) -> Outcome:
         started = time.perf_counter()
         now = self.clock()
         try:
-            outcome = reconcile(namespace, name, self.ports, now)
+            outcome = reconcile(namespace, name, self.ports, now, engine_calls=engine_calls)
         except TransientApiError as error:  # the next tick tries again; Degraded only if it lasts
             self.metrics.errors.inc()
             log.warning("%s/%s: %s; trying again at the next evaluation", namespace, name, error)
@@ -256,6 +266,7 @@ class Runtime:
         self.targets.pop(key, None)
         self.adopting.discard(key)
         self.live.discard(key)
+        self.launched_live.pop(key, None)
         self.evaluated.pop(key, None)
         self.spec_versions.pop(key, None)
         self.api_failing_since.pop(key, None)
@@ -470,7 +481,7 @@ async def start_scheduler(**kwargs: Any) -> None:
         max_in_flight=rt.max_in_flight,
         paused=lambda: rt.outranked,
         settled=freeze_found_fleet,
-        lane=lambda key: key[0] if rt.in_lane(key) else None,
+        lane=rt.lane,
         lane_limit=LIVE_EVALUATIONS_PER_NAMESPACE,
     )
     rt.background.append(asyncio.get_running_loop().create_task(rt.scheduler.run(), name="scheduler"))

@@ -210,10 +210,16 @@ class Outcome:
     tunes: bool = True  # False: an adopted workload it may not write (another LLMServing's, say)
 
 
-def reconcile(namespace: str, name: str, ports: Ports, now: datetime) -> Outcome:
+def reconcile(
+    namespace: str, name: str, ports: Ports, now: datetime, *, engine_calls: bool = True
+) -> Outcome:
     """Converge one LLMServing. When its Deployment changed between the read and the write (another
     operator, a restart that read an older state, a user's edit), the write is refused by its
-    resourceVersion precondition and the whole decision is made again once from a fresh read."""
+    resourceVersion precondition and the whole decision is made again once from a fresh read.
+
+    `engine_calls=False`: this evaluation runs where calls to engine pods must not (the shared
+    workers, outside its namespace's Live lane); a spec asking for Live actuation is left for the
+    next evaluation, which its spec change has already asked for."""
     outcome = Outcome(namespace, name, found=False)
     for _attempt in range(2):
         raw = ports.kube.get_llmserving(namespace, name)
@@ -221,6 +227,14 @@ def reconcile(namespace: str, name: str, ports: Ports, now: datetime) -> Outcome
             return Outcome(namespace, name, found=False)
         if (raw.get("metadata") or {}).get("deletionTimestamp"):
             return Outcome(namespace, name, deleting=True)  # never roll what is being deleted
+        if not engine_calls and _asks_live(raw):
+            log.info(
+                "%s/%s: its spec asks for Live actuation since this evaluation was launched on the "
+                "shared workers; the next one acts",
+                namespace,
+                name,
+            )
+            return Outcome(namespace, name)
         this = _Reconcile(raw, ports, now)
         try:
             outcome = this.run()
@@ -501,6 +515,11 @@ def _moved(before: int | None, after: int, dead_band_percent: int) -> bool:
 
 
 # --- the reconcile ---------------------------------------------------------------------------------
+
+
+def _asks_live(raw: dict[str, Any]) -> bool:
+    tuning = (raw.get("spec") or {}).get("tuning") or {}
+    return isinstance(tuning, dict) and tuning.get("actuation") == Actuation.Live.value
 
 
 class _Reconcile:

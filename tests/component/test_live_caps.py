@@ -10,6 +10,7 @@ import pytest
 from conftest import World, llmserving
 from fakes import MemoryRuntime, observation
 
+from batchknee.reconcile import reconcile
 from batchknee.render import deployment_state
 
 
@@ -175,3 +176,25 @@ def test_a_safety_decrease_lowers_the_cap_live_inside_the_cooldown(world: World,
         assert {cap["cap"] for cap in runtime.pods.values() if cap} == {status["maxNumSeqs"]}
     else:
         assert status["maxNumSeqs"] == 32 and status["holdReason"] == "cooldown", status["reason"]
+
+
+def test_an_evaluation_launched_without_engine_calls_leaves_a_live_spec_to_the_next(world: World) -> None:
+    """Its spec flipped to Live after the evaluation was launched on the shared worker: it calls no
+    pod, rolls nothing and writes no status (a restart would undo what Live set); the next one,
+    launched as Live, acts."""
+    runtime = live_world(world)
+    reads: list[str] = []
+    read_cap = runtime.read_cap
+
+    def counted(address: str) -> Any:
+        reads.append(address)
+        return read_cap(address)
+
+    runtime.read_cap = counted  # type: ignore[method-assign]
+    before = (generation(world), world.kube.status("default", "chat"))
+    outcome = reconcile("default", "chat", world.ports, world.clock.now, engine_calls=False)
+    assert outcome.decision is None and not outcome.status_written
+    assert (reads, runtime.sets) == ([], [])
+    assert (generation(world), world.kube.status("default", "chat")) == before
+    world.reconcile()
+    assert len(reads) == 2 and {cap["cap"] for cap in runtime.pods.values() if cap} == {64}

@@ -393,9 +393,41 @@ def test_the_refresh_before_a_reconcile_reads_at_the_runtimes_clock() -> None:
     target = ObservationTarget("team-a", "llama", "VLLM", 300)
     rt.targets[target.key] = target
     rt.cache.seen("Deployment", {"metadata": {"namespace": "team-a", "name": "llama"}})
-    rt.reconcile = lambda namespace, name: Outcome(namespace, name)  # type: ignore[method-assign]
+    rt.reconcile = lambda namespace, name, engine_calls=True: Outcome(namespace, name)  # type: ignore[method-assign]
     asyncio.run(rt.run("team-a", "llama"))
     assert asked == [NOW]
+
+
+def test_whether_an_evaluation_may_call_engines_is_decided_with_its_lane() -> None:
+    """A tenant flips spec.tuning.actuation between Restart and Live. An evaluation launched as
+    Restart (no lane, the shared worker) stays there without engine calls though the spec says
+    Live by the time it runs; one launched as Live runs on the Live workers, in its lane."""
+    import asyncio
+    import threading
+
+    from batchknee import handlers
+    from batchknee.adapters.prometheus import CachedObserver
+    from batchknee.reconcile import Ports
+
+    router = RoutedObserver(CachedObserver(SlowPrometheus), "http://prometheus:9090")
+    rt = handlers.Runtime(Ports(kube=None, observer=router), router, OperatorMetrics())  # type: ignore[arg-type]
+    ran: list[tuple[str, bool]] = []
+
+    def reconcile(namespace: str, name: str, engine_calls: bool = True) -> Outcome:
+        ran.append((threading.current_thread().name.split("_")[0], engine_calls))
+        return Outcome(namespace, name)
+
+    rt.reconcile = reconcile  # type: ignore[method-assign]
+    restart = {"spec": {"tuning": {"actuation": "Restart"}}}
+    live = {"spec": {"tuning": {"actuation": "Live"}}}
+    rt.note("team-a", "llama", restart)
+    assert rt.lane(("team-a", "llama")) is None  # launched on the shared workers
+    rt.note("team-a", "llama", live)  # flipped before it ran
+    asyncio.run(rt.run("team-a", "llama"))
+    assert rt.lane(("team-a", "llama")) == "team-a"  # the next one: the namespace's Live lane
+    rt.note("team-a", "llama", restart)  # flipped back before it ran
+    asyncio.run(rt.run("team-a", "llama"))
+    assert ran == [("reconcile", False), ("reconcile-live", True)]
 
 
 def adopter(name: str, created: str, workload: str | None, **meta: Any) -> dict[str, Any]:
