@@ -117,3 +117,33 @@ def test_goal_slos_default_margin_holds_the_target_under_heavy_tailed_output_len
     p99, context = simulated_under_observation(cap, prompt, output)
     assert context == pytest.approx(observed_context, rel=0.05)
     assert ROOFLINE.tpot_with_prefill_s(cap, observed_context, mix, 0.99) < p99 <= TARGET_S
+
+
+def test_a_huge_step_budget_costs_bounded_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--max-num-batched-tokens=8T` in a tenant's args (vLLM reads up to 2^53): the search tried
+    batches up to that budget, where billions of requests join per step, and summing over every
+    count one by one never ended, holding the operator's reconcile worker. The search stays within
+    its batch bound and each TPOT within a bounded number of step costs."""
+    steps: list[float] = []
+    step_time_s = DecodeRoofline.step_time_s
+
+    def counted(self: DecodeRoofline, *args: float, **kwargs: float) -> float:
+        steps.append(0.0)
+        return step_time_s(self, *args, **kwargs)
+
+    monkeypatch.setattr(DecodeRoofline, "step_time_s", counted)
+    mix = PrefillMix(prompt_tokens=300, output_tokens=400, max_num_batched_tokens=8 * 10**12)
+    found = ROOFLINE.max_batch_for_tpot_quantile(TARGET_S, 2048, mix)
+    assert 1 <= found < 1 << 20
+    assert len(steps) < 50_000, len(steps)
+
+
+def test_prefill_still_costs_when_hundreds_of_requests_join_each_step() -> None:
+    """e^−A underflows to zero past A ≈ 745 requests joining per step: the sum over their counts
+    came to nothing and the prefill chunks cost no time. Across the switch from exact terms to
+    strided ones (A = 500) the estimate is continuous."""
+    decode = ROOFLINE.tpot_s(800, 2048)
+    mix = PrefillMix(prompt_tokens=4, output_tokens=1, max_num_batched_tokens=10**6)
+    assert ROOFLINE.tpot_with_prefill_s(800, 2048, mix) > 1.01 * decode
+    below, above = (ROOFLINE.tpot_with_prefill_s(b, 2048, mix, 0.99) for b in (499, 501))
+    assert abs(above - below) / below < 0.01

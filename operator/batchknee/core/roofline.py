@@ -21,6 +21,7 @@ from batchknee.core.dtypes import dtype_bytes, kv_dtype_bytes
 DEFAULT_RESERVE_BYTES = 1 * GIB  # activations, CUDA graphs and non-torch memory outside the KV pool
 _MAX_SEARCH_BATCH = 1 << 20
 _EXACT_POISSON_MEAN = 500.0  # above it, the normal approximation of the Poisson quantile
+_MAX_JOIN_TERMS = 400  # terms of a Poisson sum over a wide count: past it, every stride-th term
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,30 @@ def poisson_quantile(mean: float, quantile: float) -> float:
         term *= mean / k
         total += term
     return float(k)
+
+
+def _poisson_terms(mean: float) -> list[tuple[int, float]]:
+    """(k, weight) over k ≥ 1 that sum E[f(K)] for a Poisson count K of this mean (K = 0 adds
+    nothing here): every k out to 12 σ past the mean. A large mean (a tenant's step budget of
+    2^53 tokens, one-token outputs) spans millions of counts, and e^−mean underflows past about
+    745: there, only the counts within 12 σ, each weighed in log space, every stride-th standing
+    for its stride (the terms are smooth at that width), so the work is bounded."""
+    if mean <= _EXACT_POISSON_MEAN:
+        terms: list[tuple[int, float]] = []
+        probability, k = math.exp(-mean), 0
+        while k < 8 or k < mean + 12.0 * math.sqrt(mean) + 12.0:
+            k += 1
+            probability *= mean / k
+            terms.append((k, probability))
+        return terms
+    spread = 12.0 * math.sqrt(mean) + 12.0
+    first, last = max(1, math.floor(mean - spread)), math.ceil(mean + spread)
+    stride = max(1, (last - first) // _MAX_JOIN_TERMS)
+    log_mean = math.log(mean)
+    return [
+        (k, stride * math.exp(k * log_mean - mean - math.lgamma(k + 1)))
+        for k in range(first, last + 1, stride)
+    ]
 
 
 @dataclass(frozen=True)
@@ -307,10 +332,7 @@ class DecodeRoofline:
             return full * chunk_extra(budget) + (chunk_extra(rest) if rest > 0 else 0.0)
 
         mean = second = 0.0
-        probability, k = math.exp(-joins), 0
-        while k < 8 or (k < joins + 12.0 * math.sqrt(joins) + 12.0):
-            k += 1
-            probability *= joins / k
+        for k, probability in _poisson_terms(joins):
             y = extra(k)
             mean += probability * y
             second += probability * y * y
@@ -334,7 +356,7 @@ class DecodeRoofline:
 
         if not meets(1):
             return 0
-        low, high = 1, max(2, mix.max_num_batched_tokens)
+        low, high = 1, min(max(2, mix.max_num_batched_tokens), _MAX_SEARCH_BATCH)
         if meets(high):
             return high
         while high - low > 1:
