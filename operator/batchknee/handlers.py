@@ -170,14 +170,16 @@ class Runtime:
     async def run(self, namespace: str, name: str, body: Any = None) -> Outcome:
         """One reconcile of one object; only ever called from the event loop's thread."""
         key = (namespace, name)
-        # Whether it may call engine pods was decided with its lane, at launch: a spec flipped to
-        # Live since must not put engine calls on the shared worker (or outside the lane).
-        live = self.launched_live.pop(key, key in self.live)
+        # Whether it may call engine pods was decided with its lane, when the scheduler launched
+        # it: a spec flipped to Live since must not put engine calls on the shared worker (or
+        # outside the lane). Not launched by the scheduler: as its spec says now, before any wait.
+        launched_live = self.launched_live.pop(key, None)
         lock = self.locks.setdefault(key, asyncio.Lock())
         async with lock:
             self.evaluated[key] = asyncio.get_running_loop().time()
             if body is not None:
                 self.note(namespace, name, body)
+            live = launched_live if launched_live is not None else key in self.live
             target = self.prepared_target(key)
             if target is not None:
                 await self.router.prepare(target, self.clock())
