@@ -12,6 +12,8 @@ import functools
 import hashlib
 import logging
 import math
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
@@ -179,6 +181,39 @@ def apply_stages(objects: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]
     return [stage for stage in (first, rest) if stage]
 
 
+class RefusedSpecs:
+    """Refusals of specs, by the object's uid, generation and labels (what the parse reads besides
+    the spec is fixed per uid): a spec refused for its size (a 1.7-MB extraLlmApiOptions takes
+    0.6 s to walk and validate) is not validated again at every evaluation, on the worker every
+    tenant shares, until it changes. The most recent `limit` are kept (a few hundred bytes each)."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._refused: OrderedDict[tuple[str, int, str], tuple[str, str]] = OrderedDict()
+
+    def parse(self, raw: dict[str, Any]) -> LLMServing:
+        meta = raw.get("metadata") or {}
+        uid, generation, labels = meta.get("uid"), meta.get("generation"), meta.get("labels")
+        if not (isinstance(uid, str) and isinstance(generation, int)):
+            return parse_llmserving(raw)
+        key = (uid, generation, repr(sorted(labels.items()) if isinstance(labels, dict) else labels))
+        with self._lock:
+            refused = self._refused.get(key)
+            if refused is not None:
+                self._refused.move_to_end(key)
+        if refused is not None:
+            raise SpecError(*refused)
+        try:
+            return parse_llmserving(raw)
+        except SpecError as error:
+            with self._lock:
+                self._refused[key] = (error.field, error.message)
+                while len(self._refused) > self.limit:
+                    self._refused.popitem(last=False)
+            raise
+
+
 @dataclass
 class Ports:
     kube: KubernetesPort
@@ -188,6 +223,7 @@ class Ports:
     runtime: EngineRuntime | None = None  # the engines' runtime endpoints (actuation: Live)
     # Why an LLMServing may not name this spec.prometheus.url (None: it may); the admin's allow-list.
     prometheus_url_refusal: Callable[[str], str | None] = lambda url: None
+    refused_specs: RefusedSpecs = field(default_factory=RefusedSpecs)
 
 
 @dataclass(frozen=True)
@@ -628,7 +664,7 @@ class _Reconcile:
 
     def run(self) -> Outcome:
         try:
-            obj = parse_llmserving(self.raw)
+            obj = self.ports.refused_specs.parse(self.raw)
             check_admission(obj.spec, self.ports.admission)  # Forbidden: nothing is rendered or applied
             roofline = resolve_roofline(obj.spec)
             pool = kv_pool_bytes(obj.spec, roofline)

@@ -7,6 +7,7 @@ import itertools
 from datetime import datetime, timedelta
 from typing import Any
 
+import pytest
 from conftest import World, llmserving
 from fakes import observation
 
@@ -624,3 +625,39 @@ def test_a_setting_tuned_to_traffic_changes_only_for_a_change_that_holds(world: 
     assert set(held) == {"unsteady"} and max_num_seqs(world) == 16
     evaluate(2048)
     assert max_num_seqs(world) == 64
+
+
+def test_a_refused_spec_is_validated_once_per_generation_and_labels(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tenant's 1.7-MB extraLlmApiOptions is refused (InvalidSpec); walking and validating it
+    took 0.6 s at every evaluation on the worker every tenant shares. The refusal is remembered
+    until the spec (its generation) or the labels change, and says the same thing meanwhile."""
+    from batchknee import reconcile as reconciling
+
+    parsed: list[int] = []
+    parse = reconciling.parse_llmserving
+
+    def counted(raw: dict[str, Any]) -> Any:
+        parsed.append(raw["metadata"]["generation"])
+        return parse(raw)
+
+    monkeypatch.setattr(reconciling, "parse_llmserving", counted)
+    world.kube.create(llmserving(engine="TensorRTLLM", extraLlmApiOptions={"x": [[0]] * 350_000}))
+    for _ in range(3):
+        world.reconcile()
+        world.clock.advance(30)
+    degraded = world.kube.condition("default", "chat", "Degraded")
+    assert degraded["reason"] == "InvalidSpec" and degraded["message"].startswith(
+        "spec.extraLlmApiOptions: more than 1024 values"
+    )
+    assert parsed == [1]
+    world.kube.objects[("LLMServing", "default", "chat")]["metadata"]["labels"] = {"team": "a"}
+    world.reconcile()
+    world.kube.edit_spec("default", "chat", {"extraLlmApiOptions": {"x": [[0]] * 2_000}})
+    world.reconcile()
+    world.kube.edit_spec("default", "chat", {"extraLlmApiOptions": {"x": [0]}})
+    world.reconcile()
+    assert parsed == [1, 1, 2, 3]
+    assert world.kube.condition("default", "chat", "Degraded")["status"] == "False"
+    assert deployment_state(world.kube.get_deployment("default", "chat")) is not None
