@@ -34,6 +34,7 @@ class Pod(ThreadingHTTPServer):
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), Handler)
         self.wedged = False
+        self.delay_s = 0.0  # before an answer
         self.answer: Callable[[Handler], None] | None = None  # a hostile pod's own answer
         self.calls = 0
         self.patched: list[bytes] = []
@@ -62,6 +63,7 @@ class Handler(BaseHTTPRequestHandler):
         if self.server.wedged:
             self.server.released.wait(10 * TIMEOUT_S)
             return
+        time.sleep(self.server.delay_s)
         body = json.dumps({"max_num_running_seqs": 48, "max_num_seqs_capacity": 256}).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -130,6 +132,24 @@ def test_a_silent_pod_is_not_called_again_until_its_backoff_ends(pod: Pod) -> No
     assert runtime.read_cap(pod.address) == LiveCap("runtime-config", 48, 256)
     assert runtime.read_cap(pod.address) == LiveCap("runtime-config", 48, 256)
     assert pod.calls == 4
+
+
+def test_a_pod_answering_in_time_but_slowly_is_backed_off_too(pod: Pod) -> None:
+    """An answer at 0.6 of the deadline, every time, cost a Live worker that long at every call of
+    every evaluation: it is held against the pod like a silence (its answer still counts), and a
+    quick answer after the backoff ends it."""
+    clock = Clock()
+    runtime = HttpEngineRuntime(timeout_s=TIMEOUT_S, clock=clock)
+    pod.delay_s = 0.6 * TIMEOUT_S
+    assert runtime.read_cap(pod.address) == LiveCap("runtime-config", 48, 256)
+    took, message = timed_failure(runtime, pod.address)
+    assert took < TIMEOUT_S / 3 and pod.calls == 1
+    assert message == f"took half its {TIMEOUT_S:g}-s deadline or more to answer: not called again for 30 s"
+    pod.delay_s = 0.0
+    clock.ahead += SILENT_BACKOFF_S
+    assert runtime.read_cap(pod.address) == LiveCap("runtime-config", 48, 256)
+    assert runtime.read_cap(pod.address) == LiveCap("runtime-config", 48, 256)
+    assert pod.calls == 3
 
 
 def test_the_backoff_doubles_up_to_five_minutes(pod: Pod) -> None:

@@ -12,10 +12,10 @@ of the answer, its status line and headers included, is given only the time left
 trickles bytes cannot stretch it), answers are read bounded, a redirect is an error and never
 followed (the pod, which may run its tenant's code, would choose where the operator calls next),
 and nothing a pod says reaches status unsanitised. A pod that did not answer in
-time (the call failed after at least half the deadline) is not called again for a backoff, 30 s
-doubling to 5 minutes while it stays silent: a tenant's wedged pods cost one deadline per backoff,
-not one per evaluation, of the Live workers every tenant shares. A quick refusal costs nothing and
-is not held against the pod; any answer in time ends its backoff.
+time, or answered only after half the deadline or more, is not called again for a backoff, 30 s
+doubling to 5 minutes while it stays so: a tenant's wedged or slow pods cost one deadline per
+backoff, not one per evaluation, of the Live workers every tenant shares. A quick refusal costs
+nothing and is not held against the pod; a quick answer ends its backoff.
 """
 
 from __future__ import annotations
@@ -71,6 +71,7 @@ class _Silence:
 
     times: int
     until: float
+    answered: bool = False  # the last call did answer, in time but slowly
 
 
 def _failure(error: Exception) -> str:
@@ -84,6 +85,12 @@ def _failure(error: Exception) -> str:
 
 def _running(times: int) -> str:
     return "" if times == 1 else f" ({times} times running)"
+
+
+def _slow(silence: _Silence, timeout_s: float) -> str:
+    if silence.answered:
+        return f"took half its {timeout_s:g}-s deadline or more to answer"
+    return f"did not answer within {timeout_s:g} s"
 
 
 def _backoff_s(times: int) -> float:
@@ -110,7 +117,7 @@ class HttpEngineRuntime:
             silence = self._silent.get(address)
         if silence is not None and started < silence.until:
             raise LiveCapError(
-                f"did not answer within {self.timeout_s:g} s{_running(silence.times)}: "
+                f"{_slow(silence, self.timeout_s)}{_running(silence.times)}: "
                 f"not called again for {_backoff_s(silence.times):.0f} s"
             )
         try:
@@ -125,17 +132,23 @@ class HttpEngineRuntime:
             raise
         if 300 <= status < 400:
             raise LiveCapError(f"{method} {path} answered {status}: a redirect, not followed")
-        with self._lock:
-            self._silent.pop(address, None)
+        if self.clock() - started >= SILENT_SHARE * self.timeout_s:  # in time, but it cost as much
+            self._fell_silent(address, silence, started, answered=True)
+        else:
+            with self._lock:
+                self._silent.pop(address, None)
         text = data.decode(errors="replace")
         try:
             return status, json.loads(text) if text.strip() else None
         except (ValueError, RecursionError):  # not JSON, or JSON nested past the interpreter's limit
             return status, _excerpt(text)
 
-    def _fell_silent(self, address: str, before: _Silence | None, started: float) -> None:
-        """Hold a failure that took half the deadline or more against the pod (a quick refusal
-        cost nothing); forget pods silent for longer than the longest backoff (gone, most likely)."""
+    def _fell_silent(
+        self, address: str, before: _Silence | None, started: float, *, answered: bool = False
+    ) -> None:
+        """Hold a call that took half the deadline or more against the pod, failed or answered (a
+        quick refusal cost nothing); forget pods silent for longer than the longest backoff (gone,
+        most likely)."""
         now = self.clock()
         if now - started < SILENT_SHARE * self.timeout_s:
             return
@@ -143,7 +156,7 @@ class HttpEngineRuntime:
         with self._lock:
             for stale in [a for a, s in self._silent.items() if s.until < now - MAX_SILENT_BACKOFF_S]:
                 del self._silent[stale]
-            self._silent[address] = _Silence(times, now + _backoff_s(times))
+            self._silent[address] = _Silence(times, now + _backoff_s(times), answered)
 
     def read_cap(self, address: str) -> LiveCap | None:
         status, body = self._call("GET", address, RUNTIME_CONFIG)
