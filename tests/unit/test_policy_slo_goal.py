@@ -19,6 +19,7 @@ from batchknee.core.policy import (
     Rollout,
     TuningRules,
     calibrate,
+    calibration_point,
     decide,
 )
 from batchknee.core.recommend import round_down_fine
@@ -364,3 +365,13 @@ def test_a_tpot_mean_faster_than_any_decode_step_is_not_climbed_on() -> None:
     d = steady(SLO, NAIVE, POOL, seen(2048, 20, 64, mean_ms=0.001), settled, (), T0)
     assert (d.rolls, d.recommended) == (False, 64), d.reason
     assert "no usable TPOT mean" in d.reason and "under the 7.9 ms any step takes" in d.reason, d.reason
+
+
+def test_a_window_with_almost_nothing_running_per_pod_is_no_sample_and_a_stored_zero_is_left_out() -> None:
+    """0.5 running sequences over 101 pods is a batch of 0.005 per pod: the status stores it to two
+    decimals, as 0, and the fit of every later evaluation raised on it (a batch must be positive)."""
+    sparse = replace(seen(2048, 25.0, 0.5, mean_ms=20.0), pods=101)
+    assert calibration_point(sparse, NAIVE) is None
+    points = [window_at(64, 512, 0), window_at(176, 512, 5), window_at(80, 2048, 10)]
+    fit, text = calibrate(NAIVE, [replace(points[0], batch=0.0), *points])
+    assert fit is not None and "calibrated on 3 samples" in text, text

@@ -346,6 +346,11 @@ class Decision:
 # --- calibration -----------------------------------------------------------------------------------
 
 
+# The least batch per pod a calibration sample is taken at: the status keeps it to two decimals,
+# and a batch stored as 0 is no decode step to fit.
+MIN_CALIBRATION_BATCH = 0.01
+
+
 def calibration_point(observation: Observation, roofline: DecodeRoofline) -> CalibrationPoint | None:
     """A calibration sample from a settled observation, or None when any input is missing or its
     TPOT is faster than any decode step can be (`_under_floor`)."""
@@ -357,7 +362,7 @@ def calibration_point(observation: Observation, roofline: DecodeRoofline) -> Cal
     if ctx is None or tpot is None or running is None or observation.pods < 1:
         return None
     batch = running / observation.pods
-    if not (batch > 0 and ctx >= MIN_CONTEXT_TOKENS and tpot > 0):
+    if not (batch >= MIN_CALIBRATION_BATCH and ctx >= MIN_CONTEXT_TOKENS and tpot > 0):
         return None
     mean = observation.tpot_mean_s.value
     prompt, output = observation.prompt_tokens_mean.value, observation.output_tokens_mean.value
@@ -444,7 +449,12 @@ def calibrate(
     sample's prefill mix; the p99 is then predicted by the same model (a bucketed p99 is
     interpolated within 25 ms-wide buckets: too coarse to fit). Older samples without the mean fit
     the p99 to decode steps alone. None (and why) until there are enough, varied, consistent samples."""
-    points = [p for p in points if not _under_floor(p, roofline)]  # (stored before the floor was checked)
+    # (stored before the floor and the least batch were checked: a batch rounded to 0 raised here)
+    points = [
+        p
+        for p in points
+        if p.batch >= MIN_CALIBRATION_BATCH and p.context_tokens >= 1 and not _under_floor(p, roofline)
+    ]
     if len(points) < MIN_VARIED_CALIBRATION_SAMPLES:
         return None, f"uncalibrated, {len(points)}/{MIN_CALIBRATION_SAMPLES} samples"
     unit = unit_roofline(roofline)
