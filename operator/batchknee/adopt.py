@@ -19,7 +19,7 @@ from typing import Any
 from batchknee.api.models import TARGET_ENV_VAR, Engine, TargetRef
 from batchknee.core.engine_args import flag_uses, int_flag
 from batchknee.engines import sglang, trtllm, vllm
-from batchknee.render import ENGINE_MODULES, DeploymentState, as_int, rollout_state
+from batchknee.render import ENGINE_MODULES, MAX_ENGINE_WORDS, DeploymentState, as_int, rollout_state
 
 # The flag each engine's batch limit is set with, as the user wires it in their args.
 KNOB_FLAG = {
@@ -229,6 +229,24 @@ def adopt(ref: TargetRef, engine: Engine, workload: Mapping[str, Any] | None, na
             f"{ref.kind} {namespace}/{ref.name} selects its pods with matchExpressions; the operator "
             "finds the engine pods by matchLabels only",
         )
+    words = engine_words(container)
+    if len(words) > MAX_ENGINE_WORDS:
+        return Target(
+            ref.kind,
+            ref.name,
+            str(container.get("name")),
+            False,
+            rollout_state(workload, None, None, ()),
+            labels,
+            version,
+            problem
+            or (
+                "ArgsTooLong",
+                f"container {container.get('name')} of {ref.kind} {namespace}/{ref.name} has "
+                f"{len(words):,} words of command and args; the operator reads at most "
+                f"{MAX_ENGINE_WORDS:,}: start the engine with fewer",
+            ),
+        )
     length = script_too_long(container)
     if length is not None:
         problem = problem or (
@@ -237,7 +255,6 @@ def adopt(ref: TargetRef, engine: Engine, workload: Mapping[str, Any] | None, na
             f"{length:,} characters; the operator reads scripts of at most {MAX_SCRIPT_CHARS:,}: start the "
             "engine from a shorter script or from command and args",
         )
-    words = engine_words(container)
     second_limit = second_batch_limit(words, engine)
     return Target(
         ref.kind,

@@ -601,11 +601,21 @@ def _container(deployment: Mapping[str, Any]) -> Mapping[str, Any]:
     return next((c for c in containers if c.get("name") == CONTAINER), containers[0])
 
 
+# The most words an engine container may have for its flags to be read: each word is matched
+# against every flag the operator reads (190,000 `--ma` took 3.8 s at every evaluation); an
+# engine's command line is a few dozen words.
+MAX_ENGINE_WORDS = 4096
+MAX_READ_INT = 2**53  # no count or limit read from an object is larger (vLLM's own parser stops there)
+
+
 def as_int(value: Any) -> int | None:
+    """An integer field or string of an object, None when it is none or past ±2^53 (a workload's
+    env value of 4,000 digits overflowed every float the policy computes with)."""
     try:
-        return int(value) if value is not None else None
-    except (TypeError, ValueError):
+        number = int(value) if value is not None else None
+    except (TypeError, ValueError, OverflowError):
         return None
+    return number if number is None or abs(number) <= MAX_READ_INT else None
 
 
 def stall_condition(status: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -639,7 +649,9 @@ def deployment_state(deployment: Mapping[str, Any] | None) -> DeploymentState | 
     container = _container(deployment)
     command = [str(part) for part in (container.get("command") or [])]
     args = [str(part) for part in (container.get("args") or [])]
-    if command[:1] == [trtllm.PROGRAM]:
+    if len(command) + len(args) > MAX_ENGINE_WORDS:  # not ours (an edit): the limit is not read
+        max_num_seqs = max_tokens = None
+    elif command[:1] == [trtllm.PROGRAM]:
         max_num_seqs = as_int(template_annotations.get(MAX_NUM_SEQS_ANNOTATION))
         max_tokens = as_int(template_annotations.get(MAX_TOKENS_ANNOTATION))
     elif sglang.MODULE in command or command[:1] == [sglang.CLI_PROGRAM]:

@@ -423,3 +423,37 @@ def test_a_missing_target_is_not_reported_as_a_deployment_being_created(world: W
     assert "does not exist" in ready["message"]
     metrics = world.kube.condition("default", "tuner", "MetricsAvailable")
     assert metrics["reason"] == "TargetNotFound"
+
+
+def test_a_command_line_too_long_to_read_is_named_and_nothing_is_written(world: World) -> None:
+    """190,000 words of `--ma` (each a prefix of flags the operator reads, so each matched against
+    all of them) took 3.8 s at every evaluation on the shared worker: past 4,096 words the engine's
+    flags are not read, and the condition says so."""
+    from batchknee.render import MAX_ENGINE_WORDS
+
+    workload = user_workload(args=["--max-num-seqs=$(BATCHKNEE_MAX_NUM_SEQS)", *["--ma"] * MAX_ENGINE_WORDS])
+    world.kube.apply(workload)
+    before = world.kube.get("Deployment", "default", "vllm")
+    world.kube.create(adopting())
+    world.reconcile("tuner")
+    assert world.kube.get("Deployment", "default", "vllm") == before
+    wired = world.kube.condition("default", "tuner", "Wired")
+    assert (wired["status"], wired["reason"]) == ("False", "ArgsTooLong")
+    assert wired["message"].startswith("container vllm of Deployment default/vllm has 4,10")
+    assert "the operator reads at most 4,096: start the engine with fewer" in wired["message"]
+
+
+def test_a_value_past_any_count_in_a_workloads_env_is_not_read_as_its_limit(world: World) -> None:
+    """A wired workload's env value of 4,000 digits was held as the running limit ("holding
+    9999…", 4,000 digits in every reason), past what any float the policy computes with can hold:
+    it reads as no value, and the knee is written."""
+    workload = user_workload()
+    [engine] = workload["spec"]["template"]["spec"]["containers"]
+    engine["env"] = [{"name": TARGET_ENV_VAR, "value": "9" * 4000}]
+    world.kube.apply(workload)
+    world.kube.create(adopting())
+    world.observer.set("default", "tuner", observation(world.clock.now, ctx=2048))
+    outcome = world.reconcile("tuner")
+    assert outcome.error is None and outcome.decision is not None
+    assert outcome.decision.reason.startswith("max-num-seqs ∅→64: avg ctx 2048 tok → B_knee 59.8")
+    assert env(world) == {TARGET_ENV_VAR: "64"}
