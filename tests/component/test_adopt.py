@@ -197,6 +197,16 @@ def test_a_shell_wrapped_engine_is_read_word_by_word(world: World) -> None:
     assert TARGET_ENV_VAR not in env(world, "other")
 
 
+def refused_wiring(world: World, workload: dict[str, Any]) -> dict[str, Any]:
+    """The Wired condition of an LLMServing adopting `workload`, which it must leave as it was."""
+    world.kube.apply(workload)
+    before = world.kube.get("Deployment", "default", "vllm")
+    world.kube.create(adopting())
+    world.reconcile("tuner")
+    assert world.kube.get("Deployment", "default", "vllm") == before
+    return world.kube.condition("default", "tuner", "Wired")
+
+
 def test_a_shell_script_too_long_to_read_is_named_and_nothing_is_written(world: World) -> None:
     """A 1.4 MB script was split word by word at every evaluation (3.7 s each, holding the worker);
     past 64 Ki characters it is not read, and the condition says so."""
@@ -207,12 +217,7 @@ def test_a_shell_script_too_long_to_read_is_named_and_nothing_is_written(world: 
     engine = workload["spec"]["template"]["spec"]["containers"][0]
     engine["command"] = ["/bin/sh", "-c", script]
     assert engine_words(engine) == ["/bin/sh", "-c", script]  # whole: not split
-    world.kube.apply(workload)
-    before = world.kube.get("Deployment", "default", "vllm")
-    world.kube.create(adopting())
-    world.reconcile("tuner")
-    assert world.kube.get("Deployment", "default", "vllm") == before
-    wired = world.kube.condition("default", "tuner", "Wired")
+    wired = refused_wiring(world, workload)
     assert (wired["status"], wired["reason"]) == ("False", "ScriptTooLong")
     assert wired["message"].startswith(
         f"container vllm of Deployment default/vllm runs a shell script of {len(script):,} characters; "
@@ -432,12 +437,7 @@ def test_a_command_line_too_long_to_read_is_named_and_nothing_is_written(world: 
     from batchknee.render import MAX_ENGINE_WORDS
 
     workload = user_workload(args=["--max-num-seqs=$(BATCHKNEE_MAX_NUM_SEQS)", *["--ma"] * MAX_ENGINE_WORDS])
-    world.kube.apply(workload)
-    before = world.kube.get("Deployment", "default", "vllm")
-    world.kube.create(adopting())
-    world.reconcile("tuner")
-    assert world.kube.get("Deployment", "default", "vllm") == before
-    wired = world.kube.condition("default", "tuner", "Wired")
+    wired = refused_wiring(world, workload)
     assert (wired["status"], wired["reason"]) == ("False", "ArgsTooLong")
     assert wired["message"].startswith("container vllm of Deployment default/vllm has 4,10")
     assert "the operator reads at most 4,096: start the engine with fewer" in wired["message"]

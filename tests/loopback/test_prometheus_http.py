@@ -5,6 +5,7 @@ text, broken chunking refused, credentials that work but never show."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
 import os
@@ -15,7 +16,7 @@ import tracemalloc
 import urllib.parse
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -727,26 +728,14 @@ def test_silent_urls_specs_chose_never_hold_the_operators_own_prometheus() -> No
 
 
 @contextmanager
-def answering_a_negative_chunk() -> Iterator[str]:
-    """A server on loopback (its URL) answering chunked with a chunk size of `-1`, then sending as
-    fast as it can: 64 MiB at most, for 5 s at most, until the client closes."""
-    piece = b" " * 65536
+def serving(answer: Callable[[BaseHTTPRequestHandler], None]) -> Iterator[str]:
+    """A server on loopback (its URL) that reads each POST and lets `answer` write the reply."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            self.wfile.write(
-                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                b"Transfer-Encoding: chunked\r\n\r\n-1\r\n"
-            )
-            stop = time.monotonic() + 5.0
-            try:
-                for _ in range(1024):
-                    if time.monotonic() > stop:
-                        break
-                    self.wfile.write(piece)
-            except OSError:  # the client gave up: what the test wants
-                pass
+            with contextlib.suppress(OSError):  # the client gave up: what the tests want
+                answer(self)
 
         def log_message(self, format: str, *args: Any) -> None:
             pass
@@ -759,6 +748,24 @@ def answering_a_negative_chunk() -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def answering_a_negative_chunk() -> AbstractContextManager[str]:
+    """A server on loopback (its URL) answering chunked with a chunk size of `-1`, then sending as
+    fast as it can: 64 MiB at most, for 5 s at most, until the client closes."""
+    piece = b" " * 65536
+
+    def negative_chunk(handler: BaseHTTPRequestHandler) -> None:
+        handler.wfile.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n-1\r\n"
+        )
+        stop = time.monotonic() + 5.0
+        for _ in range(1024):
+            if time.monotonic() > stop:
+                break
+            handler.wfile.write(piece)
+
+    return serving(negative_chunk)
 
 
 def observed_with_peak(observer: PrometheusObserver) -> tuple[Observation, int]:
@@ -1018,34 +1025,21 @@ def test_a_huge_head_is_refused_after_its_bound() -> None:
     """A Prometheus a spec chose answers every query with 6 MiB of headers: each answer is refused
     at 64 KiB of status line and headers, the refresh says so, and no answer's head is held whole."""
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            try:
-                self.wfile.write(HUGE_HEAD)
-                self.wfile.write(b"{}")
-            except OSError:  # the operator gave up: what the test wants
-                pass
+    def huge_head(handler: BaseHTTPRequestHandler) -> None:
+        handler.wfile.write(HUGE_HEAD)
+        handler.wfile.write(b"{}")
 
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}"
-    router = any_url_router(prometheus_timeout_seconds=2)
-    cache: Any = router.inner
-    tracemalloc.start()
-    try:
-        running = cache.observation(url, target("llama"), NOW).running
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-        for each in cache.urls():
-            cache.drop_url(each)
-        server.shutdown()
-        server.server_close()
+    with serving(huge_head) as url:
+        router = any_url_router(prometheus_timeout_seconds=2)
+        cache: Any = router.inner
+        tracemalloc.start()
+        try:
+            running = cache.observation(url, target("llama"), NOW).running
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+            for each in cache.urls():
+                cache.drop_url(each)
     assert running.value is None
     assert running.reason == f"Prometheus at {url}: its answer's status line and headers passed 64 KiB"
     assert peak < 4 * 2**20, peak  # eight queries at once, each refused at 64 KiB and a read ahead
