@@ -61,6 +61,7 @@ class Guards:
 
 
 RESULT: dict[str, Guards] = {}
+CLIENT: dict[str, Any] = {}  # the external client's report (client.json)
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +89,7 @@ def samples(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Sample]]:
         [container] = deployment["spec"]["template"]["spec"]["containers"]
         assert container["command"] == ["python", "-m", "sglang.launch_server"]
         RESULT["single"] = Guards(world, SINGLE)
+        CLIENT.update(json.loads((out / "client.json").read_text()))
         yield found
 
 
@@ -209,3 +211,13 @@ def test_a_change_that_did_worse_is_reverted_quarantined_and_not_retried(
     assert deployment is not None
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert int(args[args.index("--max-num-seqs") + 1]) <= FAULT_ABOVE_RUNNING
+
+
+def test_a_client_through_the_service_sees_no_error_across_every_rollout(samples: list[Sample]) -> None:
+    """The external client streamed through the SGLang engine Service's endpoints (the
+    EndpointSlices in the run's network namespace, the pods' addresses on loopback) through every
+    phase and every rollout, and got every token: no request reached a pod that was draining."""
+    assert CLIENT["errors"] == 0, [r["error"] for r in CLIENT["records"] if r["error"]][:5]
+    assert all(CLIENT["byPhase"][phase.name]["requests"] >= 5 for phase in FAST_SHARED.phases)
+    replica_sets = {r["pod"].rsplit("-", 1)[0] for r in CLIENT["records"] if r["pod"].startswith(NAME)}
+    assert len(replica_sets) >= 3, replica_sets  # it followed the rollouts
