@@ -106,6 +106,17 @@ def timed_failure(runtime: HttpEngineRuntime, address: str) -> tuple[float, str]
     return time.monotonic() - started, str(error.value)
 
 
+def failure_with_peak(runtime: HttpEngineRuntime, address: str) -> tuple[float, str, int]:
+    """timed_failure, and the most memory Python held meanwhile (tracemalloc's peak)."""
+    tracemalloc.start()
+    try:
+        took, message = timed_failure(runtime, address)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return took, message, peak
+
+
 def test_a_silent_pod_is_not_called_again_until_its_backoff_ends(pod: Pod) -> None:
     clock = Clock()
     runtime = HttpEngineRuntime(timeout_s=TIMEOUT_S, clock=clock)
@@ -303,12 +314,7 @@ def test_a_negative_chunk_size_is_refused_before_the_rest_is_read(pod: Pod) -> N
             pass
 
     pod.answer = negative_chunk
-    tracemalloc.start()
-    try:
-        _, message = timed_failure(HttpEngineRuntime(timeout_s=TIMEOUT_S), pod.address)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    _, message, peak = failure_with_peak(HttpEngineRuntime(timeout_s=TIMEOUT_S), pod.address)
     assert message == "GET /v1/runtime_config: IncompleteRead"
     assert peak < 2**20, peak  # what the pod sent after its head was never buffered
 
@@ -334,12 +340,7 @@ def test_a_huge_head_is_refused_after_its_bound(pod: Pod) -> None:
             pass
 
     pod.answer = huge_head
-    tracemalloc.start()
-    try:
-        took, message = timed_failure(HttpEngineRuntime(timeout_s=2.0), pod.address)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    took, message, peak = failure_with_peak(HttpEngineRuntime(timeout_s=2.0), pod.address)
     assert message == "GET /v1/runtime_config: the answer's status line and headers passed 64 KiB"
     assert peak < 2**20, peak
     assert took < 2.0  # refused at the bound, not at the deadline
