@@ -172,6 +172,12 @@ class OperatorSettings(BaseSettings):
         "(root, privilege escalation, added capabilities, seccomp Unconfined, AppArmor or seccomp "
         "annotations other than runtime/default)",
     )
+    allow_device_runtime_env: bool = Field(
+        False,
+        description="Allow env variables a GPU container runtime reads to choose the devices "
+        "(NVIDIA_*, AMD_VISIBLE_DEVICES, HABANA_VISIBLE_*): NVIDIA_VISIBLE_DEVICES=all mounts every GPU "
+        "of the node, whatever the pod requested",
+    )
 
     # --- Prometheus: what tenants may point the operator at, and how results are shared ---
     prometheus_allowed_urls: Annotated[list[str], NoDecode] = Field(
@@ -337,6 +343,7 @@ class OperatorSettings(BaseSettings):
             allow_persistent_volume_claims=self.allow_persistent_volume_claims,
             allow_cross_namespace_pod_affinity=self.allow_cross_namespace_pod_affinity,
             allow_unrestricted_security_context=self.allow_unrestricted_security_context,
+            allow_device_runtime_env=self.allow_device_runtime_env,
         )
 
     @field_validator(

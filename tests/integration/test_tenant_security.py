@@ -159,6 +159,7 @@ GATED = [
         {"annotations": {"container.apparmor.security.beta.kubernetes.io/engine": "unconfined"}},
         "spec.template.annotations[container.apparmor.security.beta.kubernetes.io/engine]",
     ),
+    ("allgpus", {"env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}, "spec.template.env[0].name"),
 ]
 
 CLUSTER_WIDE = [

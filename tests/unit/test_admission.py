@@ -161,6 +161,33 @@ HOSTILE: list[tuple[dict[str, Any], str, str]] = [
         "spec.template.annotations[seccomp.security.alpha.kubernetes.io/pod]",
         "allowUnrestricted",
     ),
+    (  # NVIDIA's toolkit mounts every GPU it names, other teams' too, whatever the pod requested
+        {"env": [{"name": "HF_HOME", "value": "/cache"}, {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]},
+        "spec.template.env[1].name",
+        "allowDeviceRuntimeEnv",
+    ),
+    (
+        {
+            "env": [
+                {
+                    "name": "NVIDIA_MIG_MONITOR_DEVICES",
+                    "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}},
+                }
+            ]
+        },
+        "spec.template.env[0].name",
+        "allowDeviceRuntimeEnv",
+    ),
+    (
+        {"env": [{"name": "AMD_VISIBLE_DEVICES", "value": "all"}]},
+        "spec.template.env[0].name",
+        "allowDeviceRuntimeEnv",
+    ),
+    (
+        {"env": [{"name": "HABANA_VISIBLE_MODULES", "value": "0,1"}]},
+        "spec.template.env[0].name",
+        "allowDeviceRuntimeEnv",
+    ),
 ]
 ALL_ALLOWED = AdmissionRules(
     allow_service_account=True,
@@ -169,6 +196,7 @@ ALL_ALLOWED = AdmissionRules(
     allow_persistent_volume_claims=True,
     allow_unrestricted_security_context=True,
     allow_cross_namespace_pod_affinity=True,
+    allow_device_runtime_env=True,
 )
 
 
@@ -192,6 +220,9 @@ def test_the_allow_list_needs_no_setting() -> None:
                 {"name": "HF_HOME", "value": "/cache"},
                 {"name": "CFG", "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": "k"}}},
                 {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                # chooses among the devices the container was given; the runtime does not read it
+                {"name": "CUDA_VISIBLE_DEVICES", "value": "0"},
+                {"name": "nvidia_visible_devices", "value": "all"},  # the runtime reads the exact name
             ],
             "envFrom": [{"configMapRef": {"name": "cfg"}}],
             "volumes": [

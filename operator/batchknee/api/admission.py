@@ -6,7 +6,8 @@ naming the field and the setting. Nothing is rendered or applied for a refused s
 
 Admin-gated: a chosen ServiceAccount, Secret references (volumes, env, envFrom, image pull secrets),
 hostPath and PersistentVolumeClaim volumes, a securityContext that loosens the restricted Pod
-Security Standard, a pod (anti-)affinity term that reaches other namespaces, and, outside the
+Security Standard, a pod (anti-)affinity term that reaches other namespaces, an environment variable
+a GPU container runtime reads (it hands the container the devices it names), and, outside the
 admin's allowed patterns, an image, a toleration's key, a priority class, a runtime class or an
 extended resource (cluster-wide, and no RBAC guards naming them: a toleration lands the pods on
 another team's tainted nodes, a priority class preempts their pods, a RuntimeClass can carry
@@ -47,6 +48,12 @@ DEFAULT_ALLOWED_RESOURCES = ("nvidia.com/*",)
 CONTAINER_RESOURCES = ("cpu", "memory", "ephemeral-storage", "hugepages-*")
 # Capabilities the restricted Pod Security Standard lets a container add.
 RESTRICTED_CAPABILITIES = frozenset({"NET_BIND_SERVICE"})
+# Variables the GPU container runtimes read from a container's environment to choose its devices:
+# NVIDIA's container toolkit, as configured by default, mounts every GPU NVIDIA_VISIBLE_DEVICES names
+# ("all": the node's, those the device plugin gave other teams' pods included), whatever the pod
+# requested; its other NVIDIA_* variables choose driver capabilities, MIG and IMEX access. AMD's and
+# Habana's runtimes read their own. Shell patterns, case-sensitive as the environment is.
+DEVICE_RUNTIME_ENV = ("NVIDIA_*", "AMD_VISIBLE_DEVICES", "HABANA_VISIBLE_*")
 
 
 @dataclass(frozen=True)
@@ -70,6 +77,7 @@ CROSS_NAMESPACE_AFFINITY = Setting(
 SECURITY_CONTEXT = Setting(
     "allowUnrestrictedSecurityContext", "BATCHKNEE_ALLOW_UNRESTRICTED_SECURITY_CONTEXT"
 )
+DEVICE_ENV = Setting("allowDeviceRuntimeEnv", "BATCHKNEE_ALLOW_DEVICE_RUNTIME_ENV")
 IMAGES = Setting("allowedImages", "BATCHKNEE_ALLOWED_IMAGES")
 TOLERATIONS = Setting("allowedTolerations", "BATCHKNEE_ALLOWED_TOLERATIONS")
 PRIORITY_CLASSES = Setting("allowedPriorityClasses", "BATCHKNEE_ALLOWED_PRIORITY_CLASSES")
@@ -96,6 +104,7 @@ class AdmissionRules:
     allow_persistent_volume_claims: bool = False
     allow_cross_namespace_pod_affinity: bool = False
     allow_unrestricted_security_context: bool = False
+    allow_device_runtime_env: bool = False
 
     def patterns(self, setting: Setting) -> tuple[str, ...]:
         """The admin's patterns behind a list setting (images, taint keys, classes)."""
@@ -117,6 +126,7 @@ class AdmissionRules:
             CLAIMS: self.allow_persistent_volume_claims,
             CROSS_NAMESPACE_AFFINITY: self.allow_cross_namespace_pod_affinity,
             SECURITY_CONTEXT: self.allow_unrestricted_security_context,
+            DEVICE_ENV: self.allow_device_runtime_env,
         }.get(setting, False)
 
 
@@ -220,6 +230,16 @@ def gated_uses(spec: LLMServingSpec) -> list[GatedUse]:
     if t.service_account_name is not None:
         uses.append(GatedUse(f"{base}.serviceAccountName", "a chosen ServiceAccount", SERVICE_ACCOUNT))
     for i, env in enumerate(t.env or []):
+        if matches_any(env.name, DEVICE_RUNTIME_ENV):
+            uses.append(
+                GatedUse(
+                    f"{base}.env[{i}].name",
+                    f"the variable {_short(env.name)!r}, which the GPU container runtime reads to choose "
+                    "the container's devices (all of the node's, other teams' included, whatever the pod "
+                    "requested)",
+                    DEVICE_ENV,
+                )
+            )
         if env.value_from is not None and env.value_from.secret_key_ref is not None:
             uses.append(
                 GatedUse(f"{base}.env[{i}].valueFrom.secretKeyRef", "a Secret in the environment", SECRETS)

@@ -16,6 +16,7 @@ from batchknee.api.admission import (
     CONFINED,
     CONFINEMENT_ANNOTATION_PREFIXES,
     CONFINEMENT_ANNOTATIONS,
+    DEVICE_RUNTIME_ENV,
     NAMESPACE_FIELDS,
     POD_AFFINITY_KINDS,
     PREFERRED_TERMS,
@@ -458,12 +459,24 @@ _CROSS_NAMESPACE_AFFINITY_CEL = (
     + "))"
 )
 
+
+def _matches_cel(value: str, pattern: str) -> str:
+    """A DEVICE_RUNTIME_ENV pattern in CEL: a literal, or a literal stem and one trailing `*`."""
+    stem = pattern.removesuffix("*")
+    if any(c in stem for c in "*?["):
+        raise ValueError(f"{pattern!r}: only a trailing * has a CEL spelling here")
+    return f"{value}.startsWith('{stem}')" if stem != pattern else f"{value} == '{pattern}'"
+
+
 # The same fields as batchknee.api.admission.gated_uses, in CEL.
 GATED_FIELDS_CEL = " || ".join(
     [
         _has("serviceAccountName"),
         f"({_has('imagePullSecrets')} && {_T}.imagePullSecrets.size() > 0)",
         f"({_has('env')} && {_T}.env.exists(e, has(e.valueFrom) && has(e.valueFrom.secretKeyRef)))",
+        f"({_has('env')} && {_T}.env.exists(e, "
+        + " || ".join(_matches_cel("e.name", pattern) for pattern in DEVICE_RUNTIME_ENV)
+        + "))",
         f"({_has('envFrom')} && {_T}.envFrom.exists(e, has(e.secretRef)))",
         f"({_has('volumes')} && {_T}.volumes.exists(v, has(v.secret) || has(v.hostPath) || "
         "has(v.persistentVolumeClaim)))",
@@ -541,7 +554,8 @@ def requester_policy() -> list[dict[str, Any]]:
                     "expression": "!variables.gated || "
                     "authorizer.group('').resource('pods').namespace(request.namespace).check('create').allowed()",
                     "messageExpression": "'spec.template asks for admin-gated pod fields (a ServiceAccount, Secrets, "
-                    "host paths, claims, a loosened securityContext or cross-namespace pod affinity): whoever writes such an LLMServing must be "
+                    "host paths, claims, a loosened securityContext, cross-namespace pod affinity or a device "
+                    "variable of the GPU runtime): whoever writes such an LLMServing must be "
                     "allowed to create pods in namespace ' + request.namespace + ' themselves, and ' + "
                     "request.userInfo.username + ' is not; remove those fields or ask an admin of the namespace'",
                     "reason": "Forbidden",
