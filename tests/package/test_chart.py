@@ -611,8 +611,12 @@ def test_pod_monitors_select_the_engine_pods_with_the_labels_the_operator_querie
         namespaces = values.get("operator", {}).get("watchNamespaces")
         expected = {"matchNames": namespaces} if namespaces else {"any": True}
         assert monitor["spec"]["namespaceSelector"] == expected
+        # a pod runs the tenant's image: its scrape may not flood a Prometheus other teams share
+        assert monitor["spec"]["sampleLimit"] == 20000
     not_an_engine = {"app.kubernetes.io/name": "batchknee", "app.kubernetes.io/instance": "rel"}
     assert not any(matches(m["spec"]["selector"], not_an_engine) for m in monitors)
+    unlimited = {"metrics": {"podMonitor": {"enabled": True, "sampleLimit": 0}}}
+    assert not any("sampleLimit" in m["spec"] for m in kinds(render(unlimited), "PodMonitor"))
 
 
 def test_the_prometheus_adapter_queries_the_labels_the_pod_monitors_set() -> None:
