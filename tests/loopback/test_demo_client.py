@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from test_emulator_streaming import emulator_process
 
-from batchknee.demo.client import ExternalClient
+from batchknee.demo.client import STALL_BACKLOG_S, ExternalClient
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -103,3 +103,49 @@ def test_the_client_follows_endpoints_while_its_streams_hold_its_event_loop() ->
         client.stop()
     assert [pods for _at, pods in client.endpoint_sets] == [["pod-a", "pod-b"], ["pod-b"]]
     assert held["from"] < client.endpoint_sets[1][0] < held["until"]
+
+
+def test_the_client_marks_the_requests_it_read_across_a_stall_of_its_own_loop(tmp_path: Path) -> None:
+    """Tokens that arrive while the client's loop is held are read in one burst when it resumes: a
+    request whose first or last token was among them has a TPOT that measures the client. The client
+    sees its own loop wake late and marks those requests; the report's ITL leaves them out."""
+    argv = ["llama-3-8b", "--served-model-name", "llama", "--speedup", "10", "--startup-delay-s", "0.1"]
+    held: dict[str, float] = {}
+
+    def hold_the_loop() -> None:
+        held["from"] = time.time()
+        time.sleep(0.3)
+        held["until"] = time.time()
+
+    with emulator_process(argv) as url:
+        client = ExternalClient(
+            lambda: [("pod-a", url)], model="llama", speedup=10.0, concurrency=2, max_tokens=64
+        )
+        client.set_phase("short", 200)
+        client.start()
+        deadline = time.monotonic() + 30
+        while (client.loop is None or len(client.records) < 4) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert client.loop is not None
+        client.loop.call_soon_threadsafe(hold_the_loop)
+        while "until" not in held and time.monotonic() < deadline:
+            time.sleep(0.05)
+        started = len(client.records)
+        while len(client.records) < started + 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        client.stop()
+    client.write_report(tmp_path / "client.json")
+    assert any(since <= held["from"] + 0.01 and until >= held["until"] for since, until in client.stalls)
+
+    def read_in_the_hold(at: float | None) -> bool:
+        return at is not None and held["from"] <= at <= held["until"] + STALL_BACKLOG_S
+
+    delayed = [
+        r for r in client.records if read_in_the_hold(r.first_token_at) or read_in_the_hold(r.last_token_at)
+    ]
+    assert delayed and all(r.stalled and r.stall_s >= 0.25 for r in delayed)
+    before = [r for r in client.records if r.last_token_at and r.last_token_at < held["from"]]
+    assert any(not r.stalled for r in before)
+    report = json.loads((tmp_path / "client.json").read_text())
+    assert report["stalledRequests"] == sum(1 for r in client.records if r.stalled) >= len(delayed)
+    assert report["longestStallSeconds"] >= 0.25

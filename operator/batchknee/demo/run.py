@@ -265,7 +265,8 @@ def run_scenario(
         seen = latencies(client.records)
         print(
             f"\nexternal client ({name}, through {world.routing}): {len(client.records)} streamed requests, "
-            f"{failed} errors, TTFT p50 {seen['ttftP50Ms']} ms, ITL p50 {seen['itlP50Ms']} ms (simulated), "
+            f"{failed} errors, TTFT p50 {seen['ttftP50Ms']} ms, ITL p50 {seen['itlP50Ms']} ms (simulated; "
+            f"{sum(1 for r in client.records if r.stalled)} read late by a stall of the client left out), "
             f"{drained} finished on a pod that left the endpoints meanwhile, "
             f"{len(client.endpoint_sets)} endpoint sets → {client_file(world, name)}",
             file=out,
