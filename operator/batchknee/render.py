@@ -452,6 +452,9 @@ def deployment(obj: LLMServing, desired: Desired, defaults: RenderDefaults) -> d
         "securityContext": pod_security_context(obj),
         # the engine needs no API access; a token is mounted only for a ServiceAccount the admin allowed
         "automountServiceAccountToken": template.service_account_name is not None,
+        # nor the namespace's Services as variables: they would show the engine's code every Service of
+        # the namespace, and one named `vllm` (an LLMServing's own) sets VLLM_PORT=tcp://…, which stops vLLM
+        "enableServiceLinks": False,
     }
     for key, pod_value in (
         ("volumes", volumes),

@@ -209,7 +209,15 @@ def test_hostile_specs_are_refused_and_nothing_runs(tenant: Harness) -> None:
     assert done.returncode != 0 and "spec.tuning.pinnedMaxNumSeqs" in done.stderr, done.stderr
     done = apply_as(world, TENANT, "ownkey", template={"labels": {"batchknee.io/llmserving": "chat"}})
     assert done.returncode != 0 and "spec.template.labels" in done.stderr, done.stderr
-    assert "batchknee.io/ are the operator's own" in done.stderr, done.stderr
+    assert "keys under batchknee.io/ (or spelled so" in done.stderr, done.stderr
+    # ...spelled so that Prometheus reads it as the operator's (`-`, `.`, `/` all become `_`)
+    done = apply_as(world, TENANT, "lookalike", template={"labels": {"batchknee-io/llmserving": "chat"}})
+    assert done.returncode != 0 and "batchknee.io/ (or spelled so" in done.stderr, done.stderr
+    # the engine Service takes the name: `kubernetes` would replace the API server's address in the
+    # variables the kubelet gives the namespace's other pods
+    done = apply_as(world, TENANT, "kubernetes")
+    assert done.returncode != 0 and "must not be 'kubernetes'" in done.stderr, done.stderr
+    assert world.get("service", "kubernetes") is None
     # affinity is typed like Kubernetes' own: a malformed term is refused where it is
     no_domain = {
         "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{"labelSelector": {}}]}

@@ -35,6 +35,7 @@ from batchknee.api.models import (
     MAX_NAME_LENGTH,
     MAX_OPTIONS_CHARACTERS,
     MAX_OPTIONS_VALUES,
+    RESERVED_NAME_MESSAGE,
     LLMServing,
 )
 from batchknee.api.resolve import (
@@ -552,9 +553,22 @@ def test_confinement_annotations_follow_their_own_gate_not_the_annotation_patter
 @pytest.mark.parametrize("kind", ["labels", "annotations"])
 def test_the_operators_own_keys_are_refused_in_the_template(kind: str) -> None:
     """batchknee.io/ keys steer the operator (its selector label, the applied max-num-seqs and
-    max-tokens it reads back): a spec that sets one is invalid, whatever the admin allows."""
-    error = spec_error(template={kind: {"batchknee.io/max-tokens": "1"}})
-    assert error.field == "spec.template" and "batchknee.io/" in error.message and "rename" in error.message
+    max-tokens it reads back): a spec that sets one is invalid, whatever the admin allows. So are
+    keys Prometheus reads as theirs: its discovery writes `-`, `.` and `/` in a key all as `_`, and
+    `batchknee-io/llmserving` would race the engine pods' own label for the PodMonitors' `llmserving`."""
+    for key in (
+        "batchknee.io/max-tokens",
+        "batchknee-io/llmserving",
+        "batchknee_io_llmserving",
+        "batchknee.io.x/y",
+    ):
+        error = spec_error(template={kind: {key: "1"}})
+        assert (
+            error.field == "spec.template" and "batchknee.io/" in error.message and "rename" in error.message
+        )
+    allowed = AdmissionRules(allowed_pod_labels=("*",), allowed_pod_annotations=("*",))
+    for key in ("batchknee/llmserving", "batchkneeio/x", "team.batchknee.io/x"):
+        check_admission(parse(template={kind: {key: "1"}}).spec, allowed)
     rule = next(
         r
         for r in crd_manifest()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"][
@@ -562,7 +576,7 @@ def test_the_operators_own_keys_are_refused_in_the_template(kind: str) -> None:
         ]["template"]["x-kubernetes-validations"]
         if r.get("fieldPath") == f".{kind}"
     )
-    assert "startsWith('batchknee.io/')" in rule["rule"]
+    assert "matches('^batchknee[^a-zA-Z0-9]io[^a-zA-Z0-9]')" in rule["rule"]
 
 
 def test_a_keyless_toleration_needs_a_pattern_that_matches_every_key() -> None:
@@ -777,6 +791,17 @@ def test_bounds_on_name_args_and_pinned() -> None:
     )
 
 
+def test_a_name_the_kubelet_would_make_variables_of_other_pods_is_refused() -> None:
+    """The engine Service takes the name, and the kubelet makes each Service of the namespace
+    variables of every pod started there: `kubernetes` would replace the API server's address in the
+    namespace's other pods, nvidia-require… would give GPU containers NVIDIA_REQUIRE_… variables."""
+    for name in ("kubernetes", "nvidia-require-cuda", "nvidia-requirements"):
+        error = spec_error_name(name)
+        assert error.field == "metadata.name" and "choose another name" in error.message, name
+    for name in ("kubernetes-chat", "my-kubernetes", "nvidia-nemotron", "vllm"):
+        assert parse_llmserving(manifest(name=name)).metadata.name == name
+
+
 def spec_error_name(name: str) -> SpecError:
     with pytest.raises(SpecError) as caught:
         parse_llmserving(manifest(name=name))
@@ -785,7 +810,8 @@ def spec_error_name(name: str) -> SpecError:
 
 def test_the_crd_carries_the_same_bounds_in_cel_and_schema() -> None:
     schema = crd_manifest()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-    [name_rule] = schema["x-kubernetes-validations"]
+    [name_rule, reserved_rule] = schema["x-kubernetes-validations"]
+    assert "'kubernetes'" in reserved_rule["rule"] and reserved_rule["message"] == RESERVED_NAME_MESSAGE
     assert f"self.metadata.name.size() <= {MAX_NAME_LENGTH}" in name_rule["rule"]
     assert str(MAX_NAME_LENGTH) in name_rule["message"]
     spec = schema["properties"]["spec"]["properties"]
@@ -835,6 +861,8 @@ def test_rendered_pods_meet_the_restricted_pod_security_standard() -> None:
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert pod["automountServiceAccountToken"] is False
     assert "serviceAccountName" not in pod
+    # no Service of the namespace as variables (`vllm` would set VLLM_PORT=tcp://…, which stops vLLM)
+    assert pod["enableServiceLinks"] is False
     # what the spec adds is merged in, ALL is still dropped
     obj = parse(
         template={

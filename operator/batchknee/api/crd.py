@@ -27,6 +27,9 @@ from batchknee.api.models import (
     KIND,
     MAX_NAME_LENGTH,
     PLURAL,
+    RESERVED_NAME,
+    RESERVED_NAME_MESSAGE,
+    RESERVED_NAME_PREFIX,
     SHORT_NAMES,
     SINGULAR,
     VERSION,
@@ -273,7 +276,13 @@ def crd_manifest() -> dict[str, Any]:
                 f"{MAX_NAME_LENGTH} characters (the engine pods are named <name>-<hash>-<random> within 63); "
                 "choose a shorter name",
                 "reason": "FieldValueInvalid",
-            }
+            },
+            {
+                "rule": f"self.metadata.name != '{RESERVED_NAME}' && "
+                f"!self.metadata.name.startsWith('{RESERVED_NAME_PREFIX}')",
+                "message": RESERVED_NAME_MESSAGE,
+                "reason": "FieldValueInvalid",
+            },
         ],
         "type": "object",
         "description": "LLMServing runs an LLM engine (vLLM or TensorRT-LLM) as a Deployment and keeps its "

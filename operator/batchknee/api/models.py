@@ -52,6 +52,23 @@ TARGET_ENV_VAR = "BATCHKNEE_MAX_NUM_SEQS"
 DEFAULT_WINDOW_SECONDS = 300  # spec.tuning.windowSeconds
 # Label and annotation keys the operator reads and writes on its objects (a tenant's would steer it).
 OPERATOR_KEY_PREFIX = f"{GROUP}/"
+# ...and the keys Prometheus reads as theirs: its Kubernetes discovery writes every character of a
+# label key outside [a-zA-Z0-9_] as `_`, so `batchknee-io/llmserving` and `batchknee.io/llmserving`
+# race for the one meta label the PodMonitors take the `llmserving` label from.
+OPERATOR_KEY_LOOKALIKE = "^batchknee[^a-zA-Z0-9]io[^a-zA-Z0-9]"
+# The engine Service takes the LLMServing's name, and the kubelet makes every Service of a namespace
+# variables of the pods started there (<NAME>_SERVICE_HOST, <NAME>_PORT, …, service links): one named
+# `kubernetes` replaces the API server's KUBERNETES_SERVICE_HOST and _PORT in the namespace's other
+# pods (their clients would dial the engine, bearer tokens and all), and one named nvidia-require…
+# gives every GPU container there NVIDIA_REQUIRE_… variables NVIDIA's runtime reads as requirements.
+RESERVED_NAME = "kubernetes"
+RESERVED_NAME_PREFIX = "nvidia-require"
+RESERVED_NAME_MESSAGE = (
+    f"metadata.name must not be {RESERVED_NAME!r} or start with {RESERVED_NAME_PREFIX!r}: the engine Service "
+    "takes the name, and the kubelet makes each Service of the namespace variables of every pod started "
+    f"there ({RESERVED_NAME!r} would replace the API server's address in the namespace's other pods, "
+    f"{RESERVED_NAME_PREFIX}… would give GPU containers requirements NVIDIA's runtime reads); choose another name"
+)
 # Kubernetes' syntax of label keys (IsQualifiedName) and values (IsValidLabelValue), checked at
 # admission rather than at the Deployment write. '[.]', not an escaped dot: CEL strings have no such
 # escape. A key's prefix is bounded to 253 characters apart (LONG_LABEL_KEY_PREFIX).
@@ -1246,9 +1263,9 @@ class TemplateSpec(_Model):
             },
             *(
                 {
-                    "rule": f"!has(self.{name}) || self.{name}.all(k, !k.startsWith('{OPERATOR_KEY_PREFIX}'))",
-                    "message": f"spec.template.{name} keys under {OPERATOR_KEY_PREFIX} are the operator's "
-                    "own; rename the key",
+                    "rule": f"!has(self.{name}) || self.{name}.all(k, !k.matches('{OPERATOR_KEY_LOOKALIKE}'))",
+                    "message": f"spec.template.{name} keys under {OPERATOR_KEY_PREFIX} (or spelled so that "
+                    "Prometheus reads them so, such as batchknee-io/) are the operator's own; rename the key",
                     "fieldPath": f".{name}",
                     "reason": "FieldValueInvalid",
                 }
@@ -1354,10 +1371,10 @@ class TemplateSpec(_Model):
         _check_label_keys("nodeSelector", self.node_selector or {})
         for name, keys in (("labels", self.labels), ("annotations", self.annotations)):
             for key in sorted(keys or {}):
-                if key.startswith(OPERATOR_KEY_PREFIX):
+                if re.match(OPERATOR_KEY_LOOKALIKE, key):
                     raise ValueError(
-                        f"{name} key {key[:256]!r}: keys under {OPERATOR_KEY_PREFIX} are the operator's own; "
-                        "rename the key"
+                        f"{name} key {key[:256]!r}: keys under {OPERATOR_KEY_PREFIX} (or spelled so that "
+                        "Prometheus reads them so, such as batchknee-io/) are the operator's own; rename the key"
                     )
         names = {volume.name for volume in self.volumes or []}
         for mount in self.volume_mounts or []:
@@ -1756,10 +1773,16 @@ class LLMServingStatus(_Model):
         return next((c for c in self.conditions if c.type == kind), None)
 
 
+def _not_a_reserved_service_name(name: str) -> str:
+    if name == RESERVED_NAME or name.startswith(RESERVED_NAME_PREFIX):
+        raise ValueError(RESERVED_NAME_MESSAGE)
+    return name
+
+
 class ObjectMeta(_Model):
     """The metadata the operator reads."""
 
-    name: str = Field(
+    name: Annotated[str, AfterValidator(_not_a_reserved_service_name)] = Field(
         min_length=1,
         max_length=MAX_NAME_LENGTH,
         pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$",
