@@ -5,8 +5,8 @@
 - one scheduler (scheduling.py) re-evaluates every watched object every
   `spec.tuning.evaluationIntervalSeconds` (read live from kopf's index of LLMServings), ticks
   spread evenly over the interval, a bounded number in flight, a failing evaluation never stopping
-  it — no kopf daemon, so no task and no finalizer per object (kopf removes the finalizer an older
-  build's daemons left: nothing here requires one);
+  it — no kopf daemon, so no task and no finalizer per object (nothing here requires one; the
+  finalizer an older build's daemons left on an LLMServing is removed when it is seen);
 - changes of an engine Deployment (its rollout progressing) reconcile the owning LLMServing; the
   engine Deployments, Services and PodDisruptionBudgets their watches bring are what reconcile
   reads (the watch cache), so a steady reconcile asks the apiserver nothing for them;
@@ -377,13 +377,28 @@ async def login(**kwargs: Any) -> kopf.AiohttpSession | None:
     )
 
 
+# kopf's default finalizer name, which every kopf operator shares; an older build's per-object daemons
+# put it on LLMServings. kopf takes its configured finalizer off every object it watches where no
+# handler of its own needs one: with this name, it would take other kopf operators' finalizers off
+# every Deployment, Service and PodDisruptionBudget of the cluster (their delete handlers never run).
+LEGACY_FINALIZER = "kopf.zalando.org/KopfFinalizerMarker"
+FINALIZER = f"{GROUP}/kopf"  # ours: nothing adds it, so kopf takes only ours off
+
+
+def _without_legacy_finalizer(body: dict[str, Any]) -> None:
+    meta = body.get("metadata") or {}
+    meta["finalizers"] = [f for f in meta.get("finalizers") or [] if f != LEGACY_FINALIZER]
+
+
 @kopf.on.event(GROUP, VERSION, PLURAL)
 async def on_llmserving(**kwargs: Any) -> None:
     """An LLMServing seen for the first time (listed at startup, or created) or with a new spec (a
     new generation) is reconciled at once; a deleted or deleting one has its state freed. Watching
     only, no kopf change handler: kopf then writes nothing on the object (no last-handled and
-    progress annotations, no finalizer), and removes the finalizer an older build left."""
+    progress annotations, no finalizer); the finalizer an older build left goes with kopf's patch."""
     event, namespace, name, meta = kwargs["event"], kwargs["namespace"], kwargs["name"], kwargs["meta"]
+    if LEGACY_FINALIZER in (meta.get("finalizers") or []):
+        kwargs["patch"].fns.append(_without_legacy_finalizer)
     rt = runtime()
     remember(rt.cache, "LLMServing", f"{GROUP}/{VERSION}", event)
     if event.get("type") == "DELETED" or meta.get("deletionTimestamp"):
@@ -632,6 +647,7 @@ def kopf_settings(settings: OperatorSettings) -> kopf.OperatorSettings:
     # kopf keeps its own bookkeeping in annotations, never in our (schema-checked) status
     kopf_conf.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="batchknee.io")
     kopf_conf.persistence.diffbase_storage = NoDiffBase()
+    kopf_conf.persistence.finalizer = FINALIZER
     kopf_conf.posting.enabled = False  # the Events are ours, each naming its inputs
     kopf_conf.peering.name = settings.peering_name
     kopf_conf.peering.mandatory = settings.peering == "mandatory"

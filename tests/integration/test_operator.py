@@ -351,10 +351,14 @@ def test_one_scheduler_re_evaluates_adds_no_finalizer_and_frees_a_deleted_object
 ) -> None:
     """Every object is re-evaluated at its interval by one scheduler, not a kopf daemon per object: no
     finalizer is added; an object an older build left with kopf's finalizer loses it and deletes; a
-    deleted object's state (its gauges here) is freed."""
+    deleted object's state (its gauges here) is freed. Another kopf operator's finalizer (kopf's
+    default name, which they all share) on a Service the operator watches is left alone: taken off,
+    that operator's delete handler would never run."""
     assert world.apply("legacy").returncode == 0
     patch = json.dumps({"metadata": {"finalizers": [KOPF_FINALIZER]}})
     world.kubectl("patch", "llms", "legacy", "--type=merge", "-p", patch)
+    world.kubectl("create", "service", "clusterip", "theirs", "--tcp=80:80")
+    world.kubectl("patch", "service", "theirs", "--type=merge", "-p", patch)
     port = free_port()
     world.start_operator("--peering", "standalone", "--metrics-port", str(port))
     assert world.apply("ticking").returncode == 0
@@ -373,6 +377,11 @@ def test_one_scheduler_re_evaluates_adds_no_finalizer_and_frees_a_deleted_object
 
     assert KOPF_FINALIZER not in finalizers("ticking")  # evaluated three times, never blocked
     wait_for(lambda: KOPF_FINALIZER not in finalizers("legacy"), 60, "kopf's old finalizer gone", world.log)
+    theirs = world.get("service", "theirs") or {}
+    assert theirs["metadata"].get("finalizers") == [KOPF_FINALIZER]  # through three evaluations
+    world.kubectl(
+        "patch", "service", "theirs", "--type=merge", "-p", json.dumps({"metadata": {"finalizers": None}})
+    )
 
     def gauges() -> str:
         return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
