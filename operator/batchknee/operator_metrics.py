@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import socket
+import threading
 import time
+from http.server import ThreadingHTTPServer
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import MetricsHandler
 
 from batchknee.reconcile import Outcome
 
@@ -157,5 +161,44 @@ class OperatorMetrics:
             with contextlib.suppress(KeyError):
                 gauge.remove(namespace, name)
 
-    def serve(self, address: str, port: int) -> None:
-        start_http_server(port, addr=address, registry=self.registry)
+    def serve(self, address: str, port: int) -> ThreadingHTTPServer:
+        """/metrics on a thread of its own (and one per scrape, at most MAX_SCRAPES)."""
+        family = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)[0][0]
+        server_class = type("MetricsServer", (BoundedMetricsServer,), {"address_family": family})
+        handler = type("Scrape", (MetricsHandler.factory(self.registry),), {"timeout": SCRAPE_TIMEOUT_S})
+        server: ThreadingHTTPServer = server_class((address, port), handler)
+        threading.Thread(target=server.serve_forever, name="metrics-server", daemon=True).start()
+        return server
+
+
+SCRAPE_TIMEOUT_S = 10.0  # each read and write of a scrape's connection
+MAX_SCRAPES = 4  # connections served at once; one more is closed as it comes
+
+
+class BoundedMetricsServer(ThreadingHTTPServer):
+    """prometheus_client's own server starts a thread per connection and waits on it for ever: a
+    client that sends half a request holds a thread until it leaves (200 such connections, 200
+    threads, up to the pod's limits). Here each read and write has a deadline and at most
+    MAX_SCRAPES connections are served at once."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: type[MetricsHandler]) -> None:
+        super().__init__(address, handler)
+        self._slots = threading.BoundedSemaphore(MAX_SCRAPES)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
