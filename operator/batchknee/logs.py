@@ -41,3 +41,6 @@ def configure(verbose: bool) -> None:
     for handler in logging.getLogger().handlers:
         if not any(isinstance(f, OneLineRecords) for f in handler.filters):  # configured once
             handler.addFilter(OneLineRecords())
+    # kopf's health endpoint (aiohttp) would log a line per request, path and User-Agent as sent:
+    # anyone the network lets reach the port could fill the log with lines of their choosing
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)

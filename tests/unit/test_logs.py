@@ -25,6 +25,8 @@ LOGGING = textwrap.dedent(
         raise error
     except ApiException:
         log.exception("prod/llama: reconcile failed")
+    # what aiohttp writes per request to kopf's health endpoint, User-Agent as the caller sent it
+    logging.getLogger("aiohttp.access").info('10.0.0.9 "GET /healthz HTTP/1.1" 200 "agent-chosen"')
     log.info("prod/llama: a line of our own")
     """
 )
@@ -44,3 +46,4 @@ def test_an_upstream_error_is_one_bounded_line_and_forges_none() -> None:
     assert lines[start + 1] == "Traceback (most recent call last):"
     assert lines[-2].startswith("kubernetes.client.exceptions.ApiException: (500)")
     assert lines[-1].endswith("INFO batchknee: prod/llama: a line of our own")
+    assert not any("agent-chosen" in line for line in lines)  # anyone who reaches the port writes nothing
