@@ -26,7 +26,15 @@ from typing import Any
 
 import pytest
 import yaml
-from operator_rbac import CLUSTER_SCOPED, Permission, granted, operator_calls, required, wildcards
+from operator_rbac import (
+    ADMISSION_CHECKED,
+    CLUSTER_SCOPED,
+    Permission,
+    granted,
+    operator_calls,
+    required,
+    wildcards,
+)
 
 pytest.importorskip("batchknee.devcluster", reason="the local control plane has not landed on this branch")
 
@@ -131,6 +139,17 @@ def resource_arg(permission: Permission) -> tuple[str, str | None]:
     if permission.name:
         qualified += f"/{permission.name}"
     return qualified, sub or None
+
+
+# With OwnerReferencesPermissionEnforcement on, the apiserver maps each owner reference's kind to its
+# resource through a cache it refreshes on its own: for the seconds after the chart installs the CRD,
+# an owner reference to an LLMServing is refused with this (a 403 that is not about permissions;
+# the operator applies again at its next evaluation).
+MAPPER_LAG = "cannot set blockOwnerDeletion in this case because cannot find RESTMapping"
+
+
+def mapper_lag(event: dict[str, Any]) -> bool:
+    return MAPPER_LAG in event.get("responseStatus", {}).get("message", "")
 
 
 def audited(cluster: DevCluster, user: str) -> list[dict[str, Any]]:
@@ -449,6 +468,7 @@ def test_the_chart_installs_and_its_service_account_runs_the_operator_through_a_
         for e in events
         if e.get("responseStatus", {}).get("code") == 403
         and "being terminated" not in e.get("responseStatus", {}).get("message", "")
+        and not mapper_lag(e)
     ]
     assert denied == []
     table = {c.permission for c in calls}
@@ -456,7 +476,7 @@ def test_the_chart_installs_and_its_service_account_runs_the_operator_through_a_
         {(e["verb"], e["requestURI"].split("?")[0]) for e in events if covered(e, table) is None}
     )
     assert outside == [], outside
-    unused = table - used(events, table)
+    unused = table - used(events, table) - ADMISSION_CHECKED
     assert unused == set(), f"granted but never used: {sorted(unused)}"
     assert reads_after_the_last_write(events, namespace, "chat") == {"services": 0, "poddisruptionbudgets": 0}
 
@@ -551,12 +571,14 @@ def test_a_namespaced_install_needs_nothing_cluster_scoped(
         wait_for(lambda: harness.status("solo").get("maxNumSeqs") == 64, 60, "the status", harness.log)
         assert harness.events("Deployed")
         log = (tmp_path / "operator.log").read_text(errors="replace")
-        assert "403" not in log and "Not enough permissions" not in log, log[-3000:]
+        refused = [line for line in log.splitlines() if "403" in line and MAPPER_LAG not in line]
+        assert refused == [] and "Not enough permissions" not in log, log[-3000:]
     finally:
         harness.stop_operator()
 
     events = audited(cluster, user)
-    assert [e["requestURI"] for e in events if e.get("responseStatus", {}).get("code") == 403] == []
+    denied = [e for e in events if e.get("responseStatus", {}).get("code") == 403 and not mapper_lag(e)]
+    assert [e["requestURI"] for e in denied] == []
     table = {c.permission for c in calls}
     assert sorted({e["requestURI"] for e in events if covered(e, table) is None}) == []
     elsewhere = sorted({e["requestURI"] for e in events if e["objectRef"].get("namespace") != namespace})

@@ -56,6 +56,11 @@ def _calls(cluster_wide: bool, peering: bool, peering_name: str) -> list[Call]:
         Call(p("batchknee.io", "llmservings", "watch"), "kopf: the LLMServing watch-stream"),
         Call(p("batchknee.io", "llmservings", "patch"), "kopf: removes an older build's finalizer"),
         Call(p("batchknee.io", "llmservings/status", "patch"), "KubernetesAdapter.patch_status"),
+        Call(
+            p("batchknee.io", "llmservings/finalizers", "update"),
+            "the apiserver's OwnerReferencesPermissionEnforcement, for each applied object's owner "
+            "reference with blockOwnerDeletion (no request of its own)",
+        ),
         Call(p("apps", "deployments", "get"), "KubernetesAdapter.get_deployment"),
         Call(p("apps", "deployments", "list"), "kopf: on.event of Deployments (the watch cache)"),
         Call(p("apps", "deployments", "watch"), "kopf: on.event of Deployments (the watch cache)"),
@@ -111,6 +116,10 @@ def operator_calls(*, cluster_wide: bool, peering: bool, peering_name: str = "ba
 def required(*, cluster_wide: bool, peering: bool, peering_name: str = "batchknee") -> set[Permission]:
     return {c.permission for c in _calls(cluster_wide, peering, peering_name)}
 
+
+# Checked by the apiserver on the operator's own writes, never a request of its own (so absent from
+# the audit log): an owner reference that blocks the owner's deletion needs update on its finalizers.
+ADMISSION_CHECKED = {Permission("batchknee.io", "llmservings/finalizers", "update")}
 
 CLUSTER_SCOPED = {"customresourcedefinitions", "clusterkopfpeerings", "namespaces", "nodes"}
 

@@ -103,6 +103,12 @@ Each rule is a call the operator makes; the README lists which code makes it.
 - apiGroups: ["batchknee.io"]
   resources: ["llmservings/status"]
   verbs: ["patch"]
+# Nothing calls it: the objects the operator applies name their LLMServing as an owner that their
+# deletion blocks (blockOwnerDeletion), which the OwnerReferencesPermissionEnforcement admission
+# plugin (on in OpenShift) allows only to whoever may update the owner's finalizers.
+- apiGroups: ["batchknee.io"]
+  resources: ["llmservings/finalizers"]
+  verbs: ["update"]
 # The engine Deployment: watched (list, watch: rollout progress, and what reconcile reads), read (get)
 # where the watch has not brought it yet, written by server-side apply: a PATCH, for which the
 # apiserver also requires create when the object does not exist yet.

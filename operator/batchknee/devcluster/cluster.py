@@ -360,6 +360,9 @@ class DevCluster:
             f"--tls-private-key-file={serving.key}",
             f"--client-ca-file={pki.ca.cert}",
             "--authorization-mode=RBAC",
+            # OpenShift's default, off in upstream's: an object whose owner reference blocks the
+            # owner's deletion may be written only by who may update the owner's finalizers
+            "--enable-admission-plugins=OwnerReferencesPermissionEnforcement",
             f"--service-account-key-file={pki.service_account.cert}",
             f"--service-account-signing-key-file={pki.service_account.key}",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
