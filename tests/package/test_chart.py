@@ -790,6 +790,13 @@ def test_the_schema_knows_every_value_and_rejects_unknown_ones(helm: Helm) -> No
         ({"operator": {"peering": {"mode": "auto"}}}, "mode"),
         ({"operator": {"watchNamespaces": ["Not_A_Namespace"]}}, "watchNamespaces"),
         ({"metrics": {"podMonitor": {"interval": "ten seconds"}}}, "interval"),
+        # values rendered into the YAML as they are: a newline would add fields (hostNetwork, …)
+        ({"priorityClassName": "x\n      hostNetwork: true"}, "priorityClassName"),
+        ({"tmpSizeLimit": "64Mi\n          medium: Memory"}, "tmpSizeLimit"),
+        ({"serviceAccount": {"name": "op\n  finalizers: [x]"}}, "name"),
+        ({"metrics": {"podMonitor": {"namespace": "monitoring\n  finalizers: [x]"}}}, "namespace"),
+        ({"metrics": {"serviceMonitor": {"namespace": "Monitoring"}}}, "namespace"),
+        ({"grafanaDashboard": {"namespace": "x\ny"}}, "namespace"),
         ({"image": {"digest": "latest"}}, "digest"),
         ({"operator": {"prometheusAuth": {"bearerTokenSecret": "Prom_Token"}}}, "bearerTokenSecret"),
         ({"operator": {"prometheusAuth": {"bearerTokenSecret": "a" * 254}}}, "bearerTokenSecret"),
