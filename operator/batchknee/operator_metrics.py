@@ -163,10 +163,8 @@ class OperatorMetrics:
 
     def serve(self, address: str, port: int) -> ThreadingHTTPServer:
         """/metrics on a thread of its own (and one per scrape, at most MAX_SCRAPES)."""
-        family = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)[0][0]
-        server_class = type("MetricsServer", (BoundedMetricsServer,), {"address_family": family})
         handler = type("Scrape", (MetricsHandler.factory(self.registry),), {"timeout": SCRAPE_TIMEOUT_S})
-        server: ThreadingHTTPServer = server_class((address, port), handler)
+        server = BoundedMetricsServer((address, port), handler)
         threading.Thread(target=server.serve_forever, name="metrics-server", daemon=True).start()
         return server
 
@@ -184,6 +182,7 @@ class BoundedMetricsServer(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, address: tuple[str, int], handler: type[MetricsHandler]) -> None:
+        self.address_family = socket.getaddrinfo(*address, type=socket.SOCK_STREAM)[0][0]  # IPv4 or 6
         super().__init__(address, handler)
         self._slots = threading.BoundedSemaphore(MAX_SCRAPES)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -71,17 +72,24 @@ def test_the_client_follows_endpoint_changes_and_lets_a_leaving_pods_requests_fi
     assert report["itlP50Ms"] is not None and report["ttftP50Ms"] is not None
 
 
+def loop_holder(seconds: float) -> tuple[Callable[[], None], dict[str, float]]:
+    """A callback that holds the loop it runs on for `seconds`, and when it did (wall clock)."""
+    held: dict[str, float] = {}
+
+    def hold_the_loop() -> None:
+        held["from"] = time.time()
+        time.sleep(seconds)
+        held["until"] = time.time()
+
+    return hold_the_loop, held
+
+
 def test_the_client_follows_endpoints_while_its_streams_hold_its_event_loop() -> None:
     """In a busy run the streams' event loop wakes seconds late; routing must not wait for it
     (a pod's preStop sleep covers only so long). Here the loop is held for 3 s: the endpoints
     changed meanwhile are seen while it is still held."""
     argv = ["llama-3-8b", "--served-model-name", "llama", "--speedup", "10", "--startup-delay-s", "0.1"]
-    held: dict[str, float] = {}
-
-    def hold_the_loop() -> None:
-        held["from"] = time.time()
-        time.sleep(3.0)
-        held["until"] = time.time()
+    hold_the_loop, held = loop_holder(3.0)
 
     with emulator_process(argv) as url:
         endpoints = [("pod-a", url), ("pod-b", url)]
@@ -110,12 +118,7 @@ def test_the_client_marks_the_requests_it_read_across_a_stall_of_its_own_loop(tm
     request whose first or last token was among them has a TPOT that measures the client. The client
     sees its own loop wake late and marks those requests; the report's ITL leaves them out."""
     argv = ["llama-3-8b", "--served-model-name", "llama", "--speedup", "10", "--startup-delay-s", "0.1"]
-    held: dict[str, float] = {}
-
-    def hold_the_loop() -> None:
-        held["from"] = time.time()
-        time.sleep(0.3)
-        held["until"] = time.time()
+    hold_the_loop, held = loop_holder(0.3)
 
     with emulator_process(argv) as url:
         client = ExternalClient(
