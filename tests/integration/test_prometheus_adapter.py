@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from batchknee.adapters.prometheus import PrometheusObserver
 from batchknee.core.observation import Observation, ObservationTarget
-from batchknee.devcluster import LocalPrometheus
+from batchknee.devcluster import LocalPrometheus, tools
 from batchknee.devcluster.cluster import free_port
 
 pytestmark = pytest.mark.integration
@@ -210,6 +211,43 @@ def test_a_pod_scraped_by_two_jobs_is_named_not_counted_twice(
         "would count it 2 times, so the observation waits for one"
     ), reason
     assert observe(prometheus, "llama")["llama"].running.value == pytest.approx(48)  # one job: read
+
+
+def chart_pod_monitor_metric_relabelings() -> list[dict[str, Any]]:
+    """The vLLM PodMonitor's metricRelabelings as `helm template` renders them, spelled the way the
+    Prometheus Operator writes them into Prometheus's scrape config."""
+    chart = tools.repo_root() / "charts" / "batchknee"
+    argv = [str(tools.tool("helm")), "template", "rel", str(chart), "--kube-version", "v1.36.3"]
+    rendered = subprocess.run(
+        [*argv, "--set", "metrics.podMonitor.enabled=true"], check=True, capture_output=True, text=True
+    ).stdout
+    [monitor] = [
+        d for d in yaml.safe_load_all(rendered) if d and d["metadata"]["name"] == "rel-batchknee-vllm"
+    ]
+    [endpoint] = monitor["spec"]["podMetricsEndpoints"]
+    spelled = {"sourceLabels": "source_labels", "targetLabel": "target_label"}
+    return [{spelled.get(k, k): v for k, v in rule.items()} for rule in endpoint["metricRelabelings"]]
+
+
+def test_the_pod_monitors_drop_what_an_engine_pod_serves_under_the_operators_names(fleet: Fleet) -> None:
+    """An engine pod runs the tenant's image and may serve `batchknee_*` series (the test exporter
+    serves one, `batchknee_test_exporter_args_info`): scraped through the chart's PodMonitor rules,
+    a real Prometheus keeps the engine's series and drops those, so no pod forges the operator's
+    figures (its holds, its B_knee) in a Prometheus other teams read."""
+    monitored = {
+        "job_name": "podmonitor",
+        "file_sd_configs": [{"files": [str(fleet.file_sd)], "refresh_interval": "1s"}],
+        "metric_relabel_configs": chart_pod_monitor_metric_relabelings(),
+    }
+    pods = len(fleet.pods)
+    with LocalPrometheus(fleet.file_sd, scrape_interval_s=1, extra_scrape_configs=[monitored]) as both:
+        # every pod serves the forged name (the plain job keeps it), and the engine's own series
+        # come through the PodMonitor's rules; the wait fails the test if either never holds
+        both.wait_for(f'count(count by (pod) (batchknee_test_exporter_args_info{{job="pods"}})) == {pods}')
+        both.wait_for(f'count(count by (pod) ({{__name__=~"vllm[:_].+", job="podmonitor"}})) == {pods}')
+        time.sleep(2)  # two more scrapes of every pod by both jobs
+        dropped = both.query('{__name__=~"batchknee_.*", job="podmonitor"}')
+    assert dropped == []
 
 
 def test_prometheus_down_makes_everything_unavailable(prometheus: LocalPrometheus) -> None:

@@ -613,6 +613,10 @@ def test_pod_monitors_select_the_engine_pods_with_the_labels_the_operator_querie
         assert monitor["spec"]["namespaceSelector"] == expected
         # a pod runs the tenant's image: its scrape may not flood a Prometheus other teams share
         assert monitor["spec"]["sampleLimit"] == 20000
+        # nor serve the operator's own names (tests/integration proves the drop on a real Prometheus)
+        assert endpoint["metricRelabelings"] == [
+            {"action": "drop", "sourceLabels": ["__name__"], "regex": "batchknee_.*"}
+        ]
     not_an_engine = {"app.kubernetes.io/name": "batchknee", "app.kubernetes.io/instance": "rel"}
     assert not any(matches(m["spec"]["selector"], not_an_engine) for m in monitors)
     unlimited = {"metrics": {"podMonitor": {"enabled": True, "sampleLimit": 0}}}
@@ -674,6 +678,8 @@ def test_the_grafana_dashboard(render: Render) -> None:
         variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
     )
     assert {"namespace", "llmserving"} <= variables.keys()
+    for name in ("namespace", "llmserving"):
+        assert re.search(r'label_values\(batchknee_max_num_seqs\{llmserving="".*\}, ', variables[name]["query"]["query"])
     ours = operator_metric_names()
     engine = {
         name for family in (VLLM_METRICS, TRTLLM_METRICS) for names in vars(family).values() for name in names
@@ -683,8 +689,10 @@ def test_the_grafana_dashboard(render: Render) -> None:
         assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
         for target in panel["targets"]:
             expr = target["expr"]
-            for name in re.findall(r"\bbatchknee_[a-z_0-9]+", expr):
+            for name, selector in re.findall(r"\b(batchknee_[a-z_0-9]+)(\{[^}]*\})?", expr):
                 assert name in ours, f"{panel['title']}: {name} is not an operator metric"
+                # the operator's series, not one an engine pod served under its name (no llmserving label)
+                assert 'llmserving=""' in selector, f"{panel['title']}: {name} without llmserving=\"\""
                 seen.add(name)
             for regex in re.findall(r'__name__=~"([^"]+)"', expr):
                 for alternative in regex.split("|"):
