@@ -304,7 +304,10 @@ def configure(settings: OperatorSettings, identity: str = "", priority: int = 0)
     if settings.peering != "standalone":
         kube.ensure_peering(settings.peering_name, settings.namespaces)
     defaults = RenderDefaults(
-        vllm_image=settings.vllm_image, trtllm_image=settings.trtllm_image, sglang_image=settings.sglang_image
+        vllm_image=settings.vllm_image,
+        trtllm_image=settings.trtllm_image,
+        sglang_image=settings.sglang_image,
+        disruption_budgets=settings.disruption_budgets,
     )
     executor = ThreadPoolExecutor(settings.reconcile_workers, thread_name_prefix="reconcile")
     ports = Ports(

@@ -82,8 +82,9 @@ class KubernetesPort(Protocol):
         """The ConfigMaps in `namespace` carrying every one of `labels` (metadata included)."""
         ...
 
-    def delete_config_map(self, namespace: str, name: str, uid: str) -> None:
-        """Delete the ConfigMap if it is still the object with `uid` (gone already is fine)."""
+    def delete(self, kind: str, namespace: str, name: str, uid: str) -> None:
+        """Delete the ConfigMap or PodDisruptionBudget if it is still the object with `uid` (gone
+        already is fine)."""
         ...
 
     def emit_event(

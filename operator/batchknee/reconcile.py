@@ -773,6 +773,8 @@ class _Reconcile:
         rolled = decision.rolls and apply_error is None and bool(objects)
         if apply_error is None and target is None and obj.spec.engine == Engine.TensorRTLLM:
             self.prune_engine_configs(obj, desired)
+        if apply_error is None and target is None and not self.ports.defaults.disruption_budgets:
+            self.delete_disruption_budget(read["PodDisruptionBudget", self.name], uid)
         if live is not None and apply_error is None:
             enforced = decision.value if rolled else applied.max_num_seqs
             if enforced is not None and state is not None and enforced <= (state.max_num_seqs or 0):
@@ -1390,9 +1392,19 @@ class _Reconcile:
             current = config_map(obj, desired)["metadata"]["name"]
             found = self.ports.kube.list_config_maps(self.namespace, engine_config_selector(self.name))
             for name, uid in stale_engine_configs(obj, found, current):
-                self.ports.kube.delete_config_map(self.namespace, name, uid)
+                self.ports.kube.delete("ConfigMap", self.namespace, name, uid)
         except Exception as error:
             log.warning("%s/%s: could not prune old engine options: %s", self.namespace, self.name, error)
+
+    def delete_disruption_budget(self, found: dict[str, Any] | None, uid: str | None) -> None:
+        """With budgets turned off, the one an earlier evaluation made goes (never another's of the
+        name; best effort: a failure is a log line, retried next time)."""
+        if found is None or not controlled_by(found, uid):
+            return
+        try:
+            self.ports.kube.delete("PodDisruptionBudget", self.namespace, self.name, found["metadata"]["uid"])
+        except Exception as error:
+            log.warning("%s/%s: could not delete its disruption budget: %s", self.namespace, self.name, error)
 
     def report_overridden_args(self, overridden: Sequence[str]) -> None:
         """ArgsOverridden=True (and a Warning event when it turns so or changes) while spec.args

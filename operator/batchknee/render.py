@@ -79,6 +79,8 @@ class RenderDefaults:
     vllm_image: str = f"vllm/vllm-openai:v{vllm.VERSION}"
     trtllm_image: str = f"nvcr.io/nvidia/tensorrt-llm/release:{trtllm.VERSION}"
     sglang_image: str = f"lmsysorg/sglang:v{sglang.VERSION}"
+    # a PodDisruptionBudget per LLMServing (settings.disruption_budgets says when to turn it off)
+    disruption_budgets: bool = True
 
     def image(self, engine: Engine) -> str:
         if engine == Engine.SGLang:
@@ -572,7 +574,10 @@ def render(obj: LLMServing, desired: Desired, defaults: RenderDefaults | None = 
     """Every object the LLMServing owns, in apply order (the options file before the pods that read it)."""
     defaults = defaults or RenderDefaults()
     objects = [config_map(obj, desired)] if obj.spec.engine == Engine.TensorRTLLM else []
-    return [*objects, service(obj), disruption_budget(obj), deployment(obj, desired, defaults)]
+    objects.append(service(obj))
+    if defaults.disruption_budgets:
+        objects.append(disruption_budget(obj))
+    return [*objects, deployment(obj, desired, defaults)]
 
 
 # --- reading a Deployment back ---------------------------------------------------------------------

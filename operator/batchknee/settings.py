@@ -179,6 +179,14 @@ class OperatorSettings(BaseSettings):
         "of the node, whatever the pod requested",
     )
 
+    disruption_budgets: bool = Field(
+        True,
+        description="Give each engine Deployment a PodDisruptionBudget (maxUnavailable 1); off: none, "
+        "and the operator deletes its own. Turn it off where LLMServing writers are untrusted: a "
+        "template that confines its replicas to one node (a hostname nodeSelector, required affinity "
+        "to its own pods) makes the budget block that node's drain",
+    )
+
     # --- Prometheus: what tenants may point the operator at, and how results are shared ---
     prometheus_allowed_urls: Annotated[list[str], NoDecode] = Field(
         default_factory=list,

@@ -152,10 +152,10 @@ class MemoryKube:
             and all(obj["metadata"].get("labels", {}).get(k) == v for k, v in labels.items())
         ]
 
-    def delete_config_map(self, namespace: str, name: str, uid: str) -> None:
-        found = self.objects.get(("ConfigMap", namespace, name))
+    def delete(self, kind: str, namespace: str, name: str, uid: str) -> None:
+        found = self.objects.get((kind, namespace, name))
         if found is not None and found["metadata"]["uid"] == uid:
-            del self.objects[("ConfigMap", namespace, name)]
+            del self.objects[(kind, namespace, name)]
 
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         if self.fail_status:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -13,7 +14,7 @@ from fakes import observation
 
 from batchknee.core.spread import same_slot
 from batchknee.reconcile import refresh_offset_s
-from batchknee.render import deployment_state
+from batchknee.render import RenderDefaults, deployment_state
 
 
 def max_num_seqs(world: World, name: str = "chat") -> int | None:
@@ -408,6 +409,37 @@ def test_tensorrt_llm_gets_an_immutable_options_file_per_revision(world: World) 
         "free_gpu_memory_fraction: 0.7"
         in world.kube.get("ConfigMap", "default", mounted_config(world))["data"]["engine.yaml"]
     )
+
+
+def test_with_budgets_turned_off_its_own_budget_goes_and_no_one_elses(world: World) -> None:
+    """settings.disruption_budgets off (where a tenant's template could pin its replicas to one node
+    and so block that node's drain): the budget an earlier evaluation made is deleted, another
+    owner's of the same name stays, the engine is left as it runs; on again, it comes back."""
+    world.kube.create(llmserving())
+    world.kube.create(llmserving("other"))
+    world.reconcile()
+    world.reconcile("other")
+    ours = world.kube.get("PodDisruptionBudget", "default", "chat")
+    assert ours is not None and ours["spec"]["maxUnavailable"] == 1
+    foreign = {
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": "other", "namespace": "default", "uid": "u"},
+    }
+    world.kube.objects[("PodDisruptionBudget", "default", "other")] = foreign
+    deployment = world.kube.deployment("default", "chat")
+
+    world.ports = replace(world.ports, defaults=RenderDefaults(disruption_budgets=False))
+    for _ in range(2):  # and nothing to delete the second time
+        world.reconcile()
+        world.reconcile("other")
+        assert world.kube.get("PodDisruptionBudget", "default", "chat") is None
+        assert world.kube.get("PodDisruptionBudget", "default", "other") is foreign
+        assert world.kube.deployment("default", "chat") == deployment  # no restart
+        assert world.kube.condition("default", "chat", "Degraded")["status"] == "False"
+
+    world.ports = replace(world.ports, defaults=RenderDefaults())
+    world.reconcile()
+    assert world.kube.get("PodDisruptionBudget", "default", "chat") is not None
 
 
 def test_pinned_runs_the_pinned_value(world: World) -> None:

@@ -103,9 +103,12 @@ class Harness:
         done = self.kubectl("get", kind, name, "-o", "json", check=False)
         return json.loads(done.stdout) if done.returncode == 0 else None
 
-    def start_operator(self, *extra: str, log_name: str = "operator.log") -> subprocess.Popen[bytes]:
+    def start_operator(
+        self, *extra: str, log_name: str = "operator.log", settings: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         env = self.cluster.env()
         env["BATCHKNEE_PROMETHEUS_URL"] = self.prometheus.url
+        env.update(settings or {})
         log = (self.tmp / log_name).open("ab")
         flags = list(extra) or ["--peering", "standalone"]
         process = subprocess.Popen(
@@ -341,6 +344,35 @@ def test_deleting_the_llmserving_removes_its_children(world: Harness) -> None:
     world.kubectl("delete", "llms", "gone", "--wait=true")
     wait_for(lambda: world.get("deployment", "gone") is None, 60, "the garbage collector")
     wait_for(lambda: world.get("service", "gone") is None, 60, "the Service gone")
+
+
+def test_with_budgets_turned_off_the_operator_deletes_its_own(world: Harness) -> None:
+    """BATCHKNEE_DISRUPTION_BUDGETS=false, on the real apiserver: the budget the operator made goes
+    (a precondition-checked delete), a same-named budget another owner made in its place stays,
+    and the engine Deployment is not restarted."""
+    world.start_operator()
+    for name in ("budget", "elsewhere"):
+        assert world.apply(name).returncode == 0
+        wait_for(lambda name=name: world.get("pdb", name), 60, f"{name}'s budget")
+    # another owner's budget of the name, where the operator's was
+    world.stop_operator()
+    world.kubectl("delete", "pdb", "elsewhere", "--wait=true")
+    foreign = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": "elsewhere"},
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"team": "ops"}}},
+    }
+    world.kubectl("apply", "-f", "-", input=json.dumps(foreign))
+    generation = world.get("deployment", "budget")["metadata"]["generation"]  # type: ignore[index]
+
+    world.start_operator(settings={"BATCHKNEE_DISRUPTION_BUDGETS": "false"})
+    wait_for(lambda: world.get("pdb", "budget") is None, 60, "its own budget deleted")
+    time.sleep(12)  # two more evaluations of each
+    kept = world.get("pdb", "elsewhere")
+    assert kept is not None and kept["spec"]["selector"] == {"matchLabels": {"team": "ops"}}
+    assert world.get("deployment", "budget")["metadata"]["generation"] == generation  # type: ignore[index]
+    assert world.get("pdb", "budget") is None  # and not made again
 
 
 KOPF_FINALIZER = "kopf.zalando.org/KopfFinalizerMarker"  # what an older build's per-object daemon needed

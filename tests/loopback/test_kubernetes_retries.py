@@ -260,7 +260,7 @@ def test_a_taking_back_refused_while_the_object_met_is_still_there_is_still_to_d
         adapter.apply({**config, "data": {"a": "b"}})
     assert adapter.taking_back("ConfigMap", "ml", "chat-1")
     script.requests.clear()
-    adapter.delete_config_map("ml", "chat-1", "u-1")
+    adapter.delete("ConfigMap", "ml", "chat-1", "u-1")
     assert script.requests == []
 
 

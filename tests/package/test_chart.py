@@ -205,6 +205,9 @@ def test_the_operator_container(render: Render) -> None:
     assert variables["BATCHKNEE_METRICS_ADDRESS"] == variables["BATCHKNEE_HEALTH_ADDRESS"] == "0.0.0.0"
     assert variables["BATCHKNEE_METRICS_PORT"] == "8081" and variables["BATCHKNEE_HEALTH_PORT"] == "8080"
     assert variables["BATCHKNEE_PEERING"] == "standalone" and variables["BATCHKNEE_NAMESPACES"] == ""
+    assert settings_under(variables).disruption_budgets is True
+    no_budgets = env(render({"operator": {"disruptionBudgets": False}}))
+    assert settings_under(no_budgets).disruption_budgets is False
     assert deployment(objects)["spec"]["strategy"] == {"type": "Recreate"}  # never two standalone ones
     service = one(objects, "Service")
     assert service["spec"]["ports"] == [
@@ -679,7 +682,9 @@ def test_the_grafana_dashboard(render: Render) -> None:
     )
     assert {"namespace", "llmserving"} <= variables.keys()
     for name in ("namespace", "llmserving"):
-        assert re.search(r'label_values\(batchknee_max_num_seqs\{llmserving="".*\}, ', variables[name]["query"]["query"])
+        assert re.search(
+            r'label_values\(batchknee_max_num_seqs\{llmserving="".*\}, ', variables[name]["query"]["query"]
+        )
     ours = operator_metric_names()
     engine = {
         name for family in (VLLM_METRICS, TRTLLM_METRICS) for names in vars(family).values() for name in names
@@ -692,7 +697,7 @@ def test_the_grafana_dashboard(render: Render) -> None:
             for name, selector in re.findall(r"\b(batchknee_[a-z_0-9]+)(\{[^}]*\})?", expr):
                 assert name in ours, f"{panel['title']}: {name} is not an operator metric"
                 # the operator's series, not one an engine pod served under its name (no llmserving label)
-                assert 'llmserving=""' in selector, f"{panel['title']}: {name} without llmserving=\"\""
+                assert 'llmserving=""' in selector, f'{panel["title"]}: {name} without llmserving=""'
                 seen.add(name)
             for regex in re.findall(r'__name__=~"([^"]+)"', expr):
                 for alternative in regex.split("|"):

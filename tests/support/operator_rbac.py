@@ -78,12 +78,16 @@ def _calls(cluster_wide: bool, peering: bool, peering_name: str) -> list[Call]:
         Call(p("policy", "poddisruptionbudgets", "watch"), "kopf: on.event of budgets (the watch cache)"),
         Call(p("policy", "poddisruptionbudgets", "create"), "KubernetesAdapter.apply (creating it)"),
         Call(p("policy", "poddisruptionbudgets", "patch"), "KubernetesAdapter.apply (server-side apply)"),
+        Call(
+            p("policy", "poddisruptionbudgets", "delete"),
+            "KubernetesAdapter.delete (the operator's own, while operator.disruptionBudgets is off)",
+        ),
         Call(p("", "services", "patch"), "KubernetesAdapter.apply (server-side apply)"),
         Call(p("", "services", "create"), "KubernetesAdapter.apply (server-side apply creating it)"),
         Call(p("", "configmaps", "patch"), "KubernetesAdapter.apply (TensorRT-LLM options file)"),
         Call(p("", "configmaps", "create"), "KubernetesAdapter.apply (server-side apply creating it)"),
         Call(p("", "configmaps", "list"), "KubernetesAdapter.list_config_maps (old TensorRT-LLM options)"),
-        Call(p("", "configmaps", "delete"), "KubernetesAdapter.delete_config_map (past the newest three)"),
+        Call(p("", "configmaps", "delete"), "KubernetesAdapter.delete (past the newest three)"),
         Call(p("", "events", "create"), "KubernetesAdapter.emit_event"),
     ]
     if cluster_wide:

@@ -386,6 +386,11 @@ def test_sglang_deployment_runs_launch_server_with_the_managed_flags_first() -> 
         "PodDisruptionBudget",
         "Deployment",
     ]
+    without_budgets = RenderDefaults(disruption_budgets=False)  # settings.disruption_budgets off
+    assert [o["kind"] for o in render(obj(engine="SGLang"), Desired(48, 0), without_budgets)] == [
+        "Service",
+        "Deployment",
+    ]
     state = deployment_state(dep)
     assert state is not None and state.max_num_seqs == 48
 

@@ -463,11 +463,15 @@ class KubernetesAdapter:
         items: list[dict[str, Any]] = json.loads(response.data).get("items") or []
         return items
 
-    def delete_config_map(self, namespace: str, name: str, uid: str) -> None:
-        if self.taking_back("ConfigMap", namespace, name):
+    def delete(self, kind: str, namespace: str, name: str, uid: str) -> None:
+        if self.taking_back(kind, namespace, name):
             return  # someone else's, with what a create merged into it still on it: never pruned
+        delete = {
+            "ConfigMap": self.core.delete_namespaced_config_map,
+            "PodDisruptionBudget": self.policy.delete_namespaced_pod_disruption_budget,
+        }[kind]
         try:
-            self.core.delete_namespaced_config_map(
+            delete(
                 name,
                 namespace,
                 body=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid)),
