@@ -695,9 +695,7 @@ def run(settings: OperatorSettings) -> int:
     allocator.freeze_long_lived()  # the imports and the runtime: a full collection need not walk them
     allocator.limit_arenas(2)  # before the worker threads start: each would take an arena of its own
     allocator.limit_tls_read_buffer(64 * 1024)  # before kopf opens its watch streams
-    liveness = (
-        f"http://{settings.health_address}:{settings.health_port}/healthz" if settings.health_port else None
-    )
+    liveness = settings.liveness_endpoint()
     # kopf parses each watch event with json.loads, which recurses once per level: an object the
     # apiserver accepts (any free-form field nested up to its 10,000 levels) must parse, not stop
     # every watch (the spec is then refused, InvalidSpec, by parse_llmserving's depth bound).

@@ -336,6 +336,13 @@ class OperatorSettings(BaseSettings):
             )
         return value
 
+    def liveness_endpoint(self) -> str | None:
+        """kopf's /healthz URL (None: off); an IPv6 address in brackets, as kopf reads the host."""
+        if not self.health_port:
+            return None
+        host = f"[{self.health_address}]" if ":" in self.health_address else self.health_address
+        return f"http://{host}:{self.health_port}/healthz"
+
     def admission_rules(self) -> AdmissionRules:
         return AdmissionRules(
             allowed_images=tuple(self.allowed_images),

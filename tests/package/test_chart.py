@@ -206,6 +206,9 @@ def test_the_operator_container(render: Render) -> None:
     assert variables["BATCHKNEE_METRICS_PORT"] == "8081" and variables["BATCHKNEE_HEALTH_PORT"] == "8080"
     assert variables["BATCHKNEE_PEERING"] == "standalone" and variables["BATCHKNEE_NAMESPACES"] == ""
     assert settings_under(variables).disruption_budgets is True
+    ipv6 = settings_under(env(render({"operator": {"listenAddress": "::"}})))  # IPv6-only clusters
+    assert ipv6.metrics_address == ipv6.health_address == "::"
+    assert ipv6.liveness_endpoint() == "http://[::]:8080/healthz"
     no_budgets = env(render({"operator": {"disruptionBudgets": False}}))
     assert settings_under(no_budgets).disruption_budgets is False
     assert deployment(objects)["spec"]["strategy"] == {"type": "Recreate"}  # never two standalone ones
@@ -818,6 +821,8 @@ def test_the_schema_knows_every_value_and_rejects_unknown_ones(helm: Helm) -> No
         ({"operator": {"prometheusAuth": {"caConfigMapKey": ".."}}}, "caConfigMapKey"),
         ({"operator": {"prometheusAuth": {"serviceAccountToken": "yes"}}}, "serviceAccountToken"),
         ({"operator": {"prometheusAuth": {"bearerToken": "s3cret"}}}, "'bearerToken' not allowed"),
+        ({"operator": {"listenAddress": "0.0.0.0\n            - name: X"}}, "listenAddress"),
+        ({"operator": {"disruptionBudgets": "no"}}, "disruptionBudgets"),
     ):
         done = helm("template", bad, check=False)
         assert done.returncode != 0 and message in done.stderr, (bad, done.stderr)

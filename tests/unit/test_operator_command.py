@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,30 @@ def test_settings_come_from_the_environment_and_flags_win(monkeypatch: pytest.Mo
     assert settings.prometheus_url == "http://127.0.0.1:9999"
     assert settings.metrics_port == 9100
     assert settings.metrics_address == "127.0.0.1"
+
+
+@pytest.mark.parametrize(
+    ("address", "port", "endpoint", "host"),
+    [
+        ("0.0.0.0", 8080, "http://0.0.0.0:8080/healthz", "0.0.0.0"),
+        ("::", 8080, "http://[::]:8080/healthz", "::"),  # IPv6-only clusters (the chart's listenAddress)
+        ("fd00::1", 9000, "http://[fd00::1]:9000/healthz", "fd00::1"),
+        ("127.0.0.1", 0, None, None),  # off
+    ],
+)
+def test_the_liveness_endpoint_kopf_is_given_names_the_address_it_binds(
+    monkeypatch: pytest.MonkeyPatch, address: str, port: int, endpoint: str | None, host: str | None
+) -> None:
+    """kopf reads the host to bind with urlsplit: an IPv6 address must come in brackets (unbracketed,
+    `http://:::8080/healthz` has no host and no port: kopf's liveness server failed to start)."""
+    monkeypatch.setenv("BATCHKNEE_HEALTH_ADDRESS", address)
+    monkeypatch.setenv("BATCHKNEE_HEALTH_PORT", str(port))
+    monkeypatch.setenv("BATCHKNEE_METRICS_PORT", "8081")
+    url = settings_from(build_parser().parse_args(["operator"])).liveness_endpoint()
+    assert url == endpoint
+    if url is not None:
+        parts = urllib.parse.urlsplit(url)
+        assert (parts.hostname, parts.port) == (host, port)
 
 
 def test_a_bad_setting_is_one_line(
