@@ -160,6 +160,8 @@ GATED = [
         "spec.template.annotations[container.apparmor.security.beta.kubernetes.io/engine]",
     ),
     ("allgpus", {"env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}, "spec.template.env[0].name"),
+    # the same through a ConfigMap's keys (no prefix rules NVIDIA_VISIBLE_DEVICES out)
+    ("cmgpus", {"envFrom": [{"configMapRef": {"name": "gpus"}}]}, "spec.template.envFrom[0].configMapRef"),
 ]
 
 CLUSTER_WIDE = [
@@ -346,7 +348,7 @@ CONFIG_MAP_READS = {
     "env": {
         "env": [{"name": "TOKEN", "valueFrom": {"configMapKeyRef": {"name": SHARED_CONFIG, "key": "token"}}}]
     },
-    "envfrom": {"envFrom": [{"configMapRef": {"name": SHARED_CONFIG}}]},
+    "envfrom": {"envFrom": [{"prefix": "PLATFORM_", "configMapRef": {"name": SHARED_CONFIG}}]},
     "volume": {
         "volumes": [{"name": "config", "configMap": {"name": SHARED_CONFIG}}],
         "volumeMounts": [{"name": "config", "mountPath": "/config"}],

@@ -189,6 +189,16 @@ HOSTILE: list[tuple[dict[str, Any], str, str]] = [
         "spec.template.env[0].name",
         "allowDeviceRuntimeEnv",
     ),
+    (  # a key NVIDIA_VISIBLE_DEVICES in the ConfigMap, read by the kubelet out of the operator's sight
+        {"envFrom": [{"prefix": "APP_", "configMapRef": {"name": "a"}}, {"configMapRef": {"name": "b"}}]},
+        "spec.template.envFrom[1].configMapRef",
+        "allowDeviceRuntimeEnv",
+    ),
+    (  # NV + IDIA_VISIBLE_DEVICES
+        {"envFrom": [{"prefix": "NV", "configMapRef": {"name": "a"}}]},
+        "spec.template.envFrom[0].configMapRef",
+        "allowDeviceRuntimeEnv",
+    ),
 ]
 ALL_ALLOWED = AdmissionRules(
     allow_service_account=True,
@@ -225,7 +235,8 @@ def test_the_allow_list_needs_no_setting() -> None:
                 {"name": "CUDA_VISIBLE_DEVICES", "value": "0"},
                 {"name": "nvidia_visible_devices", "value": "all"},  # the runtime reads the exact name
             ],
-            "envFrom": [{"configMapRef": {"name": "cfg"}}],
+            # keys arrive as APP_<key>: none can name a variable the GPU runtime reads
+            "envFrom": [{"prefix": "APP_", "configMapRef": {"name": "cfg"}}],
             "volumes": [
                 {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}},
                 {"name": "cfg", "configMap": {"name": "cfg"}},

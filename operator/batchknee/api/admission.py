@@ -245,6 +245,17 @@ def gated_uses(spec: LLMServingSpec) -> list[GatedUse]:
                 GatedUse(f"{base}.env[{i}].valueFrom.secretKeyRef", "a Secret in the environment", SECRETS)
             )
     for i, source in enumerate(t.env_from or []):
+        if source.config_map_ref is not None and could_form(source.prefix or "", DEVICE_RUNTIME_ENV):
+            uses.append(
+                GatedUse(
+                    f"{base}.envFrom[{i}].configMapRef",
+                    "a ConfigMap's keys as variables without a prefix that rules out "
+                    f"{', '.join(DEVICE_RUNTIME_ENV)} (the GPU container runtime reads those to choose the "
+                    "container's devices, and the kubelet reads the keys out of the operator's sight; set "
+                    "a prefix such as APP_, or name each variable in env with valueFrom.configMapKeyRef)",
+                    DEVICE_ENV,
+                )
+            )
         if source.secret_ref is not None:
             uses.append(GatedUse(f"{base}.envFrom[{i}].secretRef", "a Secret in the environment", SECRETS))
     for i, volume in enumerate(t.volumes or []):
@@ -283,6 +294,16 @@ def matches_any(name: str, patterns: tuple[str, ...]) -> bool:
     """Whether `name` (an image, a taint key, a class) matches one of the patterns (shell wildcards,
     case-sensitive)."""
     return any(fnmatchcase(name, pattern) for pattern in patterns)
+
+
+def could_form(prefix: str, patterns: tuple[str, ...]) -> bool:
+    """Whether a variable `prefix` + some key could match one of the patterns (literals, or a stem
+    and one trailing `*`): envFrom names each key of its source that way."""
+    for pattern in patterns:
+        stem = pattern.removesuffix("*")
+        if stem.startswith(prefix) or (stem != pattern and prefix.startswith(stem)):
+            return True
+    return False
 
 
 def _short(text: str, limit: int = 256) -> str:

@@ -477,6 +477,15 @@ def _matches_cel(value: str, pattern: str) -> str:
     return f"{value}.startsWith('{stem}')" if stem != pattern else f"{value} == '{pattern}'"
 
 
+def _could_form_cel(prefix: str, pattern: str) -> str:
+    """admission.could_form for one DEVICE_RUNTIME_ENV pattern, in CEL."""
+    stem = pattern.removesuffix("*")
+    if any(c in stem for c in "*?["):
+        raise ValueError(f"{pattern!r}: only a trailing * has a CEL spelling here")
+    extends = f" || {prefix}.startsWith('{stem}')" if stem != pattern else ""
+    return f"'{stem}'.startsWith({prefix}){extends}"
+
+
 # The same fields as batchknee.api.admission.gated_uses, in CEL.
 GATED_FIELDS_CEL = " || ".join(
     [
@@ -487,6 +496,9 @@ GATED_FIELDS_CEL = " || ".join(
         + " || ".join(_matches_cel("e.name", pattern) for pattern in DEVICE_RUNTIME_ENV)
         + "))",
         f"({_has('envFrom')} && {_T}.envFrom.exists(e, has(e.secretRef)))",
+        f"({_has('envFrom')} && {_T}.envFrom.exists(e, has(e.configMapRef) && (!has(e.prefix) || "
+        + " || ".join(_could_form_cel("e.prefix", pattern) for pattern in DEVICE_RUNTIME_ENV)
+        + ")))",
         f"({_has('volumes')} && {_T}.volumes.exists(v, has(v.secret) || has(v.hostPath) || "
         "has(v.persistentVolumeClaim)))",
         _loosened("securityContext", container=False),

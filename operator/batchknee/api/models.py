@@ -784,7 +784,11 @@ class EnvFromSource(_Model):
     )
 
     prefix: str | None = Field(None, max_length=253, description="Prefix added to every variable name.")
-    config_map_ref: ConfigMapEnvSource | None = Field(None, description="A ConfigMap.")
+    config_map_ref: ConfigMapEnvSource | None = Field(
+        None,
+        description="A ConfigMap; refused unless `prefix` rules out the names a GPU container runtime "
+        "reads (NVIDIA_*, AMD_VISIBLE_DEVICES, HABANA_VISIBLE_*), or the admin sets allowDeviceRuntimeEnv.",
+    )
     secret_ref: SecretEnvSource | None = Field(
         None, description="A Secret; refused unless the admin sets allowSecretReferences."
     )
