@@ -98,14 +98,16 @@ def _words(container: Mapping[str, Any]) -> tuple[list[str], int | None]:
     return words, None
 
 
-def engine_words(container: Mapping[str, Any]) -> list[str]:
+def engine_words(container: Mapping[str, Any], at_most: int | None = None) -> list[str]:
     """The container's command and args; a shell's `-c` script is split into its words
     (`sh -c "vllm serve M --max-num-seqs=$(BATCHKNEE_MAX_NUM_SEQS)"`: Kubernetes expands the
-    reference before the shell runs)."""
+    reference before the shell runs). `at_most`: only the first so many words (a script is then
+    read no further than they reach)."""
     words, script = _words(container)
-    if script is None:
-        return words
-    return [*words[:script], *_first_command(words[script]), *words[script + 1 :]]
+    if script is None or (at_most is not None and script >= at_most):
+        return words[:at_most]
+    rest = None if at_most is None else at_most - script
+    return [*words[:script], *_first_command(words[script], rest), *words[script + 1 :]][:at_most]
 
 
 def script_too_long(container: Mapping[str, Any]) -> int | None:
@@ -114,7 +116,7 @@ def script_too_long(container: Mapping[str, Any]) -> int | None:
     return len(words[script]) if script is not None and len(words[script]) > MAX_SCRIPT_CHARS else None
 
 
-def _first_command(script: str) -> list[str]:
+def _first_command(script: str, at_most: int | None = None) -> list[str]:
     """The words of a shell script's first command: comments dropped, nothing after `;`, `&&`,
     `|` or `&` (another command's flags are not the engine's). One too long to read stays whole."""
     if len(script) > MAX_SCRIPT_CHARS:
@@ -124,7 +126,7 @@ def _first_command(script: str) -> list[str]:
     command: list[str] = []
     try:
         for word in lexer:
-            if set(word) <= set(";&|"):
+            if set(word) <= set(";&|") or len(command) == at_most:
                 break
             command.append(word)
     except ValueError:  # unbalanced quotes: the shell would refuse the script too
@@ -133,8 +135,9 @@ def _first_command(script: str) -> list[str]:
 
 
 def _starts_engine(container: Mapping[str, Any], engine: Engine) -> bool:
-    words = engine_words(container)
-    for word in words[:4]:  # `vllm serve M`, `python3 -m vllm.entrypoints...`, `trtllm-serve M`
+    # `vllm serve M`, `python3 -m vllm.entrypoints...`, `trtllm-serve M`: a workload's every
+    # container is asked at every evaluation, so its script is read no further than that
+    for word in engine_words(container, at_most=4):
         base = word.rsplit("/", 1)[-1]
         if base in ENGINE_MARKERS[engine]:
             return True
