@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pod_netns import require_private_namespace
 
 from batchknee.core import DecodeRoofline, find_gpu, find_model, recommend
 from batchknee.demo.run import default_examples, run_scenario
@@ -144,7 +145,7 @@ def test_the_client_followed_the_services_endpointslices_and_drains_finished(run
     set at every rollout, nothing sent elsewhere, and requests held by a pod that left the set (its
     readiness dropped, its preStop hook running) finished there without error."""
     if not run.world.cluster.services_have_endpoints:
-        pytest.skip("pods on loopback addresses (no private network namespace): run it as `make test-e2e`")
+        require_private_namespace("pods on loopback addresses (no private network namespace)")
     report = client_report(run)
     assert report["routing"] == "EndpointSlice"
     sets = [tuple(s["pods"]) for s in report["endpointSets"]]

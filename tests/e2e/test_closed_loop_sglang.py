@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pod_netns import require_private_namespace
 
 from batchknee.core import DecodeRoofline, find_gpu, find_model, recommend
 from batchknee.demo.run import run_scenario
@@ -103,6 +104,18 @@ def unique_context(target: int) -> float:
     over the batch, so nearly nothing per sequence)."""
     phase = next(p for p in FAST_SHARED.phases if p.target_context == target)
     return target - phase.prefix_sharing * phase.prompt_tokens
+
+
+@pytest.mark.parametrize(
+    ("target", "unique", "knee", "knee_unshared"),
+    [(512, 371, 336, 240), (2048, 1485, 88, 64), (8192, 5274, 24, 16)],
+)
+def test_the_figures_each_phase_is_judged_by(target: int, unique: int, knee: int, knee_unshared: int) -> None:
+    """Pinned, so that a change to the planner or the catalog cannot move the operator and the
+    expectation below together: Llama-3-8B on an A100-80GB, the phase's prefix held once."""
+    assert round(unique_context(target)) == unique
+    assert recommend(ROOFLINE, unique_context(target)).max_num_seqs == knee
+    assert recommend(ROOFLINE, target).max_num_seqs == knee_unshared
 
 
 @pytest.mark.parametrize("phase", ["ctx-512", "ctx-2048", "ctx-8192"])
@@ -217,7 +230,11 @@ def test_a_client_through_the_service_sees_no_error_across_every_rollout(samples
     """The external client streamed through the SGLang engine Service's endpoints (the
     EndpointSlices in the run's network namespace, the pods' addresses on loopback) through every
     phase and every rollout, and got every token: no request reached a pod that was draining."""
+    if CLIENT["routing"] != "EndpointSlice":
+        require_private_namespace("pods on loopback addresses (no private network namespace)")
     assert CLIENT["errors"] == 0, [r["error"] for r in CLIENT["records"] if r["error"]][:5]
+    published = {pod for endpoints in CLIENT["endpointSets"] for pod in endpoints["pods"]}
+    assert {r["pod"] for r in CLIENT["records"]} <= published  # only pods the slices listed Ready
     assert all(CLIENT["byPhase"][phase.name]["requests"] >= 5 for phase in FAST_SHARED.phases)
     replica_sets = {r["pod"].rsplit("-", 1)[0] for r in CLIENT["records"] if r["pod"].startswith(NAME)}
     assert len(replica_sets) >= 3, replica_sets  # it followed the rollouts

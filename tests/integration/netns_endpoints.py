@@ -83,11 +83,11 @@ def main(out: Path) -> None:
 
             core.delete_namespaced_pod("engine", NAMESPACE)
 
-            def not_ready() -> bool:
+            def not_ready() -> bool:  # still listed (its preStop hook runs), no longer Ready
                 found = endpoints(discovery)
-                return not found or not found[0]["conditions"].get("ready")
+                return bool(found) and not found[0]["conditions"].get("ready")
 
-            wait_until(not_ready, 20, "the endpoint not Ready after the delete")
+            wait_until(not_ready, 20, "the endpoint listed, not Ready, after the delete")
             seen["afterDelete"] = endpoints(discovery)
             seen["hookEndedBeforeNotReady"] = (Path(seen["cwd"]) / "prestop-end").exists()
             wait_until(lambda: not endpoints(discovery), 30, "the endpoint gone with the pod")

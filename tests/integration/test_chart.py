@@ -35,9 +35,6 @@ from operator_rbac import (
     required,
     wildcards,
 )
-
-pytest.importorskip("batchknee.devcluster", reason="the local control plane has not landed on this branch")
-
 from test_operator import KOPF_FINALIZER, Harness, retuned_for_8192, state_for, wait_for
 
 from batchknee.devcluster import DevCluster, LocalPrometheus

@@ -21,8 +21,6 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("batchknee.devcluster", reason="the local control plane has not landed on this branch")
-
 from batchknee.devcluster import DevCluster, LocalPrometheus
 from batchknee.devcluster.cluster import free_port
 

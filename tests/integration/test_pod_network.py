@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from pod_netns import require_private_namespace
 
 from batchknee.devcluster import netns
 
@@ -21,7 +22,7 @@ SCRIPT = Path(__file__).with_name("netns_endpoints.py")
 def test_in_a_private_namespace_the_services_endpointslices_follow_readiness(tmp_path: Path) -> None:
     why = netns.unavailable()
     if why is not None:
-        pytest.skip(f"no private network namespace here: {why}")
+        require_private_namespace(f"no private network namespace here: {why}")
     out = tmp_path / "seen.json"
     run = subprocess.run(
         [sys.executable, "-m", "batchknee.devcluster.in_netns", sys.executable, str(SCRIPT), str(out)],
@@ -38,8 +39,8 @@ def test_in_a_private_namespace_the_services_endpointslices_follow_readiness(tmp
     assert seen["readyEndpoint"]["targetRef"]["name"] == "engine"
     # readiness (and so the endpoint) dropped while the preStop hook was still running
     assert not seen["hookEndedBeforeNotReady"]
-    for endpoint in seen["afterDelete"]:
-        assert endpoint["conditions"]["ready"] is False and endpoint["conditions"]["terminating"] is True
+    [endpoint] = seen["afterDelete"]
+    assert endpoint["conditions"]["ready"] is False and endpoint["conditions"]["terminating"] is True
     assert seen["gone"]
 
 

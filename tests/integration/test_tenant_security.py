@@ -17,9 +17,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
-pytest.importorskip("batchknee.devcluster", reason="the local control plane has not landed on this branch")
-
 from test_operator import ROOT, Harness, crds, wait_for, world
 
 from batchknee.api.crd import REQUESTER_POLICY_FILE, REQUESTER_POLICY_NAME

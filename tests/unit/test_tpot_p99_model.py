@@ -18,8 +18,9 @@ ROOFLINE = DecodeRoofline(
 TARGET_S = 0.030
 
 
-def simulated_p99(batch: int, context: int) -> float:
-    """TPOT p99 on the simulation: prompt = context/2, output = context (mean context = context)."""
+def simulated(batch: int, context: int) -> tuple[float, float]:
+    """Per-request TPOT median and p99 on the simulation: prompt = context/2, output = context
+    (mean context = context)."""
     config = EngineConfig(
         ROOFLINE,
         max_num_seqs=batch,
@@ -29,7 +30,11 @@ def simulated_p99(batch: int, context: int) -> float:
     load = LoadSpec(prompt_tokens=context // 2, output_tokens=context, concurrency=batch)
     lifetime = context * ROOFLINE.tpot_s(batch, context)
     point = run_point(config, load, duration_s=6 * lifetime, warmup_s=2 * lifetime)
-    return point.tpot_p99_s
+    return point.tpot_p50_s, point.tpot_p99_s
+
+
+def simulated_p99(batch: int, context: int) -> float:
+    return simulated(batch, context)[1]
 
 
 @pytest.mark.parametrize("context", [512, 2048])
@@ -47,8 +52,11 @@ def test_the_p99_cap_meets_the_target_on_the_simulation_and_the_decode_only_cap_
 
 @pytest.mark.parametrize(("batch", "context"), [(240, 512), (96, 2048), (64, 2048)])
 def test_the_mean_model_is_within_5_percent_of_the_simulation(batch: int, context: int) -> None:
+    """The model's mean step against the simulation's typical request (its median per-request TPOT,
+    a mean over the request's own steps)."""
     mean = ROOFLINE.tpot_with_prefill_s(batch, context, PrefillMix.for_context(context, 0.5))
-    assert simulated_p99(batch, context) == pytest.approx(mean, rel=0.05)
+    median, _ = simulated(batch, context)
+    assert median == pytest.approx(mean, rel=0.05)
 
 
 @pytest.mark.parametrize(("batch", "context"), [(256, 512), (128, 1024), (96, 2048)])
