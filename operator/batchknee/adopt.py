@@ -102,12 +102,19 @@ def engine_words(container: Mapping[str, Any], at_most: int | None = None) -> li
     """The container's command and args; a shell's `-c` script is split into its words
     (`sh -c "vllm serve M --max-num-seqs=$(BATCHKNEE_MAX_NUM_SEQS)"`: Kubernetes expands the
     reference before the shell runs). `at_most`: only the first so many words (a script is then
-    read no further than they reach)."""
+    read no further than they reach, so one the shell refuses later on reads as its first words)."""
+    return _engine_words(container, at_most)[0]
+
+
+def _engine_words(container: Mapping[str, Any], at_most: int | None = None) -> tuple[list[str], bool]:
+    """engine_words, and whether its shell script (if any) was read (not too long, quotes closed)."""
     words, script = _words(container)
     if script is None or (at_most is not None and script >= at_most):
-        return words[:at_most]
+        return words[:at_most], True
     rest = None if at_most is None else at_most - script
-    return [*words[:script], *_first_command(words[script], rest), *words[script + 1 :]][:at_most]
+    command = _first_command(words[script], rest)
+    first = [words[script]] if command is None else command
+    return [*words[:script], *first, *words[script + 1 :]][:at_most], command is not None
 
 
 def script_too_long(container: Mapping[str, Any]) -> int | None:
@@ -116,11 +123,12 @@ def script_too_long(container: Mapping[str, Any]) -> int | None:
     return len(words[script]) if script is not None and len(words[script]) > MAX_SCRIPT_CHARS else None
 
 
-def _first_command(script: str, at_most: int | None = None) -> list[str]:
+def _first_command(script: str, at_most: int | None = None) -> list[str] | None:
     """The words of a shell script's first command: comments dropped, nothing after `;`, `&&`,
-    `|` or `&` (another command's flags are not the engine's). One too long to read stays whole."""
+    `|` or `&` (another command's flags are not the engine's). None: too long to read, or the
+    shell would refuse it (an unclosed quote)."""
     if len(script) > MAX_SCRIPT_CHARS:
-        return [script]
+        return None
     lexer = shlex.shlex(script, posix=True, punctuation_chars=";&|")
     lexer.whitespace_split = True
     command: list[str] = []
@@ -130,7 +138,7 @@ def _first_command(script: str, at_most: int | None = None) -> list[str]:
                 break
             command.append(word)
     except ValueError:  # unbalanced quotes: the shell would refuse the script too
-        return [script]
+        return None
     return command
 
 
@@ -232,7 +240,7 @@ def adopt(ref: TargetRef, engine: Engine, workload: Mapping[str, Any] | None, na
             f"{ref.kind} {namespace}/{ref.name} selects its pods with matchExpressions; the operator "
             "finds the engine pods by matchLabels only",
         )
-    words = engine_words(container)
+    words, readable = _engine_words(container)
     if len(words) > MAX_ENGINE_WORDS:
         return Target(
             ref.kind,
@@ -257,6 +265,12 @@ def adopt(ref: TargetRef, engine: Engine, workload: Mapping[str, Any] | None, na
             f"container {container.get('name')} of {ref.kind} {namespace}/{ref.name} runs a shell script of "
             f"{length:,} characters; the operator reads scripts of at most {MAX_SCRIPT_CHARS:,}: start the "
             "engine from a shorter script or from command and args",
+        )
+    elif not readable:  # the container was chosen by its script's first words only
+        problem = problem or (
+            "ScriptUnreadable",
+            f"container {container.get('name')} of {ref.kind} {namespace}/{ref.name} runs a shell script "
+            "the shell cannot read (an unclosed quote or a trailing backslash): fix the script",
         )
     second_limit = second_batch_limit(words, engine)
     return Target(

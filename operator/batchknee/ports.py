@@ -82,6 +82,11 @@ class KubernetesPort(Protocol):
         """The ConfigMaps in `namespace` carrying every one of `labels` (metadata included)."""
         ...
 
+    def watched(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """The object as the operator's watches delivered it (None: they hold none), asking the
+        apiserver nothing; without watches, get_object."""
+        ...
+
     def delete(self, kind: str, namespace: str, name: str, uid: str) -> None:
         """Delete the ConfigMap or PodDisruptionBudget if it is still the object with `uid` (gone
         already is fine)."""

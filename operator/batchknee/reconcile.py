@@ -663,6 +663,8 @@ class _Reconcile:
     # -- the normal path ------------------------------------------------------------------------------
 
     def run(self) -> Outcome:
+        if not self.ports.defaults.disruption_budgets:
+            self.delete_disruption_budget()  # whatever the spec now says: refused, conflicting, adopted
         try:
             obj = self.ports.refused_specs.parse(self.raw)
             check_admission(obj.spec, self.ports.admission)  # Forbidden: nothing is rendered or applied
@@ -683,11 +685,12 @@ class _Reconcile:
             # the three objects that carry its name, read together (a new object's first reconcile
             # finds none of them in the watches)
             kube, namespace, name = self.ports.kube, self.namespace, self.name
+            budgets = self.ports.defaults.disruption_budgets  # off: none rendered, none to read
             found, read["Service", name], read["PodDisruptionBudget", name] = together(
                 [
                     lambda: kube.get_deployment(namespace, name),
                     lambda: kube.get_object("Service", namespace, name),
-                    lambda: kube.get_object("PodDisruptionBudget", namespace, name),
+                    lambda: kube.get_object("PodDisruptionBudget", namespace, name) if budgets else None,
                 ]
             )
             read["Deployment", name] = found
@@ -773,8 +776,6 @@ class _Reconcile:
         rolled = decision.rolls and apply_error is None and bool(objects)
         if apply_error is None and target is None and obj.spec.engine == Engine.TensorRTLLM:
             self.prune_engine_configs(obj, desired)
-        if apply_error is None and target is None and not self.ports.defaults.disruption_budgets:
-            self.delete_disruption_budget(read["PodDisruptionBudget", self.name], uid)
         if live is not None and apply_error is None:
             enforced = decision.value if rolled else applied.max_num_seqs
             if enforced is not None and state is not None and enforced <= (state.max_num_seqs or 0):
@@ -1396,13 +1397,16 @@ class _Reconcile:
         except Exception as error:
             log.warning("%s/%s: could not prune old engine options: %s", self.namespace, self.name, error)
 
-    def delete_disruption_budget(self, found: dict[str, Any] | None, uid: str | None) -> None:
+    def delete_disruption_budget(self) -> None:
         """With budgets turned off, the one an earlier evaluation made goes (never another's of the
         name; best effort: a failure is a log line, retried next time)."""
-        if found is None or not controlled_by(found, uid):
-            return
+        uid = self.raw.get("metadata", {}).get("uid")
         try:
-            self.ports.kube.delete("PodDisruptionBudget", self.namespace, self.name, found["metadata"]["uid"])
+            found = self.ports.kube.watched("PodDisruptionBudget", self.namespace, self.name)
+            if found is not None and controlled_by(found, uid):
+                self.ports.kube.delete(
+                    "PodDisruptionBudget", self.namespace, self.name, found["metadata"]["uid"]
+                )
         except Exception as error:
             log.warning("%s/%s: could not delete its disruption budget: %s", self.namespace, self.name, error)
 

@@ -175,7 +175,7 @@ class OperatorSettings(BaseSettings):
     allow_device_runtime_env: bool = Field(
         False,
         description="Allow env variables a GPU container runtime reads to choose the devices "
-        "(NVIDIA_*, AMD_VISIBLE_DEVICES, HABANA_VISIBLE_*), and envFrom ConfigMaps whose prefix does not "
+        "(NVIDIA_*, AMD_VISIBLE_DEVICES, HABANA_VISIBLE_*), and envFrom sources whose prefix does not "
         "rule them out: NVIDIA_VISIBLE_DEVICES=all mounts every GPU of the node, whatever the pod requested",
     )
 

@@ -75,6 +75,8 @@ class MemoryKube:
         found = self.objects.get((kind, namespace, name))
         return copy.deepcopy(found) if found else None
 
+    watched = get_object  # the watches deliver every object here at once
+
     def list_pods(self, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
         return [
             copy.deepcopy(obj)

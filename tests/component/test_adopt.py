@@ -207,6 +207,19 @@ def refused_wiring(world: World, workload: dict[str, Any]) -> dict[str, Any]:
     return world.kube.condition("default", "tuner", "Wired")
 
 
+def test_a_shell_script_the_shell_cannot_read_is_named_and_nothing_is_written(world: World) -> None:
+    """Chosen by its first words (`vllm serve`), a script with an unclosed quote further on is not
+    the engine's command line: named, never written (a sidecar beside it makes the choice matter)."""
+    workload = user_workload(args=[], sidecar=True)
+    engine = workload["spec"]["template"]["spec"]["containers"][0]
+    engine["command"] = ["sh", "-c", "vllm serve M --max-num-seqs=$(BATCHKNEE_MAX_NUM_SEQS) --x 'oops"]
+    wired = refused_wiring(world, workload)
+    assert (wired["status"], wired["reason"]) == ("False", "ScriptUnreadable"), wired
+    assert wired["message"].startswith(
+        "container vllm of Deployment default/vllm runs a shell script the shell cannot read"
+    )
+
+
 def test_a_shell_script_too_long_to_read_is_named_and_nothing_is_written(world: World) -> None:
     """A 1.4 MB script was split word by word at every evaluation (3.7 s each, holding the worker);
     past 64 Ki characters it is not read, and the condition says so."""
@@ -231,7 +244,8 @@ def test_a_shell_script_too_long_to_read_is_named_and_nothing_is_written(world: 
 def test_each_container_is_asked_for_its_first_words_only() -> None:
     """Which container starts the engine is asked of every container at every evaluation: a script
     is read no further than its first words (20 containers of 64-KiB scripts took 2 s per
-    evaluation on the shared worker, now 2 ms), and the words are those the full reading gives."""
+    evaluation on the shared worker, now 2 ms), and a readable script's first words are those the
+    full reading gives (shells, paths, arguments after the script)."""
     from batchknee.adopt import MAX_SCRIPT_CHARS, engine_container, engine_words
 
     filler = "x " * (MAX_SCRIPT_CHARS // 2 - 40)
@@ -240,7 +254,8 @@ def test_each_container_is_asked_for_its_first_words_only() -> None:
     ]
     containers.append({"name": "engine", "command": ["/bin/sh", "-c", f"exec vllm serve M {filler}"]})
     containers.append({"name": "plain", "command": ["vllm"], "args": ["serve", "M", "--port", "8000"]})
-    for container in containers[-3:]:
+    after = {"name": "after", "command": ["bash", "-c", 'exec vllm serve "$0" --port 8000', "M"]}
+    for container in [*containers[-3:], after]:
         full = engine_words(container)
         for n in (1, 2, 3, 4, 6):
             assert engine_words(container, at_most=n) == full[:n]

@@ -413,8 +413,9 @@ def test_tensorrt_llm_gets_an_immutable_options_file_per_revision(world: World) 
 
 def test_with_budgets_turned_off_its_own_budget_goes_and_no_one_elses(world: World) -> None:
     """settings.disruption_budgets off (where a tenant's template could pin its replicas to one node
-    and so block that node's drain): the budget an earlier evaluation made is deleted, another
-    owner's of the same name stays, the engine is left as it runs; on again, it comes back."""
+    and so block that node's drain): the budget an earlier evaluation made is deleted, even while the
+    spec is refused (the tenant's next move), another owner's of the same name stays, the engine is
+    left as it runs; on again, it comes back."""
     world.kube.create(llmserving())
     world.kube.create(llmserving("other"))
     world.reconcile()
@@ -429,14 +430,17 @@ def test_with_budgets_turned_off_its_own_budget_goes_and_no_one_elses(world: Wor
     deployment = world.kube.deployment("default", "chat")
 
     world.ports = replace(world.ports, defaults=RenderDefaults(disruption_budgets=False))
+    host_path = {"volumes": [{"name": "node", "hostPath": {"path": "/"}}]}
+    world.kube.edit_spec("default", "chat", {"template": host_path})
     for _ in range(2):  # and nothing to delete the second time
         world.reconcile()
         world.reconcile("other")
         assert world.kube.get("PodDisruptionBudget", "default", "chat") is None
         assert world.kube.get("PodDisruptionBudget", "default", "other") is foreign
-        assert world.kube.deployment("default", "chat") == deployment  # no restart
-        assert world.kube.condition("default", "chat", "Degraded")["status"] == "False"
+        assert world.kube.deployment("default", "chat") == deployment  # held as it runs
+        assert world.kube.condition("default", "chat", "Degraded")["reason"] == "Forbidden"
 
+    world.kube.edit_spec("default", "chat", {"template": {"volumes": []}})
     world.ports = replace(world.ports, defaults=RenderDefaults())
     world.reconcile()
     assert world.kube.get("PodDisruptionBudget", "default", "chat") is not None

@@ -4,6 +4,7 @@ image allow-list, the bounds on names, args and pinned values, and the restricte
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +14,11 @@ import yaml
 from batchknee.api.admission import (
     DEFAULT_ALLOWED_IMAGES,
     DEFAULT_ALLOWED_TOLERATIONS,
+    DEVICE_RUNTIME_ENV,
     AdmissionRules,
     Forbidden,
     check_admission,
+    could_form,
     gated_uses,
     matches_any,
 )
@@ -200,6 +203,41 @@ HOSTILE: list[tuple[dict[str, Any], str, str]] = [
         "allowDeviceRuntimeEnv",
     ),
 ]
+# A Secret's keys the same way, where the admin allows Secret references but not device variables.
+DEVICE_SECRET = ({"envFrom": [{"secretRef": {"name": "s"}}]}, "spec.template.envFrom[0].secretRef")
+
+
+def test_a_secrets_keys_as_variables_are_gated_as_device_variables_too() -> None:
+    obj = parse(template=DEVICE_SECRET[0])
+    with pytest.raises(Forbidden) as caught:
+        check_admission(obj.spec, replace(ALL_ALLOWED, allow_device_runtime_env=False))
+    assert caught.value.field == DEVICE_SECRET[1] and "allowDeviceRuntimeEnv" in str(caught.value)
+    assert "a Secret's keys as variables" in str(caught.value)
+    prefixed = parse(template={"envFrom": [{"prefix": "DB_", "secretRef": {"name": "s"}}]})
+    check_admission(prefixed.spec, replace(ALL_ALLOWED, allow_device_runtime_env=False))
+
+
+@pytest.mark.parametrize(
+    ("prefix", "gated"),
+    [
+        ("", True),
+        ("N", True),
+        ("NVIDIA_", True),
+        ("NVIDIA_X_", True),  # NVIDIA_X_<key> matches NVIDIA_*
+        ("AMD_", True),
+        ("AMD_VISIBLE_DEVICES", True),  # harmless (keys are never empty), and gated all the same
+        ("AMD_VISIBLE_DEVICESX", False),
+        ("HABANA_VISIBLE_FOO_", True),
+        ("HABANA_", True),
+        ("APP_", False),
+        ("nvidia_", False),  # the runtime reads the exact, upper-case names
+        ("CUDA_", False),
+    ],
+)
+def test_which_envfrom_prefixes_could_form_a_device_variable(prefix: str, gated: bool) -> None:
+    assert could_form(prefix, DEVICE_RUNTIME_ENV) is gated
+
+
 ALL_ALLOWED = AdmissionRules(
     allow_service_account=True,
     allow_secret_references=True,
@@ -956,8 +994,10 @@ def test_the_requester_policy_is_generated_and_checks_every_gated_field() -> Non
     policy, binding = requester_policy()
     assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
     gated = policy["spec"]["variables"][0]["expression"]
-    for _, field, _ in HOSTILE:
+    for _, field, setting in HOSTILE:
         last = re.sub(r"\[[^\]]*\]", "", field).split(".")[-1]  # volumes[0].hostPath: hostPath
+        if ".envFrom[" in field and setting == "allowDeviceRuntimeEnv":
+            last = "e.prefix"  # every envFrom source, by the prefix its keys take
         assert last in gated, field
     pods, config_maps, target = policy["spec"]["validations"]
     assert "resource('pods')" in pods["expression"] and "check('create')" in pods["expression"]

@@ -302,6 +302,11 @@ class KubernetesAdapter:
         found: dict[str, Any] = json.loads(response.data)
         return found
 
+    def watched(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        if self.cache is None:
+            return self.get_object(kind, namespace, name)
+        return self.cache.get(kind, namespace, name)
+
     def get_object(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         cached = self.cached(kind, namespace, name)
         if cached is not None:

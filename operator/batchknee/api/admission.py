@@ -245,19 +245,22 @@ def gated_uses(spec: LLMServingSpec) -> list[GatedUse]:
                 GatedUse(f"{base}.env[{i}].valueFrom.secretKeyRef", "a Secret in the environment", SECRETS)
             )
     for i, source in enumerate(t.env_from or []):
-        if source.config_map_ref is not None and could_form(source.prefix or "", DEVICE_RUNTIME_ENV):
+        kind, what = (
+            ("secretRef", "Secret") if source.secret_ref is not None else ("configMapRef", "ConfigMap")
+        )
+        if source.secret_ref is not None:
+            uses.append(GatedUse(f"{base}.envFrom[{i}].secretRef", "a Secret in the environment", SECRETS))
+        if could_form(source.prefix or "", DEVICE_RUNTIME_ENV):
             uses.append(
                 GatedUse(
-                    f"{base}.envFrom[{i}].configMapRef",
-                    "a ConfigMap's keys as variables without a prefix that rules out "
+                    f"{base}.envFrom[{i}].{kind}",
+                    f"a {what}'s keys as variables without a prefix that rules out "
                     f"{', '.join(DEVICE_RUNTIME_ENV)} (the GPU container runtime reads those to choose the "
                     "container's devices, and the kubelet reads the keys out of the operator's sight; set "
-                    "a prefix such as APP_, or name each variable in env with valueFrom.configMapKeyRef)",
+                    "a prefix such as APP_, or name each variable in env with its valueFrom)",
                     DEVICE_ENV,
                 )
             )
-        if source.secret_ref is not None:
-            uses.append(GatedUse(f"{base}.envFrom[{i}].secretRef", "a Secret in the environment", SECRETS))
     for i, volume in enumerate(t.volumes or []):
         if volume.secret is not None:
             uses.append(GatedUse(f"{base}.volumes[{i}].secret", "a Secret volume", SECRETS))

@@ -469,19 +469,23 @@ _CROSS_NAMESPACE_AFFINITY_CEL = (
 )
 
 
-def _matches_cel(value: str, pattern: str) -> str:
-    """A DEVICE_RUNTIME_ENV pattern in CEL: a literal, or a literal stem and one trailing `*`."""
+def _stem(pattern: str) -> str:
+    """A DEVICE_RUNTIME_ENV pattern's literal part: a literal, or a literal stem and one trailing `*`."""
     stem = pattern.removesuffix("*")
     if any(c in stem for c in "*?["):
         raise ValueError(f"{pattern!r}: only a trailing * has a CEL spelling here")
+    return stem
+
+
+def _matches_cel(value: str, pattern: str) -> str:
+    """admission.matches_any for one DEVICE_RUNTIME_ENV pattern, in CEL."""
+    stem = _stem(pattern)
     return f"{value}.startsWith('{stem}')" if stem != pattern else f"{value} == '{pattern}'"
 
 
 def _could_form_cel(prefix: str, pattern: str) -> str:
     """admission.could_form for one DEVICE_RUNTIME_ENV pattern, in CEL."""
-    stem = pattern.removesuffix("*")
-    if any(c in stem for c in "*?["):
-        raise ValueError(f"{pattern!r}: only a trailing * has a CEL spelling here")
+    stem = _stem(pattern)
     extends = f" || {prefix}.startsWith('{stem}')" if stem != pattern else ""
     return f"'{stem}'.startsWith({prefix}){extends}"
 
@@ -496,9 +500,9 @@ GATED_FIELDS_CEL = " || ".join(
         + " || ".join(_matches_cel("e.name", pattern) for pattern in DEVICE_RUNTIME_ENV)
         + "))",
         f"({_has('envFrom')} && {_T}.envFrom.exists(e, has(e.secretRef)))",
-        f"({_has('envFrom')} && {_T}.envFrom.exists(e, has(e.configMapRef) && (!has(e.prefix) || "
+        f"({_has('envFrom')} && {_T}.envFrom.exists(e, !has(e.prefix) || "
         + " || ".join(_could_form_cel("e.prefix", pattern) for pattern in DEVICE_RUNTIME_ENV)
-        + ")))",
+        + "))",
         f"({_has('volumes')} && {_T}.volumes.exists(v, has(v.secret) || has(v.hostPath) || "
         "has(v.persistentVolumeClaim)))",
         _loosened("securityContext", container=False),

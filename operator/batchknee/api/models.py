@@ -783,12 +783,14 @@ class EnvFromSource(_Model):
         )
     )
 
-    prefix: str | None = Field(None, max_length=253, description="Prefix added to every variable name.")
-    config_map_ref: ConfigMapEnvSource | None = Field(
+    prefix: str | None = Field(
         None,
-        description="A ConfigMap; refused unless `prefix` rules out the names a GPU container runtime "
-        "reads (NVIDIA_*, AMD_VISIBLE_DEVICES, HABANA_VISIBLE_*), or the admin sets allowDeviceRuntimeEnv.",
+        max_length=253,
+        description="Prefix added to every variable name. Without one that rules out the names a GPU "
+        "container runtime reads (NVIDIA_*, AMD_VISIBLE_DEVICES, HABANA_VISIBLE_*; APP_ does), the "
+        "source needs the admin's allowDeviceRuntimeEnv.",
     )
+    config_map_ref: ConfigMapEnvSource | None = Field(None, description="A ConfigMap.")
     secret_ref: SecretEnvSource | None = Field(
         None, description="A Secret; refused unless the admin sets allowSecretReferences."
     )
