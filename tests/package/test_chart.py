@@ -474,6 +474,8 @@ def test_prometheus_auth_widens_no_role(render: Render) -> None:
         SECRET_AUTH,
         SA_AUTH,
         {"operator": {**SECRET_AUTH["operator"], **NAMESPACED["operator"]}},
+        {"operator": {"disruptionBudgets": False}},
+        {"operator": {**NAMESPACED["operator"], "disruptionBudgets": False}},
     ],
     ids=[
         "default",
@@ -484,6 +486,8 @@ def test_prometheus_auth_widens_no_role(render: Render) -> None:
         "prometheus-secret-auth",
         "prometheus-sa-auth",
         "namespaced-prometheus-secret-auth",
+        "no-disruption-budgets",
+        "namespaced-no-disruption-budgets",
     ],
 )
 def test_rbac_grants_exactly_the_operators_calls(render: Render, values: dict[str, Any] | None) -> None:
@@ -491,13 +495,13 @@ def test_rbac_grants_exactly_the_operators_calls(render: Render, values: dict[st
     values = values or {}
     namespaces = values.get("operator", {}).get("watchNamespaces") or []
     peering = values.get("replicaCount", 1) > 1
+    budgets = values.get("operator", {}).get("disruptionBudgets", True)
     found = roles(objects)
     assert found
     for role in found:
         assert wildcards(role["rules"]) == [], role["metadata"]
-        assert granted(role["rules"]) == required(cluster_wide=not namespaces, peering=peering), role[
-            "metadata"
-        ]
+        expected = required(cluster_wide=not namespaces, peering=peering, disruption_budgets=budgets)
+        assert granted(role["rules"]) == expected, role["metadata"]
     if namespaces:
         assert not kinds(objects, "ClusterRole") and not kinds(objects, "ClusterRoleBinding")
         assert sorted(r["metadata"]["namespace"] for r in kinds(objects, "Role")) == sorted(namespaces)

@@ -44,7 +44,7 @@ class Call:
     who: str
 
 
-def _calls(cluster_wide: bool, peering: bool, peering_name: str) -> list[Call]:
+def _calls(cluster_wide: bool, peering: bool, peering_name: str, disruption_budgets: bool) -> list[Call]:
     def p(group: str, resource: str, verb: str, name: str = "", cluster: bool = False) -> Permission:
         return Permission(group, resource, verb, name, cluster)
 
@@ -78,10 +78,6 @@ def _calls(cluster_wide: bool, peering: bool, peering_name: str) -> list[Call]:
         Call(p("policy", "poddisruptionbudgets", "watch"), "kopf: on.event of budgets (the watch cache)"),
         Call(p("policy", "poddisruptionbudgets", "create"), "KubernetesAdapter.apply (creating it)"),
         Call(p("policy", "poddisruptionbudgets", "patch"), "KubernetesAdapter.apply (server-side apply)"),
-        Call(
-            p("policy", "poddisruptionbudgets", "delete"),
-            "KubernetesAdapter.delete (the operator's own, while operator.disruptionBudgets is off)",
-        ),
         Call(p("", "services", "patch"), "KubernetesAdapter.apply (server-side apply)"),
         Call(p("", "services", "create"), "KubernetesAdapter.apply (server-side apply creating it)"),
         Call(p("", "configmaps", "patch"), "KubernetesAdapter.apply (TensorRT-LLM options file)"),
@@ -96,6 +92,13 @@ def _calls(cluster_wide: bool, peering: bool, peering_name: str) -> list[Call]:
             Call(p("apiextensions.k8s.io", crds, "list", cluster=True), "kopf: resource observer"),
             Call(p("apiextensions.k8s.io", crds, "watch", cluster=True), "kopf: resource observer"),
         ]
+    if not disruption_budgets:
+        calls.append(
+            Call(
+                p("policy", "poddisruptionbudgets", "delete"),
+                "KubernetesAdapter.delete (the operator's own, while operator.disruptionBudgets is off)",
+            )
+        )
     if peering:
         plural = "clusterkopfpeerings" if cluster_wide else "kopfpeerings"
         calls += [
@@ -113,12 +116,16 @@ def _calls(cluster_wide: bool, peering: bool, peering_name: str) -> list[Call]:
     return calls
 
 
-def operator_calls(*, cluster_wide: bool, peering: bool, peering_name: str = "batchknee") -> list[Call]:
-    return _calls(cluster_wide, peering, peering_name)
+def operator_calls(
+    *, cluster_wide: bool, peering: bool, peering_name: str = "batchknee", disruption_budgets: bool = True
+) -> list[Call]:
+    return _calls(cluster_wide, peering, peering_name, disruption_budgets)
 
 
-def required(*, cluster_wide: bool, peering: bool, peering_name: str = "batchknee") -> set[Permission]:
-    return {c.permission for c in _calls(cluster_wide, peering, peering_name)}
+def required(
+    *, cluster_wide: bool, peering: bool, peering_name: str = "batchknee", disruption_budgets: bool = True
+) -> set[Permission]:
+    return {c.permission for c in _calls(cluster_wide, peering, peering_name, disruption_budgets)}
 
 
 # Checked by the apiserver on the operator's own writes, never a request of its own (so absent from

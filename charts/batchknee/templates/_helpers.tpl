@@ -131,10 +131,10 @@ Each rule is a call the operator makes; the README lists which code makes it.
   resources: ["configmaps"]
   verbs: ["get", "create", "patch", "list", "delete"]
 # The engine pods' PodDisruptionBudget (at most one evicted at a time): watched and read as the
-# Service is, then server-side apply; its own deleted while operator.disruptionBudgets is off.
+# Service is, then server-side apply; with operator.disruptionBudgets off, its own are deleted.
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch"{{ if not .Values.operator.disruptionBudgets }}, "delete"{{ end }}]
 # The engine pods: listed to report an engine that crash-loops after a change.
 - apiGroups: [""]
   resources: ["pods"]
