@@ -504,7 +504,10 @@ def parse_emulator_args(argv: Sequence[str], environ: dict[str, str] | None = No
         )
     runtime_config, trimtab = _live_endpoints(args, env)
     if engine != "vllm" and (runtime_config or trimtab):
-        warnings.append("no runtime endpoint on TensorRT-LLM: /v1/runtime_config and /trimtab/* answer 404")
+        warnings.append(
+            f"no runtime endpoint on {'SGLang' if engine == 'sglang' else 'TensorRT-LLM'}: "
+            "/v1/runtime_config and /trimtab/* answer 404"
+        )
         runtime_config = trimtab = False
 
     common = {
