@@ -132,7 +132,7 @@ class EngineRuntime(Protocol):
     /trimtab/set_knobs) on each pod's address."""
 
     def read_cap(self, address: str) -> LiveCap | None:
-        """The pod's live cap, or None when the engine has no runtime endpoint (404/501)."""
+        """The pod's live cap, or None when the engine has no runtime endpoint (404/405/501)."""
         ...
 
     def set_cap(self, address: str, api: str, value: int) -> None:
