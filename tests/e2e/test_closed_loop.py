@@ -223,7 +223,9 @@ def test_live_reaches_the_caps_restart_reaches(run: Run, phase: str, expected: i
     the Restart one rolls to (within the dead band), and every one of its pods enforces it."""
     live, restart = run.of(LIVE, phase)[-1], run.of(AUTO, phase)[-1]
     assert live.appliedMaxNumSeqs is not None and restart.appliedMaxNumSeqs is not None
-    assert abs(live.appliedMaxNumSeqs - expected) <= DEAD_BAND * expected
+    # what the Live one did through the phase, for a failure's report
+    story = "\n".join(f"{s.time:.0f}s {s.appliedMaxNumSeqs}: {s.reason}" for s in run.of(LIVE, phase))
+    assert abs(live.appliedMaxNumSeqs - expected) <= DEAD_BAND * expected, story
     assert abs(live.appliedMaxNumSeqs - restart.appliedMaxNumSeqs) <= DEAD_BAND * restart.appliedMaxNumSeqs
     assert live.avgContextLength is not None
     assert abs(live.appliedMaxNumSeqs - planner(live.avgContextLength)) <= DEAD_BAND * live.appliedMaxNumSeqs
