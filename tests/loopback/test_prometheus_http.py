@@ -18,12 +18,12 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_prometheus import FakePrometheus, Mode
+from fake_prometheus import FakePrometheus, LoopbackServer, Mode
 
 from batchknee.adapters.prometheus import (
     ANSWER_BYTES_IN_FLIGHT,
@@ -437,8 +437,7 @@ def test_a_refresh_whose_first_query_fails_waits_for_the_others_it_started() -> 
         def log_message(self, format: str, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
+    server = LoopbackServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     base = f"http://127.0.0.1:{server.server_address[1]}"
     router = any_url_router(prometheus_timeout_seconds=1)
@@ -740,8 +739,7 @@ def serving(answer: Callable[[BaseHTTPRequestHandler], None]) -> Iterator[str]:
         def log_message(self, format: str, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
+    server = LoopbackServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}"

@@ -50,6 +50,15 @@ class Request:
     body: bytes
 
 
+class LoopbackServer(ThreadingHTTPServer):
+    """A threaded test server with a real server's listen backlog: the standard library's 5 drops
+    connections when a refresh's queries arrive together while a loaded machine is slow to run the
+    accept loop, and the client's connect then waits out its deadline for the retransmit."""
+
+    request_queue_size = 128
+    daemon_threads = True
+
+
 @dataclass
 class FakePrometheus:
     mode: Mode
@@ -141,8 +150,7 @@ class FakePrometheus:
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer((self.host, 0), Handler)
-        self.server.daemon_threads = True
+        self.server = LoopbackServer((self.host, 0), Handler)
         self.port = self.server.server_address[1]
         self.url = f"http://{self.host}:{self.port}"
         if self.tls is not None:
