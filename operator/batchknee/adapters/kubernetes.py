@@ -305,7 +305,7 @@ class KubernetesAdapter:
     def watched(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         if self.cache is None:
             return self.get_object(kind, namespace, name)
-        return self.cache.get(kind, namespace, name)
+        return self.cached(kind, namespace, name)
 
     def get_object(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         cached = self.cached(kind, namespace, name)
