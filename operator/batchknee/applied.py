@@ -22,6 +22,9 @@ from collections.abc import Mapping
 from typing import Any
 
 APPLIED_ANNOTATION = "batchknee.io/applied-hash"
+# On a Deployment (not in its pod template, whose every change rolls the pods): the hash of the pod
+# template the last apply rendered, so a template field no longer rendered is seen as a change too.
+TEMPLATE_ANNOTATION = "batchknee.io/template-hash"
 
 
 def content_hash(obj: Mapping[str, Any]) -> str:
@@ -34,17 +37,58 @@ def content_hash(obj: Mapping[str, Any]) -> str:
         for k, v in ((obj.get("metadata") or {}).get("annotations") or {}).items()
         if k != APPLIED_ANNOTATION
     }
-    canonical = json.dumps(
-        {**obj, "metadata": {**meta, "annotations": annotations}}, sort_keys=True, separators=(",", ":")
-    )
+    return _canonical_hash({**obj, "metadata": {**meta, "annotations": annotations}})
+
+
+def _canonical_hash(value: Any) -> str:
+    canonical = json.dumps(value, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:20]
 
 
+def _pod_template(obj: Mapping[str, Any]) -> Any:
+    return (obj.get("spec") or {}).get("template")
+
+
 def stamp(obj: dict[str, Any]) -> dict[str, Any]:
-    """Put the content hash on the rendered object (in place), as an annotation of its own."""
-    digest = content_hash(obj)
-    obj.setdefault("metadata", {}).setdefault("annotations", {})[APPLIED_ANNOTATION] = digest
+    """Put the content hash on the rendered object (in place), as an annotation of its own; on a
+    workload, the pod template's hash too."""
+    annotations = obj.setdefault("metadata", {}).setdefault("annotations", {})
+    template = _pod_template(obj)
+    if template is not None:
+        annotations[TEMPLATE_ANNOTATION] = _canonical_hash(template)
+    annotations[APPLIED_ANNOTATION] = content_hash(obj)
     return obj
+
+
+def _template_hashes(
+    rendered: Mapping[str, Any], existing: Mapping[str, Any]
+) -> tuple[str | None, str | None]:
+    def recorded(obj: Mapping[str, Any]) -> str | None:
+        return ((obj.get("metadata") or {}).get("annotations") or {}).get(TEMPLATE_ANNOTATION)
+
+    return recorded(rendered), recorded(existing)
+
+
+def rendered_anew(rendered: Mapping[str, Any], existing: Mapping[str, Any] | None) -> bool:
+    """Is the pod template rendered now (stamped) other than the one the last apply recorded? (An
+    edit of the object since is not: the rendering is the same.) Nothing recorded — applied by an
+    operator before the hash — counts as other."""
+    if existing is None:
+        return False
+    wanted, recorded = _template_hashes(rendered, existing)
+    return recorded is None or recorded != wanted
+
+
+def restarts_pods(rendered: Mapping[str, Any], existing: Mapping[str, Any] | None) -> bool:
+    """Would applying `rendered` (stamped) change the pod template `existing` runs, and so roll
+    its pods? A field rendered now with another value, or a template rendered otherwise than the
+    one the last apply recorded (a field dropped since). Creating the workload restarts nothing."""
+    if existing is None:
+        return False
+    wanted, recorded = _template_hashes(rendered, existing)
+    if recorded is not None and recorded != wanted:
+        return True
+    return not _holds(_pod_template(existing), _pod_template(rendered))
 
 
 def _holds(have: Any, want: Any) -> bool:

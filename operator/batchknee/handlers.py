@@ -48,6 +48,7 @@ from batchknee.api.models import DEFAULT_WINDOW_SECONDS, GROUP, PLURAL, VERSION
 from batchknee.api.resolve import SpecError, observation_target, parse_llmserving
 from batchknee.core.observation import ObservationTarget
 from batchknee.operator_metrics import OperatorMetrics
+from batchknee.pacing import RolloutPacer
 from batchknee.ports import TransientApiError
 from batchknee.reconcile import FAN_OUT_THREADS, Outcome, Ports, reconcile, report_api_errors
 from batchknee.render import LABEL, RenderDefaults
@@ -272,6 +273,7 @@ class Runtime:
         self.evaluated.pop(key, None)
         self.spec_versions.pop(key, None)
         self.api_failing_since.pop(key, None)
+        self.ports.pacer.done(key)
         lock = self.locks.get(key)
         if lock is not None and not lock.locked():
             del self.locks[key]
@@ -317,6 +319,7 @@ def configure(settings: OperatorSettings, identity: str = "", priority: int = 0)
         settings.admission_rules(),
         runtime=HttpEngineRuntime(),
         prometheus_url_refusal=router.refusal,
+        pacer=RolloutPacer(settings.template_rollouts_at_once),
     )
     peering = None
     if settings.peering != "standalone":

@@ -65,7 +65,7 @@ from batchknee.api.resolve import (
     trtllm_kv_cache,
     tuning_rules,
 )
-from batchknee.applied import in_place, stamp
+from batchknee.applied import in_place, rendered_anew, restarts_pods, stamp
 from batchknee.core.bandwidth import BandwidthAssessment
 from batchknee.core.engine_args import int_flag
 from batchknee.core.observation import Observation
@@ -86,6 +86,7 @@ from batchknee.core.policy import (
 from batchknee.core.roofline import DecodeRoofline
 from batchknee.core.spread import phase, same_slot
 from batchknee.core.verify import Check, Figures, verify
+from batchknee.pacing import RolloutPacer
 from batchknee.ports import (
     ApplyConflict,
     ApplyError,
@@ -224,6 +225,24 @@ class Ports:
     # Why an LLMServing may not name this spec.prometheus.url (None: it may); the admin's allow-list.
     prometheus_url_refusal: Callable[[str], str | None] = lambda url: None
     refused_specs: RefusedSpecs = field(default_factory=RefusedSpecs)
+    # template changes of the operator's own roll this many engines at a time (default: no limit)
+    pacer: RolloutPacer = field(default_factory=RolloutPacer)
+
+
+OWN_TEMPLATE = "the operator's new pod template (an operator upgrade, or a changed operator setting)"
+
+
+@dataclass(frozen=True)
+class Paced:
+    """The Progressing condition for a pod template change of the operator's own (see `pace`)."""
+
+    status: ConditionStatus
+    reason: str
+    message: str
+
+
+def queued(paced: Paced | None) -> bool:
+    return paced is not None and paced.status == "False"
 
 
 @dataclass(frozen=True)
@@ -748,11 +767,19 @@ class _Reconcile:
         if live is not None:
             rendered = self.ceiling(obj, state, decision, roofline, pool, rules)
         desired = Desired(rendered, decision.max_tokens, rollouts)
+        spec_changed = self.old.observed_generation != self.generation
+        paced: Paced | None = None  # a pod template change of the operator's own: rolling, or waiting
+        if state is not None and not state.rolling:  # its last rollout, if it held a place, is over
+            self.ports.pacer.done((self.namespace, self.name))
         if target is None:
             objects = render(obj, desired, self.ports.defaults)
             foreign, pending = self.claim(objects, read, uid)
             if foreign:
                 return self.name_conflict(foreign)
+            # not a decision, not its writer's change; an engine rolling already adds no restart
+            own = state is not None and not decision.rolls and not spec_changed and not state.rolling
+            if own and state is not None and rendered == state.max_num_seqs:
+                pending, paced = self.pace(pending, found)
         else:  # an adopted workload: the one env value, only when it changes and the args use it
             writable = target.problem is None and target.wired
             objects = (
@@ -774,7 +801,12 @@ class _Reconcile:
             log.info("%s/%s: %s; deciding again", self.namespace, self.name, apply_error)
             return Outcome(self.namespace, self.name, decision=decision, error=apply_error, conflict=True)
         rolled = decision.rolls and apply_error is None and bool(objects)
-        if apply_error is None and target is None and obj.spec.engine == Engine.TensorRTLLM:
+        if (
+            apply_error is None
+            and target is None
+            and obj.spec.engine == Engine.TensorRTLLM
+            and not queued(paced)
+        ):
             self.prune_engine_configs(obj, desired)
         if live is not None and apply_error is None:
             enforced = decision.value if rolled else applied.max_num_seqs
@@ -813,7 +845,6 @@ class _Reconcile:
         settled = not applied.rolling and (
             settled_since is None or observed_at >= settled_since + timedelta(seconds=rules.window_s)
         )
-        spec_changed = self.old.observed_generation != self.generation
         if settled and observation is not None and not decision.rolls and not spec_changed:
             point = calibration_point(observation, roofline)
             offset_s = refresh_offset_s(self.namespace, self.name, rules.window_s)
@@ -834,7 +865,9 @@ class _Reconcile:
             and (state.rolling or state.ready_replicas < state.replicas)
         )
         crashing = crash_looping(self.pods) if unready else []
-        self.set_conditions(obj, state, observation, decision, rolled, apply_error, crashing, target, shown)
+        self.set_conditions(
+            obj, state, observation, decision, rolled, apply_error, crashing, target, shown, paced
+        )
         if target is not None:
             self.set_wired(obj.spec.engine, target)
         else:
@@ -1386,6 +1419,31 @@ class _Reconcile:
             log.warning("%s/%s: observation failed: %s", self.namespace, self.name, error)
             return Observation.unavailable(self.now, f"observation failed: {error}")
 
+    def pace(
+        self, pending: list[dict[str, Any]], existing: dict[str, Any] | None
+    ) -> tuple[list[dict[str, Any]], Paced | None]:
+        """A pod template rendered anew for neither a batch-limit decision nor a spec change (a new
+        operator version's or setting's rendering) rolls the engines only with a place from the
+        pacer (`batchknee.pacing`); an edit of the Deployment is put back at once (its pods are rolling
+        to the edit already). Returns what to apply now (without a place: not the Deployment, nor the
+        options file only its new template reads), and what to say (None: no such change)."""
+        deployment = next((item for item in pending if item["kind"] == "Deployment"), None)
+        if (
+            deployment is None
+            or not rendered_anew(deployment, existing)
+            or not restarts_pods(deployment, existing)
+        ):
+            return pending, None
+        if self.ports.pacer.admit((self.namespace, self.name)):
+            return pending, Paced("True", "TemplateRollout", f"rolling out {OWN_TEMPLATE}")
+        why = (
+            f"{OWN_TEMPLATE} waits its turn, the engines running as they are: the operator restarts at "
+            f"most {self.ports.pacer.at_once} engines at a time for such changes (operator setting "
+            "templateRolloutsAtOnce)"
+        )
+        waiting = Paced("False", "RolloutQueued", why)
+        return [item for item in pending if item["kind"] not in ("Deployment", "ConfigMap")], waiting
+
     def prune_engine_configs(self, obj: LLMServing, desired: Desired) -> None:
         """Delete this LLMServing's options ConfigMaps past the newest few (best effort: a failure
         is a log line, retried next time)."""
@@ -1454,9 +1512,11 @@ class _Reconcile:
         crashing: Sequence[str],
         target: Target | None,
         workload: DeploymentState | None,
+        paced: Paced | None = None,
     ) -> None:
         """`workload`: the engines' workload as shown (an adopted one's, whoever tunes it); `state`:
-        the one this LLMServing may write, whose rollouts it judges."""
+        the one this LLMServing may write, whose rollouts it judges; `paced`: the operator's new pod
+        template, applied or waiting (see `pace`)."""
         c = self.conditions
         problem = target.problem if target is not None else None
         # Ready: the engines are rolled out and available.
@@ -1502,6 +1562,8 @@ class _Reconcile:
             c.set("Progressing", "True", "Retuning", decision.reason)
         elif state is not None and state.rolling:
             c.set("Progressing", "True", "RolloutInProgress", state.message)
+        elif paced is not None and apply_error is None:
+            c.set("Progressing", paced.status, paced.reason, paced.message)
         else:
             c.set(
                 "Progressing", "False", "RolloutComplete", state.message if state else "nothing to roll out"
@@ -1527,6 +1589,8 @@ class _Reconcile:
         if c.turned("Degraded", "True", or_message=True):
             reason = c.new["Degraded"].reason
             self.event("Warning", reason, c.new["Degraded"].message)
+        if paced is not None and queued(paced) and c.turned("Progressing", "False", or_message=True):
+            self.event("Normal", paced.reason, paced.message)
         if c.turned("MetricsAvailable", "False") and c.old.get("MetricsAvailable") is not None:
             self.event("Warning", "MetricsUnavailable", c.new["MetricsAvailable"].message)
 

@@ -187,6 +187,17 @@ class OperatorSettings(BaseSettings):
         "to its own pods) makes the budget block that node's drain",
     )
 
+    template_rollouts_at_once: int = Field(
+        4,
+        ge=0,
+        le=100_000,
+        description="Engines restarted at once, cluster-wide, for a pod template the operator renders anew "
+        "of its own (an operator upgrade that changes it, a changed default image), each counted until "
+        "its rollout completes (a stalled one keeps its place, so a template that does not start stops "
+        "there); batch-limit retunes (the rollout budget), LLMServing spec changes and hand edits of a "
+        "Deployment put back do not wait. 0: no limit",
+    )
+
     # --- Prometheus: what tenants may point the operator at, and how results are shared ---
     prometheus_allowed_urls: Annotated[list[str], NoDecode] = Field(
         default_factory=list,

@@ -23,6 +23,7 @@ import pytest
 
 from batchknee.devcluster import DevCluster, LocalPrometheus
 from batchknee.devcluster.cluster import free_port
+from batchknee.render import deployment_state
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "crds" / "batchknee.io_llmservings.yaml"
@@ -371,6 +372,65 @@ def test_with_budgets_turned_off_the_operator_deletes_its_own(world: Harness) ->
     assert kept is not None and kept["spec"]["selector"] == {"matchLabels": {"team": "ops"}}
     assert world.get("deployment", "budget")["metadata"]["generation"] == generation  # type: ignore[index]
     assert world.get("pdb", "budget") is None  # and not made again
+
+
+def test_a_new_default_image_rolls_the_engines_one_at_a_time(world: Harness) -> None:
+    """The operator restarted with another default engine image (what an upgrade that renders a new
+    pod template does) and BATCHKNEE_TEMPLATE_ROLLOUTS_AT_ONCE=1, on the real apiserver and
+    controller-manager: at no moment do two engines roll to the new template; the one that waits says
+    why; both run it in the end."""
+    names = ("upgraded", "queued")
+    world.start_operator()
+    for name in names:
+        assert world.apply(name).returncode == 0
+    for name in names:
+        wait_for(
+            lambda name=name: world.condition(name, "Ready").get("status") == "True", 120, f"{name} Ready"
+        )
+    old_image = images(world)["upgraded"]
+    new_image = "vllm/vllm-openai:v99.0.0"
+    assert old_image != new_image
+    world.stop_operator()
+    # each new pod takes 4 s to turn Ready (an engine loading its model), so that a rollout lasts
+    # past the polling below: unpaced, both Deployments are seen rolling to the new template at once
+    world.set_state({**state_for(2048), "startupSeconds": 4})
+
+    world.start_operator(
+        settings={"BATCHKNEE_VLLM_IMAGE": new_image, "BATCHKNEE_TEMPLATE_ROLLOUTS_AT_ONCE": "1"}
+    )
+    waited: dict[str, str] = {}
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        listed = json.loads(world.kubectl("get", "deployments", "-o", "json").stdout)["items"]
+        rolling_to_new = [
+            d["metadata"]["name"]
+            for d in listed
+            if d["spec"]["template"]["spec"]["containers"][0]["image"] == new_image
+            and deployment_state(d).rolling  # type: ignore[union-attr]
+        ]
+        assert len(rolling_to_new) <= 1, f"rolling to the new template together: {rolling_to_new}"
+        for name in names:
+            progressing = world.condition(name, "Progressing")
+            if progressing.get("reason") == "RolloutQueued":
+                waited[name] = progressing["message"]
+        done = [
+            d
+            for d in listed
+            if d["spec"]["template"]["spec"]["containers"][0]["image"] == new_image
+            and not deployment_state(d).rolling  # type: ignore[union-attr]
+        ]
+        if len(done) == len(names):
+            break
+        time.sleep(0.3)
+    assert images(world) == dict.fromkeys(names, new_image), world.log()
+    assert len(waited) == 1, waited  # one took the place, the other waited for it
+    assert "at most 1 engines at a time" in next(iter(waited.values()))
+    assert [e["involvedObject"]["name"] for e in world.events("RolloutQueued")] == list(waited)
+
+
+def images(world: Harness) -> dict[str, str]:
+    listed = json.loads(world.kubectl("get", "deployments", "-o", "json").stdout)["items"]
+    return {d["metadata"]["name"]: d["spec"]["template"]["spec"]["containers"][0]["image"] for d in listed}
 
 
 KOPF_FINALIZER = "kopf.zalando.org/KopfFinalizerMarker"  # what an older build's per-object daemon needed

@@ -211,6 +211,9 @@ def test_the_operator_container(render: Render) -> None:
     assert ipv6.liveness_endpoint() == "http://[::]:8080/healthz"
     no_budgets = env(render({"operator": {"disruptionBudgets": False}}))
     assert settings_under(no_budgets).disruption_budgets is False
+    assert settings_under(variables).template_rollouts_at_once == 4
+    unpaced = env(render({"operator": {"templateRolloutsAtOnce": 0}}))
+    assert settings_under(unpaced).template_rollouts_at_once == 0
     assert deployment(objects)["spec"]["strategy"] == {"type": "Recreate"}  # never two standalone ones
     service = one(objects, "Service")
     assert service["spec"]["ports"] == [
@@ -827,6 +830,8 @@ def test_the_schema_knows_every_value_and_rejects_unknown_ones(helm: Helm) -> No
         ({"operator": {"prometheusAuth": {"bearerToken": "s3cret"}}}, "'bearerToken' not allowed"),
         ({"operator": {"listenAddress": "0.0.0.0\n            - name: X"}}, "listenAddress"),
         ({"operator": {"disruptionBudgets": "no"}}, "disruptionBudgets"),
+        ({"operator": {"templateRolloutsAtOnce": -1}}, "templateRolloutsAtOnce"),
+        ({"operator": {"templateRolloutsAtOnce": "4\n            - name: X"}}, "templateRolloutsAtOnce"),
     ):
         done = helm("template", bad, check=False)
         assert done.returncode != 0 and message in done.stderr, (bad, done.stderr)

@@ -74,6 +74,8 @@ DEFAULT_STATE: dict[str, Any] = {
     "dramActive": None,
     "legacyNames": False,
     "forceTextFormat": False,
+    # seconds before it listens (a real engine loads its model first): its pod is not Ready meanwhile
+    "startupSeconds": 0.0,
     # the largest --max-num-seqs that "fits": above it the engine exits at start-up, as a real one
     # does when the batch does not fit its memory (null: everything fits)
     "fitsMaxNumSeqs": None,
@@ -146,6 +148,7 @@ def main() -> None:
     )
     if fits is not None and wanted is not None and int(wanted) > int(fits):
         sys.exit(f"ValueError: max_num_seqs {wanted} does not fit in GPU memory (at most {fits})")
+    time.sleep(min(float(state["startupSeconds"]), 60.0))
     cache = {
         "block_size": str(state["blockSize"]),
         "num_gpu_blocks": str(state["numGpuBlocks"]),

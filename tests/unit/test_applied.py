@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from batchknee.applied import APPLIED_ANNOTATION, in_place, stamp
+from batchknee.applied import APPLIED_ANNOTATION, TEMPLATE_ANNOTATION, in_place, restarts_pods, stamp
 
 
 def rendered() -> dict[str, Any]:
@@ -77,3 +77,34 @@ def test_the_stamp_ignores_the_resource_version_and_itself() -> None:
     again = copy.deepcopy(first)
     again["metadata"]["resourceVersion"] = "42"
     assert stamp(again)["metadata"]["annotations"] == first["metadata"]["annotations"]
+
+
+def test_a_new_pod_template_restarts_the_pods_and_a_new_label_does_not() -> None:
+    before = stored(rendered())
+    assert not restarts_pods(rendered(), before)  # as it runs (the apiserver's defaults around it)
+    assert not restarts_pods(rendered(), None)  # a creation rolls nothing
+
+    relabelled = rendered()
+    relabelled["metadata"]["labels"]["team"] = "a"  # the Deployment's own metadata
+    relabelled["spec"]["replicas"] = 2  # and its scale: neither is the pod template
+    assert not restarts_pods(stamp(relabelled), before)
+
+    new_image = rendered()
+    new_image["spec"]["template"]["spec"]["containers"][0]["image"] = "vllm/vllm-openai:v9"
+    assert restarts_pods(stamp(new_image), before)
+
+    edited = stored(rendered())
+    edited["spec"]["template"]["spec"]["containers"][0]["args"][1] = "999"  # a kubectl edit
+    assert restarts_pods(rendered(), edited)
+
+
+def test_a_template_field_no_longer_rendered_restarts_the_pods() -> None:
+    with_env = rendered()
+    with_env["spec"]["template"]["spec"]["containers"][0]["env"] = [{"name": "A", "value": "1"}]
+    before = stored(stamp(with_env))
+    # the read-back holds every field rendered now; only the recorded template hash tells that the
+    # apply removes one
+    assert restarts_pods(rendered(), before)
+    older = copy.deepcopy(before)
+    del older["metadata"]["annotations"][TEMPLATE_ANNOTATION]  # applied by an operator before the hash
+    assert not restarts_pods(rendered(), older)  # the fields are all it has to go by

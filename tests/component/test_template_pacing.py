@@ -1,0 +1,122 @@
+"""Pod templates the operator renders anew of its own (an upgrade, a new default image) roll at most
+`templateRolloutsAtOnce` engines at a time; retunes, spec changes and edits put back do not wait."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from conftest import World, llmserving
+
+from batchknee.pacing import RolloutPacer
+from batchknee.render import RenderDefaults
+
+NAMES = ("a", "b", "c")
+NEW_IMAGE = "vllm/vllm-openai:v9.9.9"
+
+
+def image(world: World, name: str) -> str:
+    return str(world.kube.deployment("default", name)["spec"]["template"]["spec"]["containers"][0]["image"])
+
+
+def progressing(world: World, name: str) -> dict[str, str]:
+    return world.kube.condition("default", name, "Progressing")
+
+
+def queued_events(world: World, name: str) -> int:
+    return sum(1 for e in world.kube.events if e["reason"] == "RolloutQueued" and e["object"] == name)
+
+
+def fleet(world: World) -> str:
+    """Three engines, created and rolled out under the old operator; returns the image they run."""
+    for name in NAMES:
+        world.kube.create(llmserving(name))
+        world.reconcile(name)
+        world.kube.finish_rollout("default", name)
+        world.reconcile(name)
+    return image(world, "a")
+
+
+def test_a_new_default_image_rolls_one_engine_at_a_time(world: World) -> None:
+    old_image = fleet(world)
+    assert old_image != NEW_IMAGE
+    world.ports = replace(world.ports, defaults=RenderDefaults(vllm_image=NEW_IMAGE), pacer=RolloutPacer(1))
+    world.clock.advance(30)
+    for name in NAMES:
+        world.reconcile(name)
+    assert [image(world, name) for name in NAMES] == [NEW_IMAGE, old_image, old_image]
+    assert progressing(world, "a")["reason"] == "TemplateRollout"
+    for name in ("b", "c"):
+        held = progressing(world, name)
+        assert held["status"] == "False" and held["reason"] == "RolloutQueued"
+        assert "at most 1 engines at a time" in held["message"]
+        assert "templateRolloutsAtOnce" in held["message"]
+        assert queued_events(world, name) == 1
+        assert world.kube.status("default", name)["maxNumSeqs"] == 64  # tuning goes on
+
+    # a's rollout is under way (or stalled): its place is kept, whoever asks
+    world.clock.advance(30)
+    for name in NAMES:
+        world.reconcile(name)
+    assert [image(world, name) for name in NAMES] == [NEW_IMAGE, old_image, old_image]
+    assert queued_events(world, "b") == 1  # said once, not at every evaluation
+
+    # a's rollout completes: its evaluation frees the place, and the next engine takes it
+    world.kube.finish_rollout("default", "a")
+    world.reconcile("a")
+    assert progressing(world, "a")["reason"] == "RolloutComplete"
+    assert progressing(world, "b")["reason"] == "RolloutQueued"  # until its next evaluation
+    world.reconcile("b")
+    world.reconcile("c")
+    assert [image(world, name) for name in NAMES] == [NEW_IMAGE, NEW_IMAGE, old_image]
+
+    # a spec change is its writer's own: it rolls now, place or not (the new image with it)
+    world.kube.edit_spec("default", "c", {"template": {"env": [{"name": "LOG_LEVEL", "value": "debug"}]}})
+    world.reconcile("c")
+    assert image(world, "c") == NEW_IMAGE
+    assert progressing(world, "c")["reason"] == "RolloutComplete"  # as read before the apply
+    world.reconcile("c")
+    assert progressing(world, "c")["reason"] == "RolloutInProgress"
+
+
+def test_an_edit_put_back_and_a_retune_do_not_wait_for_a_place(world: World) -> None:
+    fleet(world)
+    world.ports = replace(world.ports, defaults=RenderDefaults(vllm_image=NEW_IMAGE), pacer=RolloutPacer(1))
+    world.reconcile("a")
+    assert image(world, "a") == NEW_IMAGE  # a holds the one place
+    world.reconcile("b")
+    assert progressing(world, "b")["reason"] == "RolloutQueued"
+
+    # someone edits b's Deployment by hand: it is put back at once (its pods are rolling to the
+    # edit already), as the operator renders it now
+    edited = world.kube.deployment("default", "b")
+    edited["spec"]["template"]["spec"]["containers"][0]["image"] = "attacker/vllm:latest"
+    edited["metadata"]["generation"] += 1
+    world.reconcile("b")
+    assert image(world, "b") == NEW_IMAGE
+    assert progressing(world, "b")["reason"] == "RolloutInProgress"
+
+    # d runs an image of its own spec: its rendering is unchanged. An edit whose rollout has finished
+    # is put back at once too (the operator's rendering did not change: nothing of its own to pace)
+    world.kube.create(llmserving("d", image="vllm/vllm-openai:pinned"))
+    world.reconcile("d")
+    world.kube.finish_rollout("default", "d")
+    world.reconcile("d")
+    edited = world.kube.deployment("default", "d")
+    edited["spec"]["template"]["spec"]["containers"][0]["image"] = "attacker/vllm:latest"
+    world.kube.finish_rollout("default", "d")
+    world.reconcile("d")
+    assert image(world, "d") == "vllm/vllm-openai:pinned"
+
+    # c's spec asks for another batch limit: the decision rolls, whatever the places
+    world.kube.edit_spec("default", "c", {"tuning": {"mode": "Pinned", "pinnedMaxNumSeqs": 100}})
+    world.reconcile("c")
+    args = world.args("c")
+    assert args[args.index("--max-num-seqs") + 1] == "100"
+
+
+def test_no_limit_rolls_every_engine_at_once(world: World) -> None:
+    fleet(world)
+    world.ports = replace(world.ports, defaults=RenderDefaults(vllm_image=NEW_IMAGE), pacer=RolloutPacer(0))
+    for name in NAMES:
+        world.reconcile(name)
+    assert [image(world, name) for name in NAMES] == [NEW_IMAGE] * 3
