@@ -60,35 +60,19 @@ def stamp(obj: dict[str, Any]) -> dict[str, Any]:
     return obj
 
 
-def _template_hashes(
-    rendered: Mapping[str, Any], existing: Mapping[str, Any]
-) -> tuple[str | None, str | None]:
-    def recorded(obj: Mapping[str, Any]) -> str | None:
-        return ((obj.get("metadata") or {}).get("annotations") or {}).get(TEMPLATE_ANNOTATION)
-
-    return recorded(rendered), recorded(existing)
-
-
-def rendered_anew(rendered: Mapping[str, Any], existing: Mapping[str, Any] | None) -> bool:
-    """Is the pod template rendered now (stamped) other than the one the last apply recorded? (An
-    edit of the object since is not: the rendering is the same.) Nothing recorded — applied by an
-    operator before the hash — counts as other."""
+def new_pod_template(rendered: Mapping[str, Any], existing: Mapping[str, Any] | None) -> bool:
+    """Does the pod template rendered now differ from the one the last apply rendered, so that
+    applying it rolls `existing`'s pods onto a new template (the spec's, the operator's own)? An
+    edit of the object since is not (put back as rendered before), nor is creating it. Where no
+    apply recorded its template (an operator before the hash): whether a field rendered now reads
+    back otherwise."""
     if existing is None:
         return False
-    wanted, recorded = _template_hashes(rendered, existing)
-    return recorded is None or recorded != wanted
-
-
-def restarts_pods(rendered: Mapping[str, Any], existing: Mapping[str, Any] | None) -> bool:
-    """Would applying `rendered` (stamped) change the pod template `existing` runs, and so roll
-    its pods? A field rendered now with another value, or a template rendered otherwise than the
-    one the last apply recorded (a field dropped since). Creating the workload restarts nothing."""
-    if existing is None:
-        return False
-    wanted, recorded = _template_hashes(rendered, existing)
-    if recorded is not None and recorded != wanted:
-        return True
-    return not _holds(_pod_template(existing), _pod_template(rendered))
+    recorded = ((existing.get("metadata") or {}).get("annotations") or {}).get(TEMPLATE_ANNOTATION)
+    template = _pod_template(rendered)
+    if recorded is not None:
+        return bool(recorded != _canonical_hash(template))
+    return not _holds(_pod_template(existing), template)
 
 
 def _holds(have: Any, want: Any) -> bool:

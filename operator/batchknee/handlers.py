@@ -321,6 +321,7 @@ def configure(settings: OperatorSettings, identity: str = "", priority: int = 0)
         prometheus_url_refusal=router.refusal,
         pacer=RolloutPacer(settings.template_rollouts_at_once),
     )
+    metrics.track_pacer(ports.pacer)
     peering = None
     if settings.peering != "standalone":
         peering = Peering(

@@ -13,6 +13,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import MetricsHandler
 
+from batchknee.pacing import RolloutPacer
 from batchknee.reconcile import Outcome
 
 
@@ -90,6 +91,20 @@ class OperatorMetrics:
             registry=self.registry,
         )
         self._collection_started = 0.0
+
+    def track_pacer(self, pacer: RolloutPacer) -> None:
+        """How far a template change of the operator's own (an upgrade) has gone through the fleet."""
+        Gauge(
+            "batchknee_template_rollouts_under_way",
+            "Engine rollouts for a pod template of the operator's own holding a place (a stalled one "
+            "keeps it: at templateRolloutsAtOnce for long, look for Degraded RolloutStalled)",
+            registry=self.registry,
+        ).set_function(pacer.under_way)
+        Gauge(
+            "batchknee_template_rollouts_waiting",
+            "LLMServings whose new pod template of the operator's own waits for a place",
+            registry=self.registry,
+        ).set_function(pacer.waiting)
 
     def time_full_collections(self) -> None:
         """Observe every full collection of this process from now on (once per process)."""

@@ -25,6 +25,7 @@ class RolloutPacer:
             raise ValueError("at_once must be 0 (no limit) or more")
         self.at_once = at_once
         self._under_way: set[Hashable] = set()
+        self._waiting: set[Hashable] = set()  # asked and refused, not admitted or done since
         self._lock = threading.Lock()
 
     def admit(self, key: Hashable) -> bool:
@@ -35,14 +36,27 @@ class RolloutPacer:
         with self._lock:
             if key in self._under_way or len(self._under_way) < self.at_once:
                 self._under_way.add(key)
+                self._waiting.discard(key)
                 return True
+            self._waiting.add(key)
             return False
 
     def done(self, key: Hashable) -> None:
         """`key`'s rollout finished (or its object is gone): its place frees."""
         with self._lock:
             self._under_way.discard(key)
+            self._waiting.discard(key)
+
+    def holds(self, key: Hashable) -> bool:
+        with self._lock:
+            return key in self._under_way
 
     def under_way(self) -> int:
         with self._lock:
             return len(self._under_way)
+
+    def waiting(self) -> int:
+        """Keys refused a place since their last admission or `done` (an estimate between
+        evaluations: a key that no longer needs one leaves at its next)."""
+        with self._lock:
+            return len(self._waiting)

@@ -65,7 +65,7 @@ from batchknee.api.resolve import (
     trtllm_kv_cache,
     tuning_rules,
 )
-from batchknee.applied import in_place, rendered_anew, restarts_pods, stamp
+from batchknee.applied import in_place, new_pod_template, stamp
 from batchknee.core.bandwidth import BandwidthAssessment
 from batchknee.core.engine_args import int_flag
 from batchknee.core.observation import Observation
@@ -234,11 +234,12 @@ OWN_TEMPLATE = "the operator's new pod template (an operator upgrade, or a chang
 
 @dataclass(frozen=True)
 class Paced:
-    """The Progressing condition for a pod template change of the operator's own (see `pace`)."""
+    """The Progressing condition for a new pod template not of a batch-limit change (see `pace`)."""
 
     status: ConditionStatus
     reason: str
     message: str
+    took_place: bool = False  # a place from the pacer
 
 
 def queued(paced: Paced | None) -> bool:
@@ -682,6 +683,7 @@ class _Reconcile:
     # -- the normal path ------------------------------------------------------------------------------
 
     def run(self) -> Outcome:
+        self.free_place()  # whatever the spec now says: refused, conflicting, adopted
         if not self.ports.defaults.disruption_budgets:
             self.delete_disruption_budget()  # whatever the spec now says: refused, conflicting, adopted
         try:
@@ -766,20 +768,24 @@ class _Reconcile:
         rendered = decision.value
         if live is not None:
             rendered = self.ceiling(obj, state, decision, roofline, pool, rules)
-        desired = Desired(rendered, decision.max_tokens, rollouts)
+        desired = Desired(
+            rendered, decision.max_tokens, rollouts, state.template_changed_at if state is not None else None
+        )
         spec_changed = self.old.observed_generation != self.generation
-        paced: Paced | None = None  # a pod template change of the operator's own: rolling, or waiting
-        if state is not None and not state.rolling:  # its last rollout, if it held a place, is over
-            self.ports.pacer.done((self.namespace, self.name))
+        paced: Paced | None = None  # a new pod template not of a batch-limit change: rolling, or waiting
         if target is None:
             objects = render(obj, desired, self.ports.defaults)
+            new_template = not decision.rolls and new_pod_template(objects[-1], found)
+            if new_template:  # its time goes with it: a stall from now on is this template's
+                desired = replace(desired, template_changed_at=self.now)
+                objects = render(obj, desired, self.ports.defaults)
             foreign, pending = self.claim(objects, read, uid)
             if foreign:
                 return self.name_conflict(foreign)
-            # not a decision, not its writer's change; an engine rolling already adds no restart
-            own = state is not None and not decision.rolls and not spec_changed and not state.rolling
-            if own and state is not None and rendered == state.max_num_seqs:
-                pending, paced = self.pace(pending, found)
+            if new_template and state is not None:
+                paced = self.pace(state, rendered, spec_changed)
+                if queued(paced):  # the engines run as they are; the rest (a ConfigMap, say) goes
+                    pending = [item for item in pending if item["kind"] != "Deployment"]
         else:  # an adopted workload: the one env value, only when it changes and the args use it
             writable = target.problem is None and target.wired
             objects = (
@@ -795,6 +801,8 @@ class _Reconcile:
             conflict, apply_error = True, str(error)
         except ApplyError as error:
             apply_error = str(error)
+        if apply_error is not None and paced is not None and paced.took_place:
+            self.ports.pacer.done((self.namespace, self.name))  # nothing rolls: another may
         if conflict:
             # Transient, not Degraded: the Deployment moved after it was read. Nothing more is
             # written from this (stale) decision; reconcile() decides again from a fresh read.
@@ -939,6 +947,9 @@ class _Reconcile:
             # the controller keeps a stall's condition until the next template makes progress: one
             # stamped before the last rollout speaks of the value that rollout replaced
             and (state.stalled_at is None or state.stalled_at > last.time)
+            # a new template since (the spec's image, the operator's upgrade) is what stalled, not
+            # the batch limit: rolling the limit back would only flip it at every deadline
+            and (state.template_changed_at is None or state.template_changed_at <= last.time)
             and rules.mode != "Recommend"
         ):
             bad, good = last.to_value, last.from_value
@@ -1419,30 +1430,33 @@ class _Reconcile:
             log.warning("%s/%s: observation failed: %s", self.namespace, self.name, error)
             return Observation.unavailable(self.now, f"observation failed: {error}")
 
-    def pace(
-        self, pending: list[dict[str, Any]], existing: dict[str, Any] | None
-    ) -> tuple[list[dict[str, Any]], Paced | None]:
-        """A pod template rendered anew for neither a batch-limit decision nor a spec change (a new
+    def pace(self, state: DeploymentState, rendered: int, spec_changed: bool) -> Paced:
+        """A new pod template that is neither a batch-limit decision nor a change of the spec (a new
         operator version's or setting's rendering) rolls the engines only with a place from the
-        pacer (`batchknee.pacing`); an edit of the Deployment is put back at once (its pods are rolling
-        to the edit already). Returns what to apply now (without a place: not the Deployment, nor the
-        options file only its new template reads), and what to say (None: no such change)."""
-        deployment = next((item for item in pending if item["kind"] == "Deployment"), None)
-        if (
-            deployment is None
-            or not rendered_anew(deployment, existing)
-            or not restarts_pods(deployment, existing)
-        ):
-            return pending, None
+        pacer (`batchknee.pacing`); so does none whose Deployment is replacing pods already."""
+        own = not spec_changed and not state.template_progressing and rendered == state.max_num_seqs
+        if not own:
+            return Paced("True", "TemplateRollout", "rolling out a new pod template")
         if self.ports.pacer.admit((self.namespace, self.name)):
-            return pending, Paced("True", "TemplateRollout", f"rolling out {OWN_TEMPLATE}")
+            return Paced("True", "TemplateRollout", f"rolling out {OWN_TEMPLATE}", took_place=True)
         why = (
             f"{OWN_TEMPLATE} waits its turn, the engines running as they are: the operator restarts at "
             f"most {self.ports.pacer.at_once} engines at a time for such changes (operator setting "
             "templateRolloutsAtOnce)"
         )
-        waiting = Paced("False", "RolloutQueued", why)
-        return [item for item in pending if item["kind"] not in ("Deployment", "ConfigMap")], waiting
+        return Paced("False", "RolloutQueued", why)
+
+    def free_place(self) -> None:
+        """A place the pacer gave this LLMServing frees once its Deployment has rolled out and its
+        pods are available, or is gone or no longer its own."""
+        key = (self.namespace, self.name)
+        if not self.ports.pacer.holds(key):
+            return
+        found = self.ports.kube.get_deployment(self.namespace, self.name)
+        uid = self.raw.get("metadata", {}).get("uid")
+        state = deployment_state(found if found is not None and controlled_by(found, uid) else None)
+        if state is None or not state.rolling:
+            self.ports.pacer.done(key)
 
     def prune_engine_configs(self, obj: LLMServing, desired: Desired) -> None:
         """Delete this LLMServing's options ConfigMaps past the newest few (best effort: a failure

@@ -50,6 +50,9 @@ CONTAINER = "engine"
 LABEL = "batchknee.io/llmserving"
 ROLLOUTS_ANNOTATION = "batchknee.io/rollouts"
 LAST_ROLLOUT_ANNOTATION = "batchknee.io/last-rollout-time"
+# when a new pod template not of a batch-limit change (the spec's, the operator's own) was last
+# applied: a stall after it is that template's, not the last batch limit's
+TEMPLATE_CHANGED_ANNOTATION = "batchknee.io/template-changed-time"
 MAX_NUM_SEQS_ANNOTATION = "batchknee.io/max-num-seqs"
 MAX_TOKENS_ANNOTATION = "batchknee.io/max-tokens"
 CHECKSUM_ANNOTATION = "batchknee.io/engine-config-checksum"
@@ -96,6 +99,7 @@ class Desired:
     max_num_seqs: int
     max_tokens: int
     rollouts: tuple[Rollout, ...] = ()
+    template_changed_at: datetime | None = None
 
 
 # --- labels, owners --------------------------------------------------------------------------------
@@ -474,6 +478,8 @@ def deployment(obj: LLMServing, desired: Desired, defaults: RenderDefaults) -> d
     annotations = {ROLLOUTS_ANNOTATION: encode_rollouts(desired.rollouts)}
     if desired.rollouts:
         annotations[LAST_ROLLOUT_ANNOTATION] = format_timestamp(desired.rollouts[-1].time)
+    if desired.template_changed_at is not None:
+        annotations[TEMPLATE_CHANGED_ANNOTATION] = format_timestamp(desired.template_changed_at)
 
     replicas = {} if spec.replicas is None else {"replicas": spec.replicas}  # omitted: whoever scales it
     return {
@@ -598,6 +604,9 @@ class DeploymentState:
     stalled: bool
     message: str
     stalled_at: datetime | None = None  # when the controller gave up (None: not stalled, or no time)
+    # the controller is replacing pods with a new template (not only waiting for pods to be available)
+    template_progressing: bool = False
+    template_changed_at: datetime | None = None  # TEMPLATE_CHANGED_ANNOTATION
 
     @property
     def available(self) -> bool:
@@ -638,12 +647,18 @@ def stall_condition(status: Mapping[str, Any]) -> Mapping[str, Any] | None:
     )
 
 
-def condition_time(condition: Mapping[str, Any]) -> datetime | None:
-    stamp = condition.get("lastUpdateTime") or condition.get("lastTransitionTime")
+def parse_timestamp(text: Any) -> datetime | None:
+    """An RFC 3339 time an object carries; None when absent, damaged or without its zone (an edited
+    annotation must not make a comparison with an aware time raise)."""
     try:
-        return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")) if stamp else None
+        moment = datetime.fromisoformat(str(text).replace("Z", "+00:00")) if text else None
     except ValueError:
         return None
+    return moment if moment is not None and moment.tzinfo is not None else None
+
+
+def condition_time(condition: Mapping[str, Any]) -> datetime | None:
+    return parse_timestamp(condition.get("lastUpdateTime") or condition.get("lastTransitionTime"))
 
 
 def deployment_state(deployment: Mapping[str, Any] | None) -> DeploymentState | None:
@@ -725,4 +740,6 @@ def rollout_state(
         stalled=is_stalled,
         message=message,
         stalled_at=condition_time(stall) if stall is not None else None,
+        template_progressing=observed < generation or updated < replicas or total > updated,
+        template_changed_at=parse_timestamp((meta.get("annotations") or {}).get(TEMPLATE_CHANGED_ANNOTATION)),
     )

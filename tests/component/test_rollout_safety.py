@@ -122,6 +122,34 @@ def test_a_rollout_that_never_gets_ready_is_rolled_back_and_quarantined(world: W
     assert world.kube.status("default", "chat").get("quarantine", []) == []
 
 
+def test_a_stall_of_a_new_template_is_not_blamed_on_the_batch_limit(world: World) -> None:
+    """A retune settles, then the spec names an image whose pods never get Ready: the stall is the
+    template's. The batch limit is not rolled back (which would render the same broken image and
+    flip the limit at every progress deadline) nor quarantined; Degraded says the rollout stalled."""
+    started(world)
+    shift(world, 512)
+    assert applied(world) == 240
+    world.kube.finish_rollout("default", "chat")
+    world.reconcile()
+    world.clock.advance(300)
+    world.kube.edit_spec("default", "chat", {"image": "vllm/vllm-openai:does-not-exist"})
+    world.observer.set("default", "chat", observation(world.clock.now, ctx=512))
+    world.reconcile()
+    world.clock.advance(600)
+    stall(world)
+    for _ in range(3):
+        world.observer.set("default", "chat", observation(world.clock.now, ctx=512))
+        world.reconcile()
+        world.clock.advance(30)
+
+    assert applied(world) == 240
+    status = world.kube.status("default", "chat")
+    assert [h["to"] for h in status["history"]] == [64, 240]
+    assert status.get("quarantine", []) == []
+    assert world.kube.condition("default", "chat", "Degraded")["reason"] == "RolloutStalled"
+    assert "RolledBack" not in [e["reason"] for e in world.kube.events]
+
+
 def test_a_rollout_that_stalls_while_no_context_is_seen_is_quarantined_at_every_context(
     world: World,
 ) -> None:

@@ -7,6 +7,9 @@ from dataclasses import replace
 
 from conftest import World, llmserving
 
+from batchknee.adapters.observing import RoutedObserver
+from batchknee.handlers import Runtime
+from batchknee.operator_metrics import OperatorMetrics
 from batchknee.pacing import RolloutPacer
 from batchknee.render import RenderDefaults
 
@@ -36,13 +39,23 @@ def fleet(world: World) -> str:
     return image(world, "a")
 
 
+def gauges(metrics: OperatorMetrics) -> tuple[float | None, float | None]:
+    return (
+        metrics.registry.get_sample_value("batchknee_template_rollouts_under_way"),
+        metrics.registry.get_sample_value("batchknee_template_rollouts_waiting"),
+    )
+
+
 def test_a_new_default_image_rolls_one_engine_at_a_time(world: World) -> None:
     old_image = fleet(world)
     assert old_image != NEW_IMAGE
     world.ports = replace(world.ports, defaults=RenderDefaults(vllm_image=NEW_IMAGE), pacer=RolloutPacer(1))
+    metrics = OperatorMetrics()
+    metrics.track_pacer(world.ports.pacer)
     world.clock.advance(30)
     for name in NAMES:
         world.reconcile(name)
+    assert gauges(metrics) == (1, 2)
     assert [image(world, name) for name in NAMES] == [NEW_IMAGE, old_image, old_image]
     assert progressing(world, "a")["reason"] == "TemplateRollout"
     for name in ("b", "c"):
@@ -68,12 +81,14 @@ def test_a_new_default_image_rolls_one_engine_at_a_time(world: World) -> None:
     world.reconcile("b")
     world.reconcile("c")
     assert [image(world, name) for name in NAMES] == [NEW_IMAGE, NEW_IMAGE, old_image]
+    assert gauges(metrics) == (1, 1)
 
     # a spec change is its writer's own: it rolls now, place or not (the new image with it)
     world.kube.edit_spec("default", "c", {"template": {"env": [{"name": "LOG_LEVEL", "value": "debug"}]}})
     world.reconcile("c")
     assert image(world, "c") == NEW_IMAGE
-    assert progressing(world, "c")["reason"] == "RolloutComplete"  # as read before the apply
+    assert progressing(world, "c")["reason"] == "TemplateRollout"
+    assert progressing(world, "c")["message"] == "rolling out a new pod template"
     world.reconcile("c")
     assert progressing(world, "c")["reason"] == "RolloutInProgress"
 
@@ -120,3 +135,42 @@ def test_no_limit_rolls_every_engine_at_once(world: World) -> None:
     for name in NAMES:
         world.reconcile(name)
     assert [image(world, name) for name in NAMES] == [NEW_IMAGE] * 3
+
+
+def test_an_llmserving_gone_frees_its_place(world: World) -> None:
+    fleet(world)
+    world.ports = replace(world.ports, defaults=RenderDefaults(vllm_image=NEW_IMAGE), pacer=RolloutPacer(1))
+    router = RoutedObserver(world.observer, "http://127.0.0.1:9090", [])
+    runtime = Runtime(world.ports, router, OperatorMetrics())
+    world.reconcile("a")
+    world.reconcile("b")
+    assert image(world, "b") != NEW_IMAGE
+    runtime.forget("default", "a")  # deleted mid-rollout: its rollout no longer counts
+    world.reconcile("b")
+    assert image(world, "b") == NEW_IMAGE
+
+
+def test_a_place_frees_whatever_the_spec_now_says_and_when_the_apply_fails(world: World) -> None:
+    fleet(world)
+    world.ports = replace(world.ports, defaults=RenderDefaults(vllm_image=NEW_IMAGE), pacer=RolloutPacer(1))
+    world.reconcile("a")
+    assert world.ports.pacer.holds(("default", "a"))
+    # a's writer makes the spec one the operator refuses; a's rollout completes meanwhile
+    world.kube.edit_spec(
+        "default", "a", {"template": {"volumes": [{"name": "n", "hostPath": {"path": "/"}}]}}
+    )
+    world.kube.finish_rollout("default", "a")
+    world.reconcile("a")
+    assert world.kube.condition("default", "a", "Degraded")["reason"] == "Forbidden"
+    assert not world.ports.pacer.holds(("default", "a"))
+
+    # b takes the place, and its apply is refused (an admission webhook): nothing rolls, the place
+    # frees for c in the same turn
+    world.kube.fail_apply = {"Deployment"}
+    world.reconcile("b")
+    assert image(world, "b") != NEW_IMAGE
+    assert world.kube.condition("default", "b", "Degraded")["reason"] == "ApplyFailed"
+    assert world.ports.pacer.under_way() == 0
+    world.kube.fail_apply = set()
+    world.reconcile("c")
+    assert image(world, "c") == NEW_IMAGE

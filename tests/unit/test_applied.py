@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from batchknee.applied import APPLIED_ANNOTATION, TEMPLATE_ANNOTATION, in_place, restarts_pods, stamp
+from batchknee.applied import APPLIED_ANNOTATION, TEMPLATE_ANNOTATION, in_place, new_pod_template, stamp
 
 
 def rendered() -> dict[str, Any]:
@@ -79,32 +79,37 @@ def test_the_stamp_ignores_the_resource_version_and_itself() -> None:
     assert stamp(again)["metadata"]["annotations"] == first["metadata"]["annotations"]
 
 
-def test_a_new_pod_template_restarts_the_pods_and_a_new_label_does_not() -> None:
+def test_a_new_pod_template_is_a_rendering_of_another_template() -> None:
     before = stored(rendered())
-    assert not restarts_pods(rendered(), before)  # as it runs (the apiserver's defaults around it)
-    assert not restarts_pods(rendered(), None)  # a creation rolls nothing
+    assert not new_pod_template(rendered(), before)  # as it runs (the apiserver's defaults around it)
+    assert not new_pod_template(rendered(), None)  # a creation rolls nothing
 
     relabelled = rendered()
     relabelled["metadata"]["labels"]["team"] = "a"  # the Deployment's own metadata
     relabelled["spec"]["replicas"] = 2  # and its scale: neither is the pod template
-    assert not restarts_pods(stamp(relabelled), before)
+    assert not new_pod_template(stamp(relabelled), before)
 
     new_image = rendered()
     new_image["spec"]["template"]["spec"]["containers"][0]["image"] = "vllm/vllm-openai:v9"
-    assert restarts_pods(stamp(new_image), before)
+    assert new_pod_template(new_image, before)
 
+    # an edit since the apply is not a new rendering (putting it back restores the one recorded),
+    # nor is a field the apiserver reads back in another form (a quantity written as a number)
     edited = stored(rendered())
-    edited["spec"]["template"]["spec"]["containers"][0]["args"][1] = "999"  # a kubectl edit
-    assert restarts_pods(rendered(), edited)
+    edited["spec"]["template"]["spec"]["containers"][0]["args"][1] = "999"
+    edited["spec"]["template"]["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "8"}}
+    assert not new_pod_template(rendered(), edited)
 
 
-def test_a_template_field_no_longer_rendered_restarts_the_pods() -> None:
+def test_a_template_field_no_longer_rendered_is_a_new_template() -> None:
     with_env = rendered()
     with_env["spec"]["template"]["spec"]["containers"][0]["env"] = [{"name": "A", "value": "1"}]
     before = stored(stamp(with_env))
     # the read-back holds every field rendered now; only the recorded template hash tells that the
     # apply removes one
-    assert restarts_pods(rendered(), before)
+    assert new_pod_template(rendered(), before)
     older = copy.deepcopy(before)
     del older["metadata"]["annotations"][TEMPLATE_ANNOTATION]  # applied by an operator before the hash
-    assert not restarts_pods(rendered(), older)  # the fields are all it has to go by
+    assert not new_pod_template(rendered(), older)  # the fields are all it has to go by
+    older["spec"]["template"]["spec"]["containers"][0]["args"][1] = "999"
+    assert new_pod_template(rendered(), older)

@@ -20,6 +20,9 @@ def test_at_most_at_once_keys_hold_a_place_until_done() -> None:
     pacer.done("z")
     assert pacer.admit("c") and not pacer.admit("a")
     assert pacer.under_way() == 2
+    assert pacer.waiting() == 1  # "a"; "c", refused before, was admitted since
+    pacer.done("a")  # gone while it waited
+    assert pacer.waiting() == 0
 
 
 def test_zero_is_no_limit_and_holds_nothing() -> None:

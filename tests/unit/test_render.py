@@ -22,6 +22,7 @@ from batchknee.api.resolve import (
 from batchknee.core.engine_args import int_flag
 from batchknee.core.policy import Rollout
 from batchknee.render import (
+    TEMPLATE_CHANGED_ANNOTATION,
     Desired,
     RenderDefaults,
     decode_rollouts,
@@ -303,6 +304,28 @@ def test_rollout_progress() -> None:
     dep["metadata"]["generation"] = 3  # a new template the controller has not seen: not its stall
     state = deployment_state(dep)
     assert state is not None and not state.stalled and state.rolling
+
+
+def test_template_progress_is_pods_being_replaced_not_pods_unavailable() -> None:
+    dep = deployment(obj(), Desired(64, 0), RenderDefaults())
+    dep["metadata"]["generation"] = 2
+    dep["status"] = {"observedGeneration": 2, "replicas": 2, "updatedReplicas": 1, "availableReplicas": 1}
+    state = deployment_state(dep)
+    assert state is not None and state.rolling and state.template_progressing
+    dep["status"] = {"observedGeneration": 2, "replicas": 1, "updatedReplicas": 1, "availableReplicas": 0}
+    state = deployment_state(dep)  # the new template's pod is there, not available (yet, or ever)
+    assert state is not None and state.rolling and not state.template_progressing
+
+
+def test_the_template_change_time_goes_with_the_deployment_and_a_damaged_one_reads_as_none() -> None:
+    moment = datetime(2026, 3, 1, 12, 0, 10, tzinfo=UTC)
+    dep = deployment(obj(), Desired(64, 0, template_changed_at=moment), RenderDefaults())
+    state = deployment_state(dep)
+    assert state is not None and state.template_changed_at == moment
+    assert deployment_state(deployment(obj(), Desired(64, 0), RenderDefaults())).template_changed_at is None  # type: ignore[union-attr]
+    for damaged in ("2026-03-01T12:00:10", "yesterday", ""):  # no zone: never compared with an aware time
+        dep["metadata"]["annotations"][TEMPLATE_CHANGED_ANNOTATION] = damaged
+        assert deployment_state(dep).template_changed_at is None  # type: ignore[union-attr]
 
 
 def test_overridden_args_name_the_users_spelling_and_the_value_run() -> None:
