@@ -55,9 +55,20 @@ def stamp(obj: dict[str, Any]) -> dict[str, Any]:
     annotations = obj.setdefault("metadata", {}).setdefault("annotations", {})
     template = _pod_template(obj)
     if template is not None:
-        annotations[TEMPLATE_ANNOTATION] = _canonical_hash(template)
+        annotations[TEMPLATE_ANNOTATION] = template_hash(obj)
     annotations[APPLIED_ANNOTATION] = content_hash(obj)
     return obj
+
+
+def template_hash(rendered: Mapping[str, Any]) -> str:
+    """The hash of a rendered workload's pod template (what `stamp` records on it)."""
+    return _canonical_hash(_pod_template(rendered))
+
+
+def recorded_template(existing: Mapping[str, Any]) -> str | None:
+    """The pod template hash the last apply recorded on a workload read back."""
+    value = ((existing.get("metadata") or {}).get("annotations") or {}).get(TEMPLATE_ANNOTATION)
+    return value if isinstance(value, str) else None
 
 
 def new_pod_template(rendered: Mapping[str, Any], existing: Mapping[str, Any] | None) -> bool:
@@ -68,11 +79,10 @@ def new_pod_template(rendered: Mapping[str, Any], existing: Mapping[str, Any] | 
     back otherwise."""
     if existing is None:
         return False
-    recorded = ((existing.get("metadata") or {}).get("annotations") or {}).get(TEMPLATE_ANNOTATION)
-    template = _pod_template(rendered)
+    recorded = recorded_template(existing)
     if recorded is not None:
-        return bool(recorded != _canonical_hash(template))
-    return not _holds(_pod_template(existing), template)
+        return recorded != template_hash(rendered)
+    return not _holds(_pod_template(existing), _pod_template(rendered))
 
 
 def _holds(have: Any, want: Any) -> bool:

@@ -17,6 +17,16 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Hashable
+from dataclasses import dataclass
+from datetime import datetime
+
+
+@dataclass(frozen=True)
+class Place:
+    """What a place was given for: the pod template (its hash) and when."""
+
+    template: str
+    since: datetime
 
 
 class RolloutPacer:
@@ -24,18 +34,22 @@ class RolloutPacer:
         if at_once < 0:
             raise ValueError("at_once must be 0 (no limit) or more")
         self.at_once = at_once
-        self._under_way: set[Hashable] = set()
-        self._waiting: set[Hashable] = set()  # asked and refused, not admitted or done since
+        self._under_way: dict[Hashable, Place] = {}
+        self._waiting: set[Hashable] = set()  # refused at their last evaluation
         self._lock = threading.Lock()
 
-    def admit(self, key: Hashable) -> bool:
-        """May `key`'s engines roll now? True takes a place (kept until `done(key)`); a key that
-        holds one already keeps it."""
+    def admit(self, key: Hashable, place: Place) -> bool:
+        """May `key`'s engines roll onto `place.template` now? True takes a place (kept until
+        `done(key)`; a key that holds one keeps it, for the new template); False: it waits."""
         if self.at_once == 0:
             return True
         with self._lock:
-            if key in self._under_way or len(self._under_way) < self.at_once:
-                self._under_way.add(key)
+            held = self._under_way.get(key)
+            if held is not None and held.template == place.template:
+                self._waiting.discard(key)
+                return True  # since the first time it was given for this template
+            if held is not None or len(self._under_way) < self.at_once:
+                self._under_way[key] = place
                 self._waiting.discard(key)
                 return True
             self._waiting.add(key)
@@ -44,19 +58,22 @@ class RolloutPacer:
     def done(self, key: Hashable) -> None:
         """`key`'s rollout finished (or its object is gone): its place frees."""
         with self._lock:
-            self._under_way.discard(key)
+            self._under_way.pop(key, None)
             self._waiting.discard(key)
 
-    def holds(self, key: Hashable) -> bool:
+    def not_waiting(self, key: Hashable) -> None:
+        """`key` no longer waits (its evaluation needed no place, or had one)."""
         with self._lock:
-            return key in self._under_way
+            self._waiting.discard(key)
+
+    def place(self, key: Hashable) -> Place | None:
+        with self._lock:
+            return self._under_way.get(key)
 
     def under_way(self) -> int:
         with self._lock:
             return len(self._under_way)
 
     def waiting(self) -> int:
-        """Keys refused a place since their last admission or `done` (an estimate between
-        evaluations: a key that no longer needs one leaves at its next)."""
         with self._lock:
             return len(self._waiting)

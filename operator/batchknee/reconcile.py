@@ -65,7 +65,7 @@ from batchknee.api.resolve import (
     trtllm_kv_cache,
     tuning_rules,
 )
-from batchknee.applied import in_place, new_pod_template, stamp
+from batchknee.applied import in_place, new_pod_template, recorded_template, stamp, template_hash
 from batchknee.core.bandwidth import BandwidthAssessment
 from batchknee.core.engine_args import int_flag
 from batchknee.core.observation import Observation
@@ -86,7 +86,7 @@ from batchknee.core.policy import (
 from batchknee.core.roofline import DecodeRoofline
 from batchknee.core.spread import phase, same_slot
 from batchknee.core.verify import Check, Figures, verify
-from batchknee.pacing import RolloutPacer
+from batchknee.pacing import Place, RolloutPacer
 from batchknee.ports import (
     ApplyConflict,
     ApplyError,
@@ -229,6 +229,9 @@ class Ports:
     pacer: RolloutPacer = field(default_factory=RolloutPacer)
 
 
+# A place's apply not seen in the Deployment read back after this long did not land (or the
+# watch is far behind): a Deployment not rolling then frees it, so no place leaks.
+PLACE_APPLY_SEEN_WITHIN = timedelta(seconds=60)
 OWN_TEMPLATE = "the operator's new pod template (an operator upgrade, or a changed operator setting)"
 
 
@@ -761,8 +764,10 @@ class _Reconcile:
             ),
         )
 
+        spec_changed = self.old.observed_generation != self.generation
+        own_workload = found if target is None and not spec_changed else None
         decision, quarantine = self.rollout_safety(
-            obj, state, applied, decision, rules, observation, settled_since, live is not None
+            obj, state, applied, decision, rules, observation, settled_since, live is not None, own_workload
         )
         rollouts = record(applied, decision, self.now)
         rendered = decision.value
@@ -771,19 +776,20 @@ class _Reconcile:
         desired = Desired(
             rendered, decision.max_tokens, rollouts, state.template_changed_at if state is not None else None
         )
-        spec_changed = self.old.observed_generation != self.generation
         paced: Paced | None = None  # a new pod template not of a batch-limit change: rolling, or waiting
         if target is None:
             objects = render(obj, desired, self.ports.defaults)
             new_template = not decision.rolls and new_pod_template(objects[-1], found)
-            if new_template:  # its time goes with it: a stall from now on is this template's
+            if new_template and state is not None and not state.rolling:
+                # its time goes with it: a stall from now on is this template's (one during a
+                # rollout still under way is that rollout's, as before)
                 desired = replace(desired, template_changed_at=self.now)
                 objects = render(obj, desired, self.ports.defaults)
             foreign, pending = self.claim(objects, read, uid)
             if foreign:
                 return self.name_conflict(foreign)
             if new_template and state is not None:
-                paced = self.pace(state, rendered, spec_changed)
+                paced = self.pace(state, rendered, spec_changed, template_hash(objects[-1]))
                 if queued(paced):  # the engines run as they are; the rest (a ConfigMap, say) goes
                     pending = [item for item in pending if item["kind"] != "Deployment"]
         else:  # an adopted workload: the one env value, only when it changes and the args use it
@@ -803,6 +809,8 @@ class _Reconcile:
             apply_error = str(error)
         if apply_error is not None and paced is not None and paced.took_place:
             self.ports.pacer.done((self.namespace, self.name))  # nothing rolls: another may
+        if not queued(paced):
+            self.ports.pacer.not_waiting((self.namespace, self.name))
         if conflict:
             # Transient, not Degraded: the Deployment moved after it was read. Nothing more is
             # written from this (stale) decision; reconcile() decides again from a fresh read.
@@ -928,6 +936,7 @@ class _Reconcile:
         observation: Observation | None,
         settled_since: datetime | None,
         live: bool = False,
+        unchanged_spec_workload: dict[str, Any] | None = None,
     ) -> tuple[Decision, list[QuarantineEntry]]:
         """What the math decided, made safe to roll: a rollout whose pods never became Ready is rolled
         back, and a settled change that did worse than before is reverted — either way its value is
@@ -949,7 +958,7 @@ class _Reconcile:
             and (state.stalled_at is None or state.stalled_at > last.time)
             # a new template since (the spec's image, the operator's upgrade) is what stalled, not
             # the batch limit: rolling the limit back would only flip it at every deadline
-            and (state.template_changed_at is None or state.template_changed_at <= last.time)
+            and not (last.time < (state.template_changed_at or last.time) <= self.now)
             and rules.mode != "Recommend"
         ):
             bad, good = last.to_value, last.from_value
@@ -1041,7 +1050,28 @@ class _Reconcile:
                 f"retuning to {decision.value} would restart the only replica and serve nothing meanwhile; "
                 "allow it with spec.rollout.maxSurge: 1 (a spare GPU) or spec.rollout.allowServingGap: true",
             ), quarantine
+        if self.operator_template_pending(obj, state, decision, unchanged_spec_workload):
+            return hold(
+                "template-first",
+                "the operator's new pod template (an operator upgrade, or a changed operator setting) "
+                "rolls out first, alone; the batch limit follows it",
+            ), quarantine
         return decision, quarantine
+
+    def operator_template_pending(
+        self,
+        obj: LLMServing,
+        state: DeploymentState | None,
+        decision: Decision,
+        workload: dict[str, Any] | None,
+    ) -> bool:
+        """Would the Deployment, rendered at the batch limit it runs, get a new pod template? With
+        the spec unchanged (`workload` given only then), that is the operator's own change: it rolls
+        out alone, paced, before a retune (one rollout of both would leave a stall no one's)."""
+        if workload is None or state is None or state.max_num_seqs is None:
+            return False
+        running = Desired(state.max_num_seqs, state.max_tokens or decision.max_tokens)
+        return new_pod_template(render(obj, running, self.ports.defaults)[-1], workload)
 
     # -- live caps (spec.tuning.actuation: Live) ----------------------------------------------------
 
@@ -1430,15 +1460,17 @@ class _Reconcile:
             log.warning("%s/%s: observation failed: %s", self.namespace, self.name, error)
             return Observation.unavailable(self.now, f"observation failed: {error}")
 
-    def pace(self, state: DeploymentState, rendered: int, spec_changed: bool) -> Paced:
+    def pace(self, state: DeploymentState, rendered: int, spec_changed: bool, template: str) -> Paced:
         """A new pod template that is neither a batch-limit decision nor a change of the spec (a new
         operator version's or setting's rendering) rolls the engines only with a place from the
         pacer (`batchknee.pacing`); so does none whose Deployment is replacing pods already."""
         own = not spec_changed and not state.template_progressing and rendered == state.max_num_seqs
         if not own:
             return Paced("True", "TemplateRollout", "rolling out a new pod template")
-        if self.ports.pacer.admit((self.namespace, self.name)):
-            return Paced("True", "TemplateRollout", f"rolling out {OWN_TEMPLATE}", took_place=True)
+        key = (self.namespace, self.name)
+        held = self.ports.pacer.place(key) is not None
+        if self.ports.pacer.admit(key, Place(template, self.now)):
+            return Paced("True", "TemplateRollout", f"rolling out {OWN_TEMPLATE}", took_place=not held)
         why = (
             f"{OWN_TEMPLATE} waits its turn, the engines running as they are: the operator restarts at "
             f"most {self.ports.pacer.at_once} engines at a time for such changes (operator setting "
@@ -1447,15 +1479,24 @@ class _Reconcile:
         return Paced("False", "RolloutQueued", why)
 
     def free_place(self) -> None:
-        """A place the pacer gave this LLMServing frees once its Deployment has rolled out and its
-        pods are available, or is gone or no longer its own."""
+        """A place the pacer gave this LLMServing frees once its Deployment runs the template it was
+        given for, rolled out with its pods available; or is gone or no longer its own. A read that
+        does not show that template yet (the watch behind the write) keeps it, for a minute."""
         key = (self.namespace, self.name)
-        if not self.ports.pacer.holds(key):
+        place = self.ports.pacer.place(key)
+        if place is None:
             return
         found = self.ports.kube.get_deployment(self.namespace, self.name)
         uid = self.raw.get("metadata", {}).get("uid")
-        state = deployment_state(found if found is not None and controlled_by(found, uid) else None)
-        if state is None or not state.rolling:
+        ours = found if found is not None and controlled_by(found, uid) else None
+        state = deployment_state(ours)
+        if ours is None or state is None:
+            self.ports.pacer.done(key)
+            return
+        unseen = (
+            recorded_template(ours) != place.template and self.now - place.since < PLACE_APPLY_SEEN_WITHIN
+        )
+        if not state.rolling and not unseen:
             self.ports.pacer.done(key)
 
     def prune_engine_configs(self, obj: LLMServing, desired: Desired) -> None:
@@ -1574,6 +1615,8 @@ class _Reconcile:
         # Progressing: a rollout of the engine pods is under way.
         if rolled:
             c.set("Progressing", "True", "Retuning", decision.reason)
+        elif queued(paced) and paced is not None:
+            c.set("Progressing", paced.status, paced.reason, paced.message)
         elif state is not None and state.rolling:
             c.set("Progressing", "True", "RolloutInProgress", state.message)
         elif paced is not None and apply_error is None:

@@ -201,7 +201,9 @@ def decode_rollouts(text: str | None) -> tuple[Rollout, ...]:
         entries = json.loads(text)
         rollouts = []
         for entry in entries:
-            moment = datetime.fromisoformat(str(entry["time"]).replace("Z", "+00:00"))
+            moment = parse_timestamp(entry["time"])
+            if moment is None:  # damaged, or without its zone (never compared with an aware time)
+                raise ValueError(entry["time"])
             before = entry.get("from")
             target = entry.get("target")
             target_value = float(target) if target is not None else None

@@ -3,10 +3,12 @@ consent, a rollout whose pods never become Ready is rolled back, and its value i
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from conftest import World, llmserving
 from fakes import observation
 
-from batchknee.render import deployment_state
+from batchknee.render import TEMPLATE_CHANGED_ANNOTATION, RenderDefaults, deployment_state
 
 
 def applied(world: World) -> int | None:
@@ -148,6 +150,39 @@ def test_a_stall_of_a_new_template_is_not_blamed_on_the_batch_limit(world: World
     assert status.get("quarantine", []) == []
     assert world.kube.condition("default", "chat", "Degraded")["reason"] == "RolloutStalled"
     assert "RolledBack" not in [e["reason"] for e in world.kube.events]
+
+
+def test_a_new_template_during_a_retune_still_lets_the_retunes_stall_roll_back(world: World) -> None:
+    """The operator's new template lands while a retune's pods are still coming up: the stall that
+    follows is the retune's too (its pods never got Ready), so it is rolled back as before."""
+    started(world)
+    shift(world, 512)
+    assert applied(world) == 240  # rolling, not finished
+    world.ports = replace(world.ports, defaults=RenderDefaults(vllm_image="vllm/vllm-openai:v99"))
+    world.observer.set("default", "chat", observation(world.clock.now, ctx=512))
+    world.reconcile()
+    container = world.kube.deployment("default", "chat")["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == "vllm/vllm-openai:v99"  # replacing pods already: no place needed
+    world.clock.advance(600)
+    stall(world)
+    world.observer.set("default", "chat", observation(world.clock.now, ctx=512))
+    world.reconcile()
+    assert applied(world) == 64
+    assert [q["maxNumSeqs"] for q in world.kube.status("default", "chat")["quarantine"]] == [240]
+
+
+def test_a_template_change_time_from_the_future_does_not_stop_a_rollback(world: World) -> None:
+    """Someone writes a template-changed time past now on the Deployment: it is not believed, and a
+    stall of the retune is rolled back as before."""
+    started(world)
+    shift(world, 512)
+    assert applied(world) == 240
+    deployment = world.kube.deployment("default", "chat")
+    deployment["metadata"]["annotations"][TEMPLATE_CHANGED_ANNOTATION] = "2099-01-01T00:00:00Z"
+    stall(world)
+    world.observer.set("default", "chat", observation(world.clock.now, ctx=512))
+    world.reconcile()
+    assert applied(world) == 64
 
 
 def test_a_rollout_that_stalls_while_no_context_is_seen_is_quarantined_at_every_context(

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 
 from conftest import World, llmserving
+from fakes import observation
 
 from batchknee.adapters.observing import RoutedObserver
 from batchknee.handlers import Runtime
@@ -154,7 +156,7 @@ def test_a_place_frees_whatever_the_spec_now_says_and_when_the_apply_fails(world
     fleet(world)
     world.ports = replace(world.ports, defaults=RenderDefaults(vllm_image=NEW_IMAGE), pacer=RolloutPacer(1))
     world.reconcile("a")
-    assert world.ports.pacer.holds(("default", "a"))
+    assert world.ports.pacer.place(("default", "a")) is not None
     # a's writer makes the spec one the operator refuses; a's rollout completes meanwhile
     world.kube.edit_spec(
         "default", "a", {"template": {"volumes": [{"name": "n", "hostPath": {"path": "/"}}]}}
@@ -162,7 +164,7 @@ def test_a_place_frees_whatever_the_spec_now_says_and_when_the_apply_fails(world
     world.kube.finish_rollout("default", "a")
     world.reconcile("a")
     assert world.kube.condition("default", "a", "Degraded")["reason"] == "Forbidden"
-    assert not world.ports.pacer.holds(("default", "a"))
+    assert world.ports.pacer.place(("default", "a")) is None
 
     # b takes the place, and its apply is refused (an admission webhook): nothing rolls, the place
     # frees for c in the same turn
@@ -174,3 +176,57 @@ def test_a_place_frees_whatever_the_spec_now_says_and_when_the_apply_fails(world
     world.kube.fail_apply = set()
     world.reconcile("c")
     assert image(world, "c") == NEW_IMAGE
+
+
+def test_a_retune_waits_for_the_operators_template_which_rolls_out_alone(world: World) -> None:
+    """An engine whose new template of the operator's own waits holds its batch limit (Live caps
+    too): one rollout of both would leave a stall that is no one's. With its place, the template
+    rolls out alone at the limit it runs; the retune follows."""
+    fleet(world)
+    world.ports = replace(world.ports, defaults=RenderDefaults(vllm_image=NEW_IMAGE), pacer=RolloutPacer(1))
+    world.reconcile("a")
+    world.clock.advance(181)  # b has settled since its creation
+    for _ in range(4):  # b's traffic moves to 8k tokens: the knee wants 16
+        world.observer.set("default", "b", observation(world.clock.now, ctx=8192))
+        world.reconcile("b")
+        world.clock.advance(30)
+    status = world.kube.status("default", "b")
+    assert status["holdReason"] == "template-first" and status["recommendedMaxNumSeqs"] == 16
+    assert "rolls out first, alone" in status["reason"]
+    assert world.args("b")[world.args("b").index("--max-num-seqs") + 1] == "64"
+    assert image(world, "b") != NEW_IMAGE and progressing(world, "b")["reason"] == "RolloutQueued"
+
+    world.kube.finish_rollout("default", "a")
+    world.reconcile("a")
+    world.observer.set("default", "b", observation(world.clock.now, ctx=8192))
+    world.reconcile("b")  # its turn: the template alone, at 64
+    assert image(world, "b") == NEW_IMAGE
+    assert world.args("b")[world.args("b").index("--max-num-seqs") + 1] == "64"
+    world.kube.finish_rollout("default", "b")
+    for _ in range(8):
+        world.clock.advance(30)
+        world.observer.set("default", "b", observation(world.clock.now, ctx=8192))
+        world.reconcile("b")
+    assert world.args("b")[world.args("b").index("--max-num-seqs") + 1] == "16"
+
+
+def test_a_read_that_does_not_show_the_apply_yet_keeps_the_place_for_a_minute(world: World) -> None:
+    fleet(world)
+    before = copy.deepcopy(world.kube.deployment("default", "a"))
+    world.ports = replace(world.ports, defaults=RenderDefaults(vllm_image=NEW_IMAGE), pacer=RolloutPacer(1))
+    world.reconcile("a")
+    given = world.ports.pacer.place(("default", "a"))
+    assert given is not None and given.since == world.clock.now
+    stale = copy.deepcopy(before)  # the watch behind the write: the Deployment as it was
+    stale["metadata"]["resourceVersion"] = world.kube.deployment("default", "a")["metadata"][
+        "resourceVersion"
+    ]
+    world.kube.objects[("Deployment", "default", "a")] = stale
+    world.clock.advance(30)
+    world.reconcile("a")
+    assert world.ports.pacer.place(("default", "a")) == given  # kept, not freed and taken anew
+    world.kube.objects[("Deployment", "default", "a")] = copy.deepcopy(stale)
+    world.clock.advance(40)
+    world.reconcile("a")  # past a minute: freed, and taken again for the apply it makes now
+    again = world.ports.pacer.place(("default", "a"))
+    assert again is not None and again.since == world.clock.now

@@ -102,6 +102,7 @@ Hold = Literal[
     "recommend-mode",
     "single-replica",
     "quarantined",
+    "template-first",
 ]
 GuardSource = Literal["calibrated", "estimated", "step-down", "no-raise"]
 SloSource = Literal["calibrated", "start", "climb", "step-down", "hold"]
