@@ -23,10 +23,12 @@ from datetime import datetime
 
 @dataclass(frozen=True)
 class Place:
-    """What a place was given for: the pod template (its hash) and when."""
+    """What a place was given for: the pod template (its hash), when, and how many pods were
+    available."""
 
     template: str
     since: datetime
+    available: int = 0  # the workload's pods available then: its rollout must leave as many
 
 
 class RolloutPacer:

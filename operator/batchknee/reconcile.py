@@ -765,7 +765,11 @@ class _Reconcile:
         )
 
         spec_changed = self.old.observed_generation != self.generation
-        own_workload = found if target is None and not spec_changed else None
+        # its writer's change: the spec is not the one the Deployment was rendered from (or, on one
+        # an older operator rendered, not the one the status last saw)
+        rendered_from = state.spec_generation if state is not None and target is None else None
+        writers_change = spec_changed if rendered_from is None else rendered_from != self.generation
+        own_workload = found if target is None and not writers_change else None
         decision, quarantine = self.rollout_safety(
             obj, state, applied, decision, rules, observation, settled_since, live is not None, own_workload
         )
@@ -780,16 +784,16 @@ class _Reconcile:
         if target is None:
             objects = render(obj, desired, self.ports.defaults)
             new_template = not decision.rolls and new_pod_template(objects[-1], found)
-            if new_template and state is not None and not state.rolling:
+            if new_template and self.last_rollout_completed(history):
                 # its time goes with it: a stall from now on is this template's (one during a
-                # rollout still under way is that rollout's, as before)
+                # rollout still under way is that rollout's too, as before)
                 desired = replace(desired, template_changed_at=self.now)
                 objects = render(obj, desired, self.ports.defaults)
             foreign, pending = self.claim(objects, read, uid)
             if foreign:
                 return self.name_conflict(foreign)
             if new_template and state is not None:
-                paced = self.pace(state, rendered, spec_changed, template_hash(objects[-1]))
+                paced = self.pace(state, rendered, writers_change, template_hash(objects[-1]))
                 if queued(paced):  # the engines run as they are; the rest (a ConfigMap, say) goes
                     pending = [item for item in pending if item["kind"] != "Deployment"]
         else:  # an adopted workload: the one env value, only when it changes and the args use it
@@ -1460,16 +1464,22 @@ class _Reconcile:
             log.warning("%s/%s: observation failed: %s", self.namespace, self.name, error)
             return Observation.unavailable(self.now, f"observation failed: {error}")
 
-    def pace(self, state: DeploymentState, rendered: int, spec_changed: bool, template: str) -> Paced:
+    def last_rollout_completed(self, history: Sequence[Rollout]) -> bool:
+        """Did the engines run the last batch limit rolled out, all updated and available, at some
+        moment since it was applied (whatever is unavailable now)?"""
+        done = self.old.rollout_complete_time
+        return not history or (done is not None and done >= history[-1].time)
+
+    def pace(self, state: DeploymentState, rendered: int, writers_change: bool, template: str) -> Paced:
         """A new pod template that is neither a batch-limit decision nor a change of the spec (a new
         operator version's or setting's rendering) rolls the engines only with a place from the
         pacer (`batchknee.pacing`); so does none whose Deployment is replacing pods already."""
-        own = not spec_changed and not state.template_progressing and rendered == state.max_num_seqs
+        own = not writers_change and not state.template_progressing and rendered == state.max_num_seqs
         if not own:
             return Paced("True", "TemplateRollout", "rolling out a new pod template")
         key = (self.namespace, self.name)
         held = self.ports.pacer.place(key) is not None
-        if self.ports.pacer.admit(key, Place(template, self.now)):
+        if self.ports.pacer.admit(key, Place(template, self.now, state.available_replicas)):
             return Paced("True", "TemplateRollout", f"rolling out {OWN_TEMPLATE}", took_place=not held)
         why = (
             f"{OWN_TEMPLATE} waits its turn, the engines running as they are: the operator restarts at "
@@ -1480,8 +1490,9 @@ class _Reconcile:
 
     def free_place(self) -> None:
         """A place the pacer gave this LLMServing frees once its Deployment runs the template it was
-        given for, rolled out with its pods available; or is gone or no longer its own. A read that
-        does not show that template yet (the watch behind the write) keeps it, for a minute."""
+        given for, rolled out with as many pods available as when it was given; or is gone or no
+        longer its own. A read that does not show that template yet (the watch behind the write)
+        keeps it, for a minute."""
         key = (self.namespace, self.name)
         place = self.ports.pacer.place(key)
         if place is None:
@@ -1493,10 +1504,13 @@ class _Reconcile:
         if ours is None or state is None:
             self.ports.pacer.done(key)
             return
-        unseen = (
-            recorded_template(ours) != place.template and self.now - place.since < PLACE_APPLY_SEEN_WITHIN
+        # rolled out, with as many pods available as before it (a pod unavailable for reasons of
+        # its own, a pending scale-up, does not hold the place; a template that does not start does)
+        settled = not state.template_progressing and state.available_replicas >= min(
+            place.available, state.replicas
         )
-        if not state.rolling and not unseen:
+        seen = recorded_template(ours) == place.template
+        if settled and (seen or self.now - place.since >= PLACE_APPLY_SEEN_WITHIN):
             self.ports.pacer.done(key)
 
     def prune_engine_configs(self, obj: LLMServing, desired: Desired) -> None:

@@ -53,6 +53,9 @@ LAST_ROLLOUT_ANNOTATION = "batchknee.io/last-rollout-time"
 # when a new pod template not of a batch-limit change (the spec's, the operator's own) was last
 # applied: a stall after it is that template's, not the last batch limit's
 TEMPLATE_CHANGED_ANNOTATION = "batchknee.io/template-changed-time"
+# the LLMServing generation the Deployment was last rendered from: a template the spec changed
+# since rolls as its writer asked, without a place from the pacer
+SPEC_GENERATION_ANNOTATION = "batchknee.io/spec-generation"
 MAX_NUM_SEQS_ANNOTATION = "batchknee.io/max-num-seqs"
 MAX_TOKENS_ANNOTATION = "batchknee.io/max-tokens"
 CHECKSUM_ANNOTATION = "batchknee.io/engine-config-checksum"
@@ -482,6 +485,8 @@ def deployment(obj: LLMServing, desired: Desired, defaults: RenderDefaults) -> d
         annotations[LAST_ROLLOUT_ANNOTATION] = format_timestamp(desired.rollouts[-1].time)
     if desired.template_changed_at is not None:
         annotations[TEMPLATE_CHANGED_ANNOTATION] = format_timestamp(desired.template_changed_at)
+    if obj.metadata.generation is not None:
+        annotations[SPEC_GENERATION_ANNOTATION] = str(obj.metadata.generation)
 
     replicas = {} if spec.replicas is None else {"replicas": spec.replicas}  # omitted: whoever scales it
     return {
@@ -609,6 +614,7 @@ class DeploymentState:
     # the controller is replacing pods with a new template (not only waiting for pods to be available)
     template_progressing: bool = False
     template_changed_at: datetime | None = None  # TEMPLATE_CHANGED_ANNOTATION
+    spec_generation: int | None = None  # SPEC_GENERATION_ANNOTATION
 
     @property
     def available(self) -> bool:
@@ -698,6 +704,7 @@ def rollout_state(
 ) -> DeploymentState:
     """How far a Deployment's or StatefulSet's rollout is, with the batch limit it runs."""
     meta, spec = workload.get("metadata", {}), workload.get("spec", {})
+    annotations = meta.get("annotations") or {}
     status = workload.get("status") or {}
     kind = str(workload.get("kind") or "Deployment")
     replicas = as_int(spec.get("replicas"))
@@ -743,5 +750,6 @@ def rollout_state(
         message=message,
         stalled_at=condition_time(stall) if stall is not None else None,
         template_progressing=observed < generation or updated < replicas or total > updated,
-        template_changed_at=parse_timestamp((meta.get("annotations") or {}).get(TEMPLATE_CHANGED_ANNOTATION)),
+        template_changed_at=parse_timestamp(annotations.get(TEMPLATE_CHANGED_ANNOTATION)),
+        spec_generation=as_int(annotations.get(SPEC_GENERATION_ANNOTATION)),
     )

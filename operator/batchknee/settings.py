@@ -193,9 +193,10 @@ class OperatorSettings(BaseSettings):
         le=100_000,
         description="Engines restarted at once, cluster-wide, for a pod template the operator renders anew "
         "of its own (an operator upgrade that changes it, a changed default image), each counted until "
-        "its rollout completes (a stalled one keeps its place, so a template that does not start stops "
-        "there); batch-limit retunes (the rollout budget), LLMServing spec changes and hand edits of a "
-        "Deployment put back do not wait. 0: no limit",
+        "its rollout completes with as many pods available as before (one whose pods do not start keeps "
+        "its place, so a template that does not start stops there); an engine that waits holds its "
+        "batch limit meanwhile. LLMServing spec changes and hand edits of a Deployment put back do not "
+        "wait. 0: no limit",
     )
 
     # --- Prometheus: what tenants may point the operator at, and how results are shared ---

@@ -230,3 +230,56 @@ def test_a_read_that_does_not_show_the_apply_yet_keeps_the_place_for_a_minute(wo
     world.reconcile("a")  # past a minute: freed, and taken again for the apply it makes now
     again = world.ports.pacer.place(("default", "a"))
     assert again is not None and again.since == world.clock.now
+
+
+def report(world: World, name: str, *, available: int, replicas: int = 2) -> None:
+    """The Deployment controller's status: the current template's pods all created, `available`
+    of them available."""
+    dep = world.kube.deployment("default", name)
+    dep["status"] = {
+        "observedGeneration": dep["metadata"]["generation"],
+        "replicas": replicas,
+        "updatedReplicas": replicas,
+        "readyReplicas": available,
+        "availableReplicas": available,
+    }
+    dep["metadata"]["resourceVersion"] += "-reported"
+
+
+def test_a_place_frees_with_as_many_pods_available_as_before_and_not_with_fewer(world: World) -> None:
+    """Two replicas, one pending for reasons of its own (no GPU for a scale-up): the template's
+    rollout that leaves one available frees its place. One whose new pods do not start keeps it:
+    the template stops there."""
+    for name in ("a", "b"):
+        world.kube.create(llmserving(name, replicas=2))
+        world.reconcile(name)
+        report(world, name, available=1)
+        world.reconcile(name)
+    world.ports = replace(world.ports, defaults=RenderDefaults(vllm_image=NEW_IMAGE), pacer=RolloutPacer(1))
+    world.reconcile("a")
+    assert image(world, "a") == NEW_IMAGE
+    report(world, "a", available=0)  # the new template's pods do not start
+    world.reconcile("a")
+    world.reconcile("b")
+    assert image(world, "b") != NEW_IMAGE and progressing(world, "b")["reason"] == "RolloutQueued"
+    report(world, "a", available=1)  # as many as before: one pending still, as it was
+    world.reconcile("a")
+    world.reconcile("b")
+    assert image(world, "b") == NEW_IMAGE
+
+
+def test_a_spec_change_whose_apply_failed_does_not_wait_when_it_goes_through(world: World) -> None:
+    """The status saw the new generation when the apply was refused; the Deployment still says which
+    spec it was rendered from, so the writer's change is still theirs when the apply goes through."""
+    fleet(world)
+    world.ports = replace(world.ports, defaults=RenderDefaults(vllm_image=NEW_IMAGE), pacer=RolloutPacer(1))
+    world.reconcile("a")  # holds the one place
+    world.kube.edit_spec("default", "c", {"template": {"env": [{"name": "LOG_LEVEL", "value": "debug"}]}})
+    world.kube.fail_apply = {"Deployment"}
+    world.reconcile("c")
+    assert world.kube.status("default", "c")["observedGeneration"] == 2
+    world.kube.fail_apply = set()
+    world.clock.advance(30)
+    world.reconcile("c")
+    container = world.kube.deployment("default", "c")["spec"]["template"]["spec"]["containers"][0]
+    assert container["env"] == [{"name": "LOG_LEVEL", "value": "debug"}] and container["image"] == NEW_IMAGE
