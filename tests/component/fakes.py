@@ -214,16 +214,18 @@ class MemoryKube:
     def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         return self.objects.get((kind, namespace, name))
 
-    def finish_rollout(self, namespace: str, name: str) -> None:
-        """What the Deployment controller reports once every pod runs the new template."""
+    def finish_rollout(self, namespace: str, name: str, available: int | None = None) -> None:
+        """What the Deployment controller reports once every pod runs the new template (`available`
+        of them available; all by default)."""
         dep = self.objects[("Deployment", namespace, name)]
         replicas = dep["spec"].get("replicas", 1)
+        available = replicas if available is None else available
         dep["status"] = {
             "observedGeneration": dep["metadata"]["generation"],
             "replicas": replicas,
             "updatedReplicas": replicas,
-            "readyReplicas": replicas,
-            "availableReplicas": replicas,
+            "readyReplicas": available,
+            "availableReplicas": available,
         }
         dep["metadata"]["resourceVersion"] = str(next(self._versions))
 

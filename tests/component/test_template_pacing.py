@@ -232,20 +232,6 @@ def test_a_read_that_does_not_show_the_apply_yet_keeps_the_place_for_a_minute(wo
     assert again is not None and again.since == world.clock.now
 
 
-def report(world: World, name: str, *, available: int, replicas: int = 2) -> None:
-    """The Deployment controller's status: the current template's pods all created, `available`
-    of them available."""
-    dep = world.kube.deployment("default", name)
-    dep["status"] = {
-        "observedGeneration": dep["metadata"]["generation"],
-        "replicas": replicas,
-        "updatedReplicas": replicas,
-        "readyReplicas": available,
-        "availableReplicas": available,
-    }
-    dep["metadata"]["resourceVersion"] += "-reported"
-
-
 def test_a_place_frees_with_as_many_pods_available_as_before_and_not_with_fewer(world: World) -> None:
     """Two replicas, one pending for reasons of its own (no GPU for a scale-up): the template's
     rollout that leaves one available frees its place. One whose new pods do not start keeps it:
@@ -253,16 +239,16 @@ def test_a_place_frees_with_as_many_pods_available_as_before_and_not_with_fewer(
     for name in ("a", "b"):
         world.kube.create(llmserving(name, replicas=2))
         world.reconcile(name)
-        report(world, name, available=1)
+        world.kube.finish_rollout("default", name, available=1)
         world.reconcile(name)
     world.ports = replace(world.ports, defaults=RenderDefaults(vllm_image=NEW_IMAGE), pacer=RolloutPacer(1))
     world.reconcile("a")
     assert image(world, "a") == NEW_IMAGE
-    report(world, "a", available=0)  # the new template's pods do not start
+    world.kube.finish_rollout("default", "a", available=0)  # the new template's pods do not start
     world.reconcile("a")
     world.reconcile("b")
     assert image(world, "b") != NEW_IMAGE and progressing(world, "b")["reason"] == "RolloutQueued"
-    report(world, "a", available=1)  # as many as before: one pending still, as it was
+    world.kube.finish_rollout("default", "a", available=1)  # as many as before: one pending still, as it was
     world.reconcile("a")
     world.reconcile("b")
     assert image(world, "b") == NEW_IMAGE
