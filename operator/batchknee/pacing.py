@@ -6,11 +6,14 @@ rolling update within one evaluation interval: every engine of the cluster resta
 model, at once. Those rollouts — not a batch-limit decision (the rollout budget paces those) and not
 an LLMServing's spec change (its writer asked for it) — take a place here first: at most
 `at_once` are under way cluster-wide, each counted from its apply until its Deployment is seen
-rolled out. A rollout that stalls keeps its place, so a template that does not start stops the
-change at `at_once` engines instead of spreading through the fleet.
+rolled out with as many pods available as before. A rollout whose pods do not start keeps its
+place, so a template that does not start stops the change at `at_once` engines instead of spreading
+through the fleet.
 
-The places are this process's memory: after a restart, rollouts the last process started no longer
-count (at most twice `at_once` roll for a while).
+The places are this process's memory: after each restart, up to another `at_once` may roll, and an
+engine left stalled on the new template by the last process no longer holds a place (its template
+is no change to the new one), so each restart lets a template that cannot start reach up to
+`at_once` more engines.
 """
 
 from __future__ import annotations

@@ -230,7 +230,8 @@ class Ports:
 
 
 # A place's apply not seen in the Deployment read back after this long did not land (or the
-# watch is far behind): a Deployment not rolling then frees it, so no place leaks.
+# watch is far behind): a Deployment rolled out with as many pods available as before then frees
+# it, so no place leaks.
 PLACE_APPLY_SEEN_WITHIN = timedelta(seconds=60)
 OWN_TEMPLATE = "the operator's new pod template (an operator upgrade, or a changed operator setting)"
 
@@ -1472,8 +1473,9 @@ class _Reconcile:
 
     def pace(self, state: DeploymentState, rendered: int, writers_change: bool, template: str) -> Paced:
         """A new pod template that is neither a batch-limit decision nor a change of the spec (a new
-        operator version's or setting's rendering) rolls the engines only with a place from the
-        pacer (`batchknee.pacing`); so does none whose Deployment is replacing pods already."""
+        operator version's or setting's rendering, at the limit the engine runs) rolls the engines
+        only with a place from the pacer (`batchknee.pacing`); one whose Deployment is replacing
+        pods already needs none."""
         own = not writers_change and not state.template_progressing and rendered == state.max_num_seqs
         if not own:
             return Paced("True", "TemplateRollout", "rolling out a new pod template")

@@ -8,6 +8,7 @@ from dataclasses import replace
 from conftest import World, llmserving
 from fakes import observation
 
+from batchknee.pacing import Place, RolloutPacer
 from batchknee.render import TEMPLATE_CHANGED_ANNOTATION, RenderDefaults, deployment_state
 
 
@@ -158,7 +159,11 @@ def test_a_new_template_during_a_retune_still_lets_the_retunes_stall_roll_back(w
     started(world)
     shift(world, 512)
     assert applied(world) == 240  # rolling, not finished
-    world.ports = replace(world.ports, defaults=RenderDefaults(vllm_image="vllm/vllm-openai:v99"))
+    pacer = RolloutPacer(1)
+    assert pacer.admit(("default", "elsewhere"), Place("another template", world.clock.now))  # no place free
+    world.ports = replace(
+        world.ports, defaults=RenderDefaults(vllm_image="vllm/vllm-openai:v99"), pacer=pacer
+    )
     world.observer.set("default", "chat", observation(world.clock.now, ctx=512))
     world.reconcile()
     container = world.kube.deployment("default", "chat")["spec"]["template"]["spec"]["containers"][0]

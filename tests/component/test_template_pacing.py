@@ -1,5 +1,6 @@
 """Pod templates the operator renders anew of its own (an upgrade, a new default image) roll at most
-`templateRolloutsAtOnce` engines at a time; retunes, spec changes and edits put back do not wait."""
+`templateRolloutsAtOnce` engines at a time, alone: a waiting engine's retunes wait with it; spec
+changes (the batch limit's too) and edits put back do not wait."""
 
 from __future__ import annotations
 
@@ -66,7 +67,7 @@ def test_a_new_default_image_rolls_one_engine_at_a_time(world: World) -> None:
         assert "at most 1 engines at a time" in held["message"]
         assert "templateRolloutsAtOnce" in held["message"]
         assert queued_events(world, name) == 1
-        assert world.kube.status("default", name)["maxNumSeqs"] == 64  # tuning goes on
+        assert world.kube.status("default", name)["maxNumSeqs"] == 64
 
     # a's rollout is under way (or stalled): its place is kept, whoever asks
     world.clock.advance(30)
@@ -95,7 +96,7 @@ def test_a_new_default_image_rolls_one_engine_at_a_time(world: World) -> None:
     assert progressing(world, "c")["reason"] == "RolloutInProgress"
 
 
-def test_an_edit_put_back_and_a_retune_do_not_wait_for_a_place(world: World) -> None:
+def test_an_edit_put_back_and_a_spec_change_of_the_batch_limit_do_not_wait_for_a_place(world: World) -> None:
     fleet(world)
     world.ports = replace(world.ports, defaults=RenderDefaults(vllm_image=NEW_IMAGE), pacer=RolloutPacer(1))
     world.reconcile("a")
@@ -179,8 +180,8 @@ def test_a_place_frees_whatever_the_spec_now_says_and_when_the_apply_fails(world
 
 
 def test_a_retune_waits_for_the_operators_template_which_rolls_out_alone(world: World) -> None:
-    """An engine whose new template of the operator's own waits holds its batch limit (Live caps
-    too): one rollout of both would leave a stall that is no one's. With its place, the template
+    """An engine whose new template of the operator's own waits holds its batch limit: one rollout
+    of both would leave a stall that is no one's. With its place, the template
     rolls out alone at the limit it runs; the retune follows."""
     fleet(world)
     world.ports = replace(world.ports, defaults=RenderDefaults(vllm_image=NEW_IMAGE), pacer=RolloutPacer(1))

@@ -23,7 +23,7 @@ import pytest
 
 from batchknee.devcluster import DevCluster, LocalPrometheus
 from batchknee.devcluster.cluster import free_port
-from batchknee.render import deployment_state
+from batchknee.render import TEMPLATE_CHANGED_ANNOTATION, deployment_state
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "crds" / "batchknee.io_llmservings.yaml"
@@ -424,6 +424,18 @@ def test_a_new_default_image_rolls_the_engines_one_at_a_time(world: Harness) -> 
         time.sleep(0.3)
     assert images(world) == dict.fromkeys(names, new_image), world.log()
     assert len(waited) == 1, waited  # one took the place, the other waited for it
+    # and by the record, not only by sampling: the one that waited got the new template no sooner
+    # than the controller saw the other's rollout complete
+    [queued] = waited
+    [holder] = [name for name in names if name != queued]
+    progress = next(
+        c
+        for c in world.get("deployment", holder)["status"]["conditions"]  # type: ignore[index]
+        if c["type"] == "Progressing"
+    )
+    assert progress["reason"] == "NewReplicaSetAvailable"
+    changed = world.get("deployment", queued)["metadata"]["annotations"][TEMPLATE_CHANGED_ANNOTATION]  # type: ignore[index]
+    assert changed >= progress["lastUpdateTime"], (changed, progress)
     assert "at most 1 engines at a time" in next(iter(waited.values()))
     assert [e["involvedObject"]["name"] for e in world.events("RolloutQueued")] == list(waited)
 

@@ -211,7 +211,7 @@ def test_the_operator_container(render: Render) -> None:
     assert ipv6.liveness_endpoint() == "http://[::]:8080/healthz"
     no_budgets = env(render({"operator": {"disruptionBudgets": False}}))
     assert settings_under(no_budgets).disruption_budgets is False
-    assert settings_under(variables).template_rollouts_at_once == 4
+    assert variables["BATCHKNEE_TEMPLATE_ROLLOUTS_AT_ONCE"] == "4"
     unpaced = env(render({"operator": {"templateRolloutsAtOnce": 0}}))
     assert settings_under(unpaced).template_rollouts_at_once == 0
     assert deployment(objects)["spec"]["strategy"] == {"type": "Recreate"}  # never two standalone ones

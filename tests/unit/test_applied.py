@@ -93,8 +93,7 @@ def test_a_new_pod_template_is_a_rendering_of_another_template() -> None:
     new_image["spec"]["template"]["spec"]["containers"][0]["image"] = "vllm/vllm-openai:v9"
     assert new_pod_template(new_image, before)
 
-    # an edit since the apply is not a new rendering (putting it back restores the one recorded),
-    # nor is a field the apiserver reads back in another form (a quantity written as a number)
+    # an edit since the apply is not a new rendering (putting it back restores the one recorded)
     edited = stored(rendered())
     edited["spec"]["template"]["spec"]["containers"][0]["args"][1] = "999"
     edited["spec"]["template"]["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "8"}}
