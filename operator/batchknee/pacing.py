@@ -10,10 +10,9 @@ rolled out with as many pods available as before. A rollout whose pods do not st
 place, so a template that does not start stops the change at `at_once` engines instead of spreading
 through the fleet.
 
-The places are this process's memory: after each restart, up to another `at_once` may roll, and an
-engine left stalled on the new template by the last process no longer holds a place (its template
-is no change to the new one), so each restart lets a template that cannot start reach up to
-`at_once` more engines.
+The places are this process's memory; a Deployment that rolled with one records its template, and
+after a restart a rollout still replacing pods, or past its progress deadline, takes its place again
+(`resume`), whether or not one is free.
 """
 
 from __future__ import annotations
@@ -59,6 +58,15 @@ class RolloutPacer:
                 return True
             self._waiting.add(key)
             return False
+
+    def resume(self, key: Hashable, place: Place) -> None:
+        """`key`'s rollout for `place` is under way already (an earlier process gave it a place):
+        it holds one again, whether or not one is free."""
+        if self.at_once == 0:
+            return
+        with self._lock:
+            self._under_way[key] = place
+            self._waiting.discard(key)
 
     def done(self, key: Hashable) -> None:
         """`key`'s rollout finished (or its object is gone): its place frees."""

@@ -243,7 +243,8 @@ class Paced:
     status: ConditionStatus
     reason: str
     message: str
-    took_place: bool = False  # a place from the pacer
+    admitted: bool = False  # rolls with a place from the pacer
+    took_place: bool = False  # that place was taken now
 
 
 def queued(paced: Paced | None) -> bool:
@@ -779,24 +780,36 @@ class _Reconcile:
         if live is not None:
             rendered = self.ceiling(obj, state, decision, roofline, pool, rules)
         desired = Desired(
-            rendered, decision.max_tokens, rollouts, state.template_changed_at if state is not None else None
+            rendered,
+            decision.max_tokens,
+            rollouts,
+            state.template_changed_at if state is not None else None,
+            state.paced_template if state is not None else None,
         )
         paced: Paced | None = None  # a new pod template not of a batch-limit change: rolling, or waiting
         if target is None:
             objects = render(obj, desired, self.ports.defaults)
+            if state is not None and found is not None:
+                self.resume_place(state, found)
             new_template = not decision.rolls and new_pod_template(objects[-1], found)
-            if new_template and self.last_rollout_completed(history):
-                # its time goes with it: a stall from now on is this template's (one during a
-                # rollout still under way is that rollout's too, as before)
-                desired = replace(desired, template_changed_at=self.now)
+            if new_template and state is not None:
+                template = template_hash(objects[-1])
+                paced = self.pace(state, rendered, writers_change, template)
+                desired = replace(
+                    desired,
+                    # its time goes with it: a stall from now on is this template's (one during a
+                    # rollout still under way is that rollout's too, as before)
+                    template_changed_at=self.now
+                    if self.last_rollout_completed(history)
+                    else desired.template_changed_at,
+                    paced_template=template if paced.admitted else desired.paced_template,
+                )
                 objects = render(obj, desired, self.ports.defaults)
             foreign, pending = self.claim(objects, read, uid)
             if foreign:
                 return self.name_conflict(foreign)
-            if new_template and state is not None:
-                paced = self.pace(state, rendered, writers_change, template_hash(objects[-1]))
-                if queued(paced):  # the engines run as they are; the rest (a ConfigMap, say) goes
-                    pending = [item for item in pending if item["kind"] != "Deployment"]
+            if queued(paced):  # the engines run as they are; the rest (a ConfigMap, say) goes
+                pending = [item for item in pending if item["kind"] != "Deployment"]
         else:  # an adopted workload: the one env value, only when it changes and the args use it
             writable = target.problem is None and target.wired
             objects = (
@@ -1482,13 +1495,29 @@ class _Reconcile:
         key = (self.namespace, self.name)
         held = self.ports.pacer.place(key) is not None
         if self.ports.pacer.admit(key, Place(template, self.now, state.available_replicas)):
-            return Paced("True", "TemplateRollout", f"rolling out {OWN_TEMPLATE}", took_place=not held)
+            return Paced(
+                "True", "TemplateRollout", f"rolling out {OWN_TEMPLATE}", admitted=True, took_place=not held
+            )
         why = (
             f"{OWN_TEMPLATE} waits its turn, the engines running as they are: the operator restarts at "
             f"most {self.ports.pacer.at_once} engines at a time for such changes (operator setting "
             "templateRolloutsAtOnce)"
         )
         return Paced("False", "RolloutQueued", why)
+
+    def resume_place(self, state: DeploymentState, found: Mapping[str, Any]) -> None:
+        """The rollout of a template that got a place is still replacing pods, or stalled, and this
+        operator gave no place for it (it started since): it takes one again, limit or not, so a
+        restart does not let a template that cannot start reach more engines."""
+        key = (self.namespace, self.name)
+        if self.ports.pacer.at_once == 0 or self.ports.pacer.place(key) is not None:
+            return
+        template = recorded_template(found)
+        if template is None or state.paced_template != template:
+            return
+        if state.template_progressing or state.stalled:
+            since = state.template_changed_at or self.now
+            self.ports.pacer.resume(key, Place(template, since, min(1, state.replicas)))
 
     def free_place(self) -> None:
         """A place the pacer gave this LLMServing frees once its Deployment runs the template it was

@@ -56,6 +56,9 @@ TEMPLATE_CHANGED_ANNOTATION = "batchknee.io/template-changed-time"
 # the LLMServing generation the Deployment was last rendered from: a template the spec changed
 # since rolls as its writer asked, without a place from the pacer
 SPEC_GENERATION_ANNOTATION = "batchknee.io/spec-generation"
+# the pod template (its hash) that last rolled out with a place from the pacer: an operator started
+# while that rollout is still under way takes the place again
+PACED_TEMPLATE_ANNOTATION = "batchknee.io/paced-template"
 MAX_NUM_SEQS_ANNOTATION = "batchknee.io/max-num-seqs"
 MAX_TOKENS_ANNOTATION = "batchknee.io/max-tokens"
 CHECKSUM_ANNOTATION = "batchknee.io/engine-config-checksum"
@@ -103,6 +106,7 @@ class Desired:
     max_tokens: int
     rollouts: tuple[Rollout, ...] = ()
     template_changed_at: datetime | None = None
+    paced_template: str | None = None
 
 
 # --- labels, owners --------------------------------------------------------------------------------
@@ -487,6 +491,8 @@ def deployment(obj: LLMServing, desired: Desired, defaults: RenderDefaults) -> d
         annotations[TEMPLATE_CHANGED_ANNOTATION] = format_timestamp(desired.template_changed_at)
     if obj.metadata.generation is not None:
         annotations[SPEC_GENERATION_ANNOTATION] = str(obj.metadata.generation)
+    if desired.paced_template is not None:
+        annotations[PACED_TEMPLATE_ANNOTATION] = desired.paced_template
 
     replicas = {} if spec.replicas is None else {"replicas": spec.replicas}  # omitted: whoever scales it
     return {
@@ -615,6 +621,7 @@ class DeploymentState:
     template_progressing: bool = False
     template_changed_at: datetime | None = None  # TEMPLATE_CHANGED_ANNOTATION
     spec_generation: int | None = None  # SPEC_GENERATION_ANNOTATION
+    paced_template: str | None = None  # PACED_TEMPLATE_ANNOTATION
 
     @property
     def available(self) -> bool:
@@ -653,6 +660,10 @@ def stall_condition(status: Mapping[str, Any]) -> Mapping[str, Any] | None:
         ),
         None,
     )
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def parse_timestamp(text: Any) -> datetime | None:
@@ -752,4 +763,5 @@ def rollout_state(
         template_progressing=observed < generation or updated < replicas or total > updated,
         template_changed_at=parse_timestamp(annotations.get(TEMPLATE_CHANGED_ANNOTATION)),
         spec_generation=as_int(annotations.get(SPEC_GENERATION_ANNOTATION)),
+        paced_template=_text(annotations.get(PACED_TEMPLATE_ANNOTATION)),
     )

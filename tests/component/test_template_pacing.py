@@ -270,3 +270,31 @@ def test_a_spec_change_whose_apply_failed_does_not_wait_when_it_goes_through(wor
     world.reconcile("c")
     container = world.kube.deployment("default", "c")["spec"]["template"]["spec"]["containers"][0]
     assert container["env"] == [{"name": "LOG_LEVEL", "value": "debug"}] and container["image"] == NEW_IMAGE
+
+
+def test_an_operator_started_mid_rollout_gives_the_place_again(world: World) -> None:
+    """The operator restarts while a template that got a place is still replacing pods (its new pod
+    does not start; the old one serves): the new process gives that rollout its place again, so the
+    template does not reach another engine."""
+    fleet(world)
+    world.ports = replace(world.ports, defaults=RenderDefaults(vllm_image=NEW_IMAGE), pacer=RolloutPacer(1))
+    world.reconcile("a")
+    assert image(world, "a") == NEW_IMAGE
+    dep = world.kube.deployment("default", "a")
+    dep["status"] = {  # a surge pod of the new template that never gets Ready, the old pod serving
+        "observedGeneration": dep["metadata"]["generation"],
+        "replicas": 2,
+        "updatedReplicas": 1,
+        "availableReplicas": 1,
+    }
+    world.ports = replace(world.ports, pacer=RolloutPacer(1))  # a new process: no places in memory
+    world.clock.advance(30)
+    world.reconcile("a")
+    assert world.ports.pacer.place(("default", "a")) is not None
+    world.reconcile("b")
+    assert image(world, "b") != NEW_IMAGE and progressing(world, "b")["reason"] == "RolloutQueued"
+
+    world.kube.finish_rollout("default", "a")  # it recovers: the place frees, b goes
+    world.reconcile("a")
+    world.reconcile("b")
+    assert image(world, "b") == NEW_IMAGE

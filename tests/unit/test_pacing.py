@@ -57,3 +57,16 @@ def test_threads_admit_no_more_than_the_places() -> None:
     for thread in threads:
         thread.join()
     assert len(admitted) == 3 and pacer.under_way() == 3 and pacer.waiting() == 13
+
+
+def test_a_rollout_under_way_resumes_its_place_even_past_the_limit() -> None:
+    pacer = RolloutPacer(1)
+    assert pacer.admit("a", OLD)
+    pacer.resume("b", NEW)  # an earlier process gave it one: it is rolling whatever this one says
+    assert pacer.under_way() == 2 and pacer.place("b") == NEW
+    assert not pacer.admit("c", OLD)
+    pacer.done("a")
+    assert not pacer.admit("c", OLD)  # b still holds the one place there is
+    unlimited = RolloutPacer(0)
+    unlimited.resume("b", NEW)
+    assert unlimited.place("b") is None
