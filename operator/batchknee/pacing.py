@@ -49,15 +49,13 @@ class RolloutPacer:
             return True
         with self._lock:
             held = self._under_way.get(key)
-            if held is not None and held.template == place.template:
-                self._waiting.discard(key)
-                return True  # since the first time it was given for this template
-            if held is not None or len(self._under_way) < self.at_once:
+            if held is None and len(self._under_way) >= self.at_once:
+                self._waiting.add(key)
+                return False
+            if held is None or held.template != place.template:  # else: since it was first given
                 self._under_way[key] = place
-                self._waiting.discard(key)
-                return True
-            self._waiting.add(key)
-            return False
+            self._waiting.discard(key)
+            return True
 
     def resume(self, key: Hashable, place: Place) -> None:
         """`key`'s rollout for `place` is under way already (an earlier process gave it a place):

@@ -105,6 +105,7 @@ from batchknee.render import (
     config_map,
     controlled_by,
     crash_looping,
+    deployment,
     deployment_state,
     engine_config_selector,
     overridden_args,
@@ -1089,7 +1090,7 @@ class _Reconcile:
         if workload is None or state is None or state.max_num_seqs is None:
             return False
         running = Desired(state.max_num_seqs, state.max_tokens or decision.max_tokens)
-        return new_pod_template(render(obj, running, self.ports.defaults)[-1], workload)
+        return new_pod_template(deployment(obj, running, self.ports.defaults), workload)
 
     # -- live caps (spec.tuning.actuation: Live) ----------------------------------------------------
 

@@ -405,8 +405,7 @@ def test_a_new_default_image_rolls_the_engines_one_at_a_time(world: Harness) -> 
         rolling_to_new = [
             d["metadata"]["name"]
             for d in listed
-            if d["spec"]["template"]["spec"]["containers"][0]["image"] == new_image
-            and deployment_state(d).rolling  # type: ignore[union-attr]
+            if image_of(d) == new_image and deployment_state(d).rolling  # type: ignore[union-attr]
         ]
         assert len(rolling_to_new) <= 1, f"rolling to the new template together: {rolling_to_new}"
         for name in names:
@@ -416,8 +415,7 @@ def test_a_new_default_image_rolls_the_engines_one_at_a_time(world: Harness) -> 
         done = [
             d
             for d in listed
-            if d["spec"]["template"]["spec"]["containers"][0]["image"] == new_image
-            and not deployment_state(d).rolling  # type: ignore[union-attr]
+            if image_of(d) == new_image and not deployment_state(d).rolling  # type: ignore[union-attr]
         ]
         if len(done) == len(names):
             break
@@ -442,7 +440,11 @@ def test_a_new_default_image_rolls_the_engines_one_at_a_time(world: Harness) -> 
 
 def images(world: Harness) -> dict[str, str]:
     listed = json.loads(world.kubectl("get", "deployments", "-o", "json").stdout)["items"]
-    return {d["metadata"]["name"]: d["spec"]["template"]["spec"]["containers"][0]["image"] for d in listed}
+    return {d["metadata"]["name"]: image_of(d) for d in listed}
+
+
+def image_of(deployment: dict[str, Any]) -> str:
+    return str(deployment["spec"]["template"]["spec"]["containers"][0]["image"])
 
 
 KOPF_FINALIZER = "kopf.zalando.org/KopfFinalizerMarker"  # what an older build's per-object daemon needed
