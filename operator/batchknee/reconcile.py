@@ -102,6 +102,7 @@ from batchknee.render import (
     DeploymentState,
     Desired,
     RenderDefaults,
+    as_int,
     config_map,
     controlled_by,
     crash_looping,
@@ -1507,16 +1508,24 @@ class _Reconcile:
         return Paced("False", "RolloutQueued", why)
 
     def resume_place(self, state: DeploymentState, found: Mapping[str, Any]) -> None:
-        """The rollout of a template that got a place is still replacing pods, or stalled, and this
-        operator gave no place for it (it started since): it takes one again, limit or not, so a
-        restart does not let a template that cannot start reach more engines."""
+        """The rollout of a template that got a place is still replacing pods, stalled, or has
+        replaced them all with none available, and this operator gave no place for it (it started
+        since): it takes one again, limit or not, so a restart does not let a template that cannot
+        start reach more engines."""
         key = (self.namespace, self.name)
         if self.ports.pacer.at_once == 0 or self.ports.pacer.place(key) is not None:
             return
         template = recorded_template(found)
         if template is None or state.paced_template != template:
             return
-        if state.template_progressing or state.stalled:
+        # every pod replaced, none available, within the progress deadline of the template's
+        # change: neither replacing pods nor stalled yet, and no place (a pod lost long after a
+        # rollout is not the template's)
+        deadline = as_int(found.get("spec", {}).get("progressDeadlineSeconds")) or 600
+        changed = state.template_changed_at
+        starting = changed is not None and (self.now - changed).total_seconds() <= deadline
+        unavailable = starting and state.replicas > 0 and state.available_replicas == 0
+        if state.template_progressing or state.stalled or unavailable:
             since = state.template_changed_at or self.now
             self.ports.pacer.resume(key, Place(template, since, min(1, state.replicas)))
 

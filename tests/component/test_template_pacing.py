@@ -298,3 +298,33 @@ def test_an_operator_started_mid_rollout_gives_the_place_again(world: World) -> 
     world.reconcile("a")
     world.reconcile("b")
     assert image(world, "b") == NEW_IMAGE
+
+
+def test_an_operator_started_while_the_new_pods_do_not_start_gives_the_place_again(world: World) -> None:
+    """One replica, replaced, its new pod not Ready, the progress deadline not passed: neither
+    replacing pods nor stalled, yet the template's. A new process gives it its place again; a pod
+    lost past the deadline is not the template's and takes none."""
+    fleet(world)
+    world.ports = replace(world.ports, defaults=RenderDefaults(vllm_image=NEW_IMAGE), pacer=RolloutPacer(1))
+    world.reconcile("a")
+    assert image(world, "a") == NEW_IMAGE
+    world.kube.finish_rollout("default", "a", available=0)
+    world.ports = replace(world.ports, pacer=RolloutPacer(1))  # a new process: no places in memory
+    world.clock.advance(30)
+    world.reconcile("a")
+    assert world.ports.pacer.place(("default", "a")) is not None
+    world.reconcile("b")
+    assert image(world, "b") != NEW_IMAGE and progressing(world, "b")["reason"] == "RolloutQueued"
+
+    world.kube.finish_rollout("default", "a")  # it starts: the place frees, b goes
+    world.reconcile("a")
+    world.reconcile("b")
+    assert image(world, "b") == NEW_IMAGE
+
+    world.kube.finish_rollout("default", "b")
+    world.reconcile("b")
+    world.kube.finish_rollout("default", "a", available=0)  # long after: a node lost
+    world.ports = replace(world.ports, pacer=RolloutPacer(1))
+    world.clock.advance(3600)
+    world.reconcile("a")
+    assert world.ports.pacer.place(("default", "a")) is None
