@@ -10,17 +10,24 @@ rolled out with as many pods available as before. A rollout whose pods do not st
 place, so a template that does not start stops the change at `at_once` engines instead of spreading
 through the fleet.
 
+Namespaces share the places: one holds at most `at_once - 1` of them (one, when `at_once` is 1),
+and a free place goes to a namespace that holds no more than any other namespace waiting for one.
+A tenant whose new pods cannot start (on purpose or not: a quota with no room for a surge pod)
+keeps the places it holds, so it slows the rest of the fleet's change, but cannot stop it.
+
 The places are this process's memory; a Deployment that rolled with one records its template, and
-after a restart a rollout still replacing pods, or past its progress deadline, takes its place again
-(`resume`), whether or not one is free.
+after a restart a rollout still replacing pods, past its progress deadline, or with no pod
+available yet, takes its place again (`resume`), whether or not one is free.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Hashable
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
+
+Key = tuple[str, str]  # an LLMServing's namespace and name
 
 
 @dataclass(frozen=True)
@@ -38,18 +45,18 @@ class RolloutPacer:
         if at_once < 0:
             raise ValueError("at_once must be 0 (no limit) or more")
         self.at_once = at_once
-        self._under_way: dict[Hashable, Place] = {}
-        self._waiting: set[Hashable] = set()  # refused at their last evaluation
+        self._under_way: dict[Key, Place] = {}
+        self._waiting: set[Key] = set()  # refused at their last evaluation
         self._lock = threading.Lock()
 
-    def admit(self, key: Hashable, place: Place) -> bool:
+    def admit(self, key: Key, place: Place) -> bool:
         """May `key`'s engines roll onto `place.template` now? True takes a place (kept until
         `done(key)`; a key that holds one keeps it, for the new template); False: it waits."""
         if self.at_once == 0:
             return True
         with self._lock:
             held = self._under_way.get(key)
-            if held is None and len(self._under_way) >= self.at_once:
+            if held is None and (len(self._under_way) >= self.at_once or self._another_namespace_first(key)):
                 self._waiting.add(key)
                 return False
             if held is None or held.template != place.template:  # else: since it was first given
@@ -57,7 +64,20 @@ class RolloutPacer:
             self._waiting.discard(key)
             return True
 
-    def resume(self, key: Hashable, place: Place) -> None:
+    def _another_namespace_first(self, key: Key) -> bool:
+        """`key`'s namespace holds its share of the places already, or more than another namespace
+        that waits: the free place is another's."""
+        namespace = key[0]
+        holding = Counter(held[0] for held in self._under_way)
+        if holding[namespace] == 0:
+            return False
+        if holding[namespace] >= max(1, self.at_once - 1):
+            return True
+        return any(
+            waiter[0] != namespace and holding[waiter[0]] < holding[namespace] for waiter in self._waiting
+        )
+
+    def resume(self, key: Key, place: Place) -> None:
         """`key`'s rollout for `place` is under way already (an earlier process gave it a place):
         it holds one again, whether or not one is free."""
         if self.at_once == 0:
@@ -66,18 +86,18 @@ class RolloutPacer:
             self._under_way[key] = place
             self._waiting.discard(key)
 
-    def done(self, key: Hashable) -> None:
+    def done(self, key: Key) -> None:
         """`key`'s rollout finished (or its object is gone): its place frees."""
         with self._lock:
             self._under_way.pop(key, None)
             self._waiting.discard(key)
 
-    def not_waiting(self, key: Hashable) -> None:
+    def not_waiting(self, key: Key) -> None:
         """`key` no longer waits (its evaluation needed no place, or had one)."""
         with self._lock:
             self._waiting.discard(key)
 
-    def place(self, key: Hashable) -> Place | None:
+    def place(self, key: Key) -> Place | None:
         with self._lock:
             return self._under_way.get(key)
 

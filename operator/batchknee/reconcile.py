@@ -1503,7 +1503,7 @@ class _Reconcile:
         why = (
             f"{OWN_TEMPLATE} waits its turn, the engines running as they are: the operator restarts at "
             f"most {self.ports.pacer.at_once} engines at a time for such changes (operator setting "
-            "templateRolloutsAtOnce)"
+            "templateRolloutsAtOnce), a namespace all of them but one, namespaces holding fewer first"
         )
         return Paced("False", "RolloutQueued", why)
 

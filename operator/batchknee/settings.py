@@ -194,7 +194,8 @@ class OperatorSettings(BaseSettings):
         description="Engines restarted at once, cluster-wide, for a pod template the operator renders anew "
         "of its own (an operator upgrade that changes it, a changed default image), each counted until "
         "its rollout completes with as many pods available as before (one whose pods do not start keeps "
-        "its place, so a template that does not start stops there); an engine that waits holds its "
+        "its place, so a template that does not start stops there; one namespace holds at most all places "
+        "but one, so its engines cannot stop the rest); an engine that waits holds its "
         "batch limit meanwhile. LLMServing spec changes and hand edits of a Deployment put back do not "
         "wait. 0: no limit",
     )

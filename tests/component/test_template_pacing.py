@@ -328,3 +328,42 @@ def test_an_operator_started_while_the_new_pods_do_not_start_gives_the_place_aga
     world.clock.advance(3600)
     world.reconcile("a")
     assert world.ports.pacer.place(("default", "a")) is None
+
+
+def test_a_namespace_whose_new_pods_never_start_does_not_stop_the_others(world: World) -> None:
+    """Two places; a tenant's engines evaluate first and their new pods never start (a quota with no
+    room for a surge pod). The namespace holds one place at most: the other namespace's engines
+    roll through the other, one after another."""
+
+    def create(namespace: str, name: str) -> None:
+        body = llmserving(name)
+        body["metadata"]["namespace"] = namespace
+        world.kube.create(body)
+        world.reconcile(name, namespace)
+        world.kube.finish_rollout(namespace, name)
+        world.reconcile(name, namespace)
+
+    def rolled(namespace: str, name: str) -> bool:
+        container = world.kube.deployment(namespace, name)["spec"]["template"]["spec"]["containers"][0]
+        return bool(container["image"] == NEW_IMAGE)
+
+    for name in ("s0", "s1"):
+        create("stuck", name)
+    for name in ("o0", "o1", "o2"):
+        create("other", name)
+    world.ports = replace(world.ports, defaults=RenderDefaults(vllm_image=NEW_IMAGE), pacer=RolloutPacer(2))
+    world.clock.advance(30)
+    for name in ("s0", "s1"):
+        world.reconcile(name, "stuck")
+    assert rolled("stuck", "s0") and not rolled("stuck", "s1")
+    assert world.kube.condition("stuck", "s1", "Progressing")["reason"] == "RolloutQueued"
+    world.kube.finish_rollout("stuck", "s0", available=0)
+    for name in ("o0", "o1", "o2"):
+        world.clock.advance(30)
+        for other in ("o0", "o1", "o2"):
+            world.reconcile(other, "other")
+        world.reconcile("s0", "stuck")
+        world.reconcile("s1", "stuck")
+        assert rolled("other", name) and not rolled("stuck", "s1")
+        world.kube.finish_rollout("other", name)
+    assert world.ports.pacer.place(("stuck", "s0")) is not None
