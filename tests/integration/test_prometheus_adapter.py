@@ -65,6 +65,12 @@ class Fleet:
         self.pods[pod] = (process, labels, f"{host}:{port}")
         self._write_targets()
 
+    def relabel(self, pod: str, llmserving: str) -> None:
+        """The pod's `llmserving` label changed (kubectl label --overwrite, a template's new label)."""
+        process, labels, address = self.pods[pod]
+        self.pods[pod] = (process, {**labels, "llmserving": llmserving}, address)
+        self._write_targets()
+
     def stop(self, pod: str) -> None:
         process, _, _ = self.pods.pop(pod)
         process.terminate()
@@ -363,3 +369,65 @@ def test_a_selector_override_reads_its_own_series(prometheus: LocalPrometheus) -
     assert seen[custom.key].avg_context_tokens.value == pytest.approx(2097, rel=0.01)
     assert seen[custom.key].tpot_mean_s.value == pytest.approx(0.024, rel=0.01)
     assert seen[("prod", "llama")].pods == 2
+
+
+# --- pods that fail the queries every LLMServing shares ---------------------------------------------
+
+# One pod each, in the tenant namespace `evil`: every LLMServing of the operator's Prometheus is read
+# through the same queries, so each of these made all of them hold (HTTP 422, or an answer past
+# what is parsed), and the first two put the hostile pod's names in every status.
+HOSTILE_PODS = {
+    "spelled-5d6f7c8b9-aaaaa": {**BUSY, "bothSpellings": True},  # vllm:x and vllm_x, same labels
+    "relabelled-5d6f7c8b9-bbbbb": {**BUSY, "dramActive": 0.5},  # two llmserving values in a window
+    "engines-5d6f7c8b9-ccccc": {**BUSY, "extraEngines": 200},  # 201 `engine` label values
+}
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Fleet, LocalPrometheus]]:
+    fleet = Fleet(tmp_path_factory.mktemp("hostile"))
+    try:
+        fleet.start("prod", "llama-7c9f8b6d5-abcde", {**BUSY, "dramActive": 0.6})
+        for pod, state in HOSTILE_PODS.items():
+            fleet.start("evil", pod, state)
+        with LocalPrometheus(fleet.file_sd, scrape_interval_s=1) as prom:
+            prom.wait_for('count(count by (pod) ({__name__=~"vllm[:_]num_requests_running"})) == 4')
+            prom.wait_for('count(DCGM_FI_PROF_DRAM_ACTIVE{namespace="evil"})')
+            engines = '{__name__=~"vllm[:_]num_requests_running",namespace="evil"}'
+            prom.wait_for(f"count(count by (engine) ({engines})) > 200")
+            time.sleep(2)  # a few more scrapes of each
+            yield fleet, prom
+    finally:
+        fleet.close()
+
+
+def test_a_hostile_pod_fails_no_other_llmservings_reading(
+    hostile: tuple[Fleet, LocalPrometheus], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pod serving both spellings of every name, one relabelled within the window (with DCGM's
+    series for its GPU), and one with 201 `engine` values — the parse limit scaled down to what
+    one honest pod and 32 rows of each hostile one take: the other tenant's LLMServing is read,
+    and its status quotes none of their names."""
+    from batchknee.adapters import prometheus as adapter
+
+    fleet, prom = hostile
+    fleet.relabel("relabelled-5d6f7c8b9-bbbbb", "moved")
+    prom.wait_for('DCGM_FI_PROF_DRAM_ACTIVE{namespace="evil",llmserving="moved"}')
+    # within the window, the pod is read under both names
+    both = "count by (pod) (count by (pod, llmserving) (last_over_time(DCGM_FI_PROF_DRAM_ACTIVE[10s]))) == 2"
+    assert prom.query(both)
+    monkeypatch.setattr(adapter, "MAX_ANSWER_VALUES", 1_500)
+    observer = PrometheusObserver(prom.url)
+    seen = observer.observe(
+        [target("llama"), ObservationTarget("evil", "engines", "VLLM", WINDOW_S)], datetime.now(UTC)
+    )
+    observer.close()
+    assert prom.query(both)  # still, when it was read
+    llama = seen[("prod", "llama")]
+    assert llama.running.value == pytest.approx(32), llama.running.reason
+    assert llama.avg_context_tokens.value == pytest.approx(2097, rel=0.01)
+    assert llama.dram_active.value == pytest.approx(0.6)
+    reasons = " ".join(str(reading.reason) for reading in vars(llama).values() if hasattr(reading, "reason"))
+    assert "evil" not in reasons and "relabelled" not in reasons
+    # the pod with 201 engines is read as 32 of them: its own reading is off, no one else's
+    assert seen[("evil", "engines")].pods == 1

@@ -31,6 +31,7 @@ from batchknee.adapters.prometheus import (
     EXCERPT_CHARS,
     MAX_ANSWER_VALUES,
     MAX_BODY_BYTES,
+    WORDS_NOT_SHOWN,
     AnswerBudget,
     PrometheusObserver,
     queries,
@@ -43,6 +44,11 @@ NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
 def target(name: str, namespace: str = "prod") -> ObservationTarget:
     return ObservationTarget(namespace, name, "VLLM", 300)
+
+
+def own_scope(name: str) -> ObservationTarget:
+    """A target read in a scope of its own (a selector): an error answer's words are shown to it."""
+    return ObservationTarget("prod", name, "VLLM", 300, selector={"app": name})
 
 
 def any_url_router(**settings: Any) -> Any:
@@ -161,7 +167,10 @@ def test_a_retry_after_is_not_slept_on() -> None:
         observer = PrometheusObserver(prom.url, timeout_s=1.0)
         for _ in range(2):
             seen = observer.observe([target("llama")], NOW)[("prod", "llama")]
-            assert seen.avg_context_tokens.reason == f"Prometheus at {prom.url} answered HTTP 503: busy"
+            assert (
+                seen.avg_context_tokens.reason
+                == f"Prometheus at {prom.url} answered HTTP 503; {WORDS_NOT_SHOWN}"
+            )
         observer.close()
     asked = Counter(request.body for request in prom.requests)
     assert asked and max(asked.values()) <= 2  # each query at most once per refresh: none retried
@@ -179,11 +188,15 @@ def test_a_retry_after_is_not_slept_on() -> None:
 def test_an_answer_of_the_wrong_shape_is_no_reading(payload: bytes) -> None:
     with FakePrometheus("answer", payload=payload) as prom:
         observer = PrometheusObserver(prom.url, timeout_s=2.0)
-        seen = observer.observe([target("llama")], NOW)[("prod", "llama")]
+        seen = observer.observe([own_scope("llama")], NOW)[("prod", "llama")]
+        shared = observer.observe([target("llama")], NOW)[("prod", "llama")]
         observer.close()
     reason = seen.avg_context_tokens.reason or ""
     assert seen.avg_context_tokens.value is None
     assert reason.startswith(f"Prometheus at {prom.url} answered something that is not a query result: ")
+    assert shared.avg_context_tokens.reason == (
+        f"Prometheus at {prom.url} answered something that is not a query result; {WORDS_NOT_SHOWN}"
+    )
 
 
 def vector_of(sample: list[Any]) -> bytes:
@@ -454,7 +467,7 @@ def test_a_refresh_whose_first_query_fails_waits_for_the_others_it_started() -> 
             cache.drop_url(url)
         server.shutdown()
         server.server_close()
-    assert data.error == f"Prometheus at {base}/tenant2 answered HTTP 400: no"
+    assert data.error == f"Prometheus at {base}/tenant2 answered HTTP 400; {WORDS_NOT_SHOWN}"
     assert held_after == [0, 0, 0]  # nothing still reading once its refresh returned
 
 
@@ -620,7 +633,7 @@ def test_an_error_page_becomes_a_status_code_and_a_short_excerpt(caplog: pytest.
     with FakePrometheus("html-error") as prom:
         url = f"http://reader:s3cr3t-token@127.0.0.1:{prom.port}/"
         observer = PrometheusObserver(url)
-        seen = observer.observe([target("llama")], NOW)[("prod", "llama")]
+        seen = observer.observe([own_scope("llama")], NOW)[("prod", "llama")]
         observer.close()
     reason = seen.avg_context_tokens.reason
     prefix = f"Prometheus at http://127.0.0.1:{prom.port} answered HTTP 502: "
@@ -933,7 +946,7 @@ def test_a_bearer_token_an_answer_echoes_is_masked_and_an_unreadable_one_sends_n
     token_file.write_text("s3cr3t-bearer-token")
     with FakePrometheus("echo") as prom:
         observer = PrometheusObserver(prom.url, bearer_token_file=str(token_file))
-        echoed = observer.observe([target("llama")], NOW)[("prod", "llama")]
+        echoed = observer.observe([own_scope("llama")], NOW)[("prod", "llama")]
         observer.close()
     assert echoed.running.reason.startswith(f"Prometheus at {prom.url} answered HTTP 400: bad request:")
     assert prom.requests and "s3cr3t" not in echoed.running.reason and "s3cr3t" not in caplog.text
@@ -982,7 +995,7 @@ def test_the_operators_headers_go_to_its_own_prometheus_only_and_an_echo_shows_n
 
     with FakePrometheus("echo") as prom:
         observer = PrometheusObserver(prom.url, headers={"X-Api-Key": "k3y-0123456789", "X-Scope-OrgID": "a"})
-        echoed = observer.observe([target("llama")], NOW)[("prod", "llama")]
+        echoed = observer.observe([own_scope("llama")], NOW)[("prod", "llama")]
         observer.close()
     assert echoed.running.reason.startswith(f"Prometheus at {prom.url} answered HTTP 400: bad request:")
     assert "k3y-0123456789" not in echoed.running.reason and "***" in echoed.running.reason

@@ -74,6 +74,10 @@ DEFAULT_STATE: dict[str, Any] = {
     "dramActive": None,
     "legacyNames": False,
     "forceTextFormat": False,
+    # hostile pods: every family served under both spellings (`vllm:x` and `vllm_x`, same labels),
+    # and the running gauge for this many more `engine` label values
+    "bothSpellings": False,
+    "extraEngines": 0,
     # seconds before it listens (a real engine loads its model first): its pod is not Ready meanwhile
     "startupSeconds": 0.0,
     # the largest --max-num-seqs that "fits": above it the engine exits at start-up, as a real one
@@ -163,6 +167,8 @@ def main() -> None:
     for name, metric in metrics.items():  # like vLLM, every series exists from the start (zero counts)
         if name != "dram_active":
             metric.labels(**label)
+    for engine in range(1, 1 + int(state["extraEngines"])):
+        metrics["running"].labels(model_name=args.served_model_name, engine=str(engine)).set(1)
     stop = threading.Event()
     # a scrape sees each tick's observations whole: a histogram's sum and count from the same
     # requests (a scrape between them shifts a 10-s window's mean by a percent)
@@ -252,9 +258,12 @@ def main() -> None:
             if self.path.startswith("/metrics"):
                 # Negotiate like vLLM does (prometheus_client): an OpenMetrics scrape stores
                 # `vllm_x`, the plain text format keeps `vllm:x`. The state can force plain text.
-                force_text = json.loads(args.state.read_text()).get("forceTextFormat")
+                served = json.loads(args.state.read_text())
                 with ticking:
-                    if force_text:
+                    if served.get("bothSpellings"):
+                        body, content_type = generate_latest(registry), CONTENT_TYPE_LATEST
+                        body += body.replace(b"vllm:", b"vllm_")
+                    elif served.get("forceTextFormat"):
                         body, content_type = generate_latest(registry), CONTENT_TYPE_LATEST
                     else:
                         encoder, content_type = choose_encoder(self.headers.get("Accept", ""))

@@ -163,6 +163,19 @@ def _without_scripts(text: str) -> str:
     return "".join([*pieces, text[at:]])
 
 
+_ERROR_TYPE = re.compile(r"[a-z_]{1,32}")
+
+
+def _error_type(body: bytes) -> str:
+    """Prometheus's own `errorType` of an error answer (`bad_data`, `execution`, `timeout`); empty
+    where the answer has none of that form."""
+    try:
+        found = json.loads(body[:ERROR_BODY_BYTES]).get("errorType")
+    except (ValueError, RecursionError, AttributeError):
+        return ""
+    return found if isinstance(found, str) and _ERROR_TYPE.fullmatch(found) else ""
+
+
 def excerpt(body: bytes | str, limit: int = EXCERPT_CHARS, secrets: Iterable[str] = ()) -> str:
     """A short, single-line, printable excerpt of an upstream answer (never the whole body: only
     its head is read, so a huge one costs no more than a small one). Prometheus's own JSON errors
@@ -286,6 +299,28 @@ def _first_of(exprs: Iterable[str]) -> str:
     return " or ".join(f"({expr})" for expr in exprs)
 
 
+def spellings(names: Iterable[str]) -> tuple[str, ...]:
+    """Each name of a fallback chain as an engine may write it, read one at a time: `vllm[:_]x` is
+    `vllm:x`, then `vllm_x`. One selector for both made every function that drops the name (rate,
+    avg_over_time) fail the whole query — the whole fleet's — where one pod served both spellings
+    with the same labels ("vector cannot contain metrics with the same labelset")."""
+    found: dict[str, None] = {}
+    for name in names:
+        for spelling in (name.replace("[:_]", ":"), name.replace("[:_]", "_")):
+            found[spelling] = None
+    return tuple(found)
+
+
+# The most rows one pod adds to an answer of per-engine rows: an engine's data-parallel ranks in
+# one pod are a node's GPUs. A pod that writes more (15,000 `engine` label values) would otherwise
+# make the fleet's answer pass what is parsed, and every LLMServing read with it hold.
+MAX_ROWS_PER_POD = 32
+
+
+def _per_pod_bounded(expr: str) -> str:
+    return f"topk by (namespace, {LLMSERVING_LABEL}, pod) ({MAX_ROWS_PER_POD}, {expr})"
+
+
 # Queries whose rows are per pod (labels kept) vs per LLMServing (one value per target).
 POD_QUERIES = (
     "running",
@@ -354,25 +389,27 @@ def queries(scope: _Scope) -> dict[str, str]:
     def gauge_by_pod(names: tuple[str, ...], over: str = window, by: str = "sum") -> str:
         return _first_of(
             f"{by} by ({by_pod}) ({_once(f'avg_over_time({gauge(n)}[{over}])', metrics.rank_labels)})"
-            for n in names
+            for n in spellings(names)
         )
 
     def quantile(names: tuple[str, ...], q: float) -> str:
         return _first_of(
             f"histogram_quantile({q}, sum by (namespace, {LLMSERVING_LABEL}, le) "
             f"({scope.tag(scope.rate(name + '_bucket'))}))"
-            for name in names
+            for name in spellings(names)
         )
 
     def mean(names: tuple[str, ...]) -> str:
         """Mean of a histogram over the window: rate(sum) / rate(count), per target."""
         return _first_of(
             f"{scope.grouped(scope.rate(name + '_sum'))} / {scope.grouped(scope.rate(name + '_count'))}"
-            for name in names
+            for name in spellings(names)
         )
 
     def rate(names: tuple[str, ...]) -> str:
-        return _first_of(scope.grouped(_once(scope.rate(name), metrics.rank_labels)) for name in names)
+        return _first_of(
+            scope.grouped(_once(scope.rate(name), metrics.rank_labels)) for name in spellings(names)
+        )
 
     found = {
         "running": gauge_by_pod(metrics.running),
@@ -383,7 +420,7 @@ def queries(scope: _Scope) -> dict[str, str]:
         "recent_running": gauge_by_pod(metrics.running, scope.recent_window),
         "recent_usage": gauge_by_pod(metrics.kv_usage, scope.recent_window, by="avg"),
         "samples": _first_of(
-            f"min by ({by_pod}) (count_over_time({gauge(n)}[{window}]))" for n in metrics.running
+            f"min by ({by_pod}) (count_over_time({gauge(n)}[{window}]))" for n in spellings(metrics.running)
         ),
         # the scrape targets (job, instance) each engine was read through in the window: two scrape
         # configs selecting one pod, or a pod of the same name recreated with a new address, would
@@ -391,7 +428,7 @@ def queries(scope: _Scope) -> dict[str, str]:
         "scrapes": _first_of(
             f"count by ({by_pod}) (count by ({by_pod}, job, instance) "
             f"(last_over_time({scope.select(n)}[{window}])))"
-            for n in metrics.running
+            for n in spellings(metrics.running)
         ),
         "capacity": _kv_capacity_query(scope, by_pod),
         "tpot_p99": quantile(metrics.tpot, 0.99),
@@ -415,10 +452,11 @@ def queries(scope: _Scope) -> dict[str, str]:
         # scheduler): the mean prompt, to take the decode-time context out of the reservation.
         def mean_prompt(over: str) -> str:
             tokens = _first_of(
-                scope.grouped(f"rate({scope.select(n)}[{over}])") for n in metrics.prompt_tokens
+                scope.grouped(f"rate({scope.select(n)}[{over}])") for n in spellings(metrics.prompt_tokens)
             )
             done = _first_of(
-                scope.grouped(f"rate({scope.select(n)}[{over}])") for n in metrics.finished_requests
+                scope.grouped(f"rate({scope.select(n)}[{over}])")
+                for n in spellings(metrics.finished_requests)
             )
             return f"({tokens}) / ({done})"
 
@@ -428,9 +466,21 @@ def queries(scope: _Scope) -> dict[str, str]:
         # Bytes read per GPU per second, per pod: the average over the pod's engines (data-parallel
         # ranks) and reporting ranks, each of which counts for its own GPU.
         found["read_bytes"] = _first_of(
-            f"avg by (namespace, {LLMSERVING_LABEL}, pod) ({scope.rate(n)})" for n in metrics.read_bytes
+            f"avg by (namespace, {LLMSERVING_LABEL}, pod) ({scope.rate(n)})"
+            for n in spellings(metrics.read_bytes)
         )
     found["dram_active"] = _dram_active_query(scope, metrics)
+    for name in (
+        "running",
+        "waiting",
+        "usage",
+        "recent_running",
+        "recent_usage",
+        "samples",
+        "scrapes",
+        "capacity",
+    ):
+        found[name] = _per_pod_bounded(found[name])
     return found
 
 
@@ -440,11 +490,22 @@ def _dram_active_query(scope: _Scope, metrics: EngineMetrics) -> str:
     Its series carry the GPU's pod (Kubernetes mapping), not the engine's `llmserving` label: they
     are joined on (namespace, pod) to the engine's running gauge, which has both — one query for
     the whole fleet, whatever its size."""
+    # one LLMServing per pod (the one it ran most for, where a relabelled pod has two in the
+    # window): a right side with two for one pod failed the whole query
     pods = (
-        f"max by (namespace, pod, {LLMSERVING_LABEL}) "
-        f"(last_over_time({scope.select(metrics.running[0])}[{scope.window}]))"
+        "topk by (namespace, pod) (1, "
+        + _first_of(
+            f"max by (namespace, pod, {LLMSERVING_LABEL}) (last_over_time({scope.select(n)}[{scope.window}]))"
+            for n in spellings(metrics.running[:1])
+        )
+        + ")"
     )
-    gpus = f'avg_over_time({{__name__="{DCGM_DRAM_ACTIVE}",pod!=""}}[{scope.window}])'
+    # one series per GPU (an engine pod may serve this name too, under labels of its own: two for
+    # one GPU, made alike by the join, failed the whole query)
+    gpus = (
+        f"avg by (namespace, pod, UUID, gpu) "
+        f'(avg_over_time({{__name__="{DCGM_DRAM_ACTIVE}",pod!=""}}[{scope.window}]))'
+    )
     joined = f"{gpus} * on (namespace, pod) group_left ({LLMSERVING_LABEL}) ({pods} * 0 + 1)"
     return f"avg by (namespace, {LLMSERVING_LABEL}) ({scope.tag(joined)})"
 
@@ -454,9 +515,9 @@ def _kv_capacity_query(scope: _Scope, by_pod: str) -> str:
     window = scope.window
     if scope.engine == "VLLM":
         # cache_config_info carries the numbers as labels; the value is always 1.
-        return (
-            f"max by ({by_pod}, num_gpu_blocks, block_size) "
-            f"(last_over_time({scope.select(VLLM_CACHE_INFO)}[{window}]))"
+        return _first_of(
+            f"max by ({by_pod}, num_gpu_blocks, block_size) (last_over_time({scope.select(n)}[{window}]))"
+            for n in spellings((VLLM_CACHE_INFO,))
         )
     by = f"namespace, {LLMSERVING_LABEL}, pod"
     if scope.engine == "SGLang":
@@ -464,8 +525,11 @@ def _kv_capacity_query(scope: _Scope, by_pod: str) -> str:
         # data-parallel attention group has its own (summed); every TP rank and pipeline stage of one
         # writes the same (whatever the switches: the scheduler's constants).
         metrics = ENGINE_METRICS[scope.engine]
-        pools = f"last_over_time({scope.select(sglang.MAX_TOTAL_TOKENS, metrics.gauge_matchers)}[{window}])"
-        return f"sum by ({by}) ({_once(pools, (*metrics.rank_labels, 'pp_rank'))})"
+        return _first_of(
+            f"sum by ({by}) "
+            f"({_once(f'last_over_time({scope.select(n, metrics.gauge_matchers)}[{window}])', (*metrics.rank_labels, 'pp_rank'))})"
+            for n in spellings((sglang.MAX_TOTAL_TOKENS,))
+        )
     blocks = f"max by ({by}) (last_over_time({scope.select(trtllm.KV_MAX_BLOCKS)}[{window}]))"
     per_block = f"max by ({by}) (last_over_time({scope.select(trtllm.KV_TOKENS_PER_BLOCK)}[{window}]))"
     return f"{blocks} * on ({by}) {per_block}"
@@ -532,8 +596,28 @@ class AnswerBudget:
             self.parent.give(size)
 
 
+WORDS_NOT_SHOWN = "its words are not shown: they can quote other LLMServings' series"
+
+
 class PrometheusUnavailable(Exception):
-    """Prometheus could not be reached or refused a query; every target is unavailable."""
+    """Prometheus could not be reached or refused a query; every target is unavailable.
+
+    `said` is what the answer itself said (an excerpt), kept apart from what the operator says of
+    it: Prometheus's errors quote label sets, so in a scope that serves many LLMServings the words
+    could name other tenants' namespaces, pods and LLMServings; only a scope of one target shows
+    them (`shown`)."""
+
+    def __init__(self, message: str, said: str = "", kind: str = "") -> None:
+        super().__init__(f"{message}: {said}" if said else message)
+        self.message = message
+        self.said = said
+        self.kind = kind  # Prometheus's errorType, where the answer gave one
+
+    def shown(self, scope: _Scope) -> str:
+        if scope.owner_key is not None or not self.said:
+            return str(self)
+        kind = f" ({self.kind})" if self.kind else ""
+        return f"{self.message}{kind}; {WORDS_NOT_SHOWN}"
 
 
 @dataclass
@@ -863,8 +947,9 @@ class PrometheusObserver:
             )
         if response.status_code != 200:
             raise PrometheusUnavailable(
-                f"Prometheus at {self.shown_url} answered HTTP {response.status_code}: "
-                f"{excerpt(content, secrets=self._secrets)}"
+                f"Prometheus at {self.shown_url} answered HTTP {response.status_code}",
+                excerpt(content, secrets=self._secrets),
+                _error_type(content),
             )
         return content
 
@@ -887,8 +972,8 @@ class PrometheusObserver:
                 raise ValueError
         except (ValueError, KeyError, TypeError, RecursionError):
             raise PrometheusUnavailable(
-                f"Prometheus at {self.shown_url} answered something that is not a query result: "
-                f"{excerpt(content, secrets=self._secrets)}"
+                f"Prometheus at {self.shown_url} answered something that is not a query result",
+                excerpt(content, secrets=self._secrets),
             ) from None
         return result
 
@@ -978,7 +1063,7 @@ class PrometheusObserver:
                 else:
                     data.values[name] = cast(dict[Key, float], shaped)
         except PrometheusUnavailable as error:
-            data.error = str(error)
+            data.error = error.shown(scope)
         except FutureTimeout:
             data.error = str(self._timed_out())
         except (KeyError, IndexError, TypeError, ValueError, OverflowError):
