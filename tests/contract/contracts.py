@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import io
 import json
+import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -51,8 +52,33 @@ def vllm_cache_config_labels(version: str = PINNED["vllm"]) -> frozenset[str]:
 
 
 @functools.cache
+def sglang_sources(version: str = PINNED["sglang"]) -> dict[str, str]:
+    return wheel_sources(wheel_path("sglang", version), "sglang")
+
+
+# An environment variable a release reads: by os.environ / os.getenv / its own env helpers, or as a
+# key of its environment table (vllm/envs.py's `environment_variables`).
+_ENV_READ = re.compile(
+    r"""(?:environ\.get|getenv|environ\[|environ\.setdefault|get_(?:int|bool|str)_env_var)\(?\s*["']([A-Z][A-Z0-9_]*)["']"""
+)
+_ENV_TABLE_KEY = re.compile(r"""^\s*["']([A-Z][A-Z0-9_]*)["']\s*:""", re.M)
+
+
+def environment_variables_read(sources: dict[str, str]) -> dict[str, str]:
+    """Every environment variable the release's code reads (name → the first file reading it)."""
+    found: dict[str, str] = {}
+    for path, text in sorted(sources.items()):
+        names = [m.group(1) for m in _ENV_READ.finditer(text)]
+        if path.endswith("/envs.py"):
+            names += [m.group(1) for m in _ENV_TABLE_KEY.finditer(text)]
+        for name in names:
+            found.setdefault(name, path)
+    return found
+
+
+@functools.cache
 def sglang_contract(version: str = PINNED["sglang"]) -> Contract:
-    return extract(wheel_sources(wheel_path("sglang", version), "sglang"))
+    return extract(sglang_sources(version))
 
 
 @functools.cache

@@ -213,10 +213,11 @@ def test_hostile_specs_are_refused_and_nothing_runs(tenant: Harness) -> None:
     done = apply_as(world, TENANT, "lookalike", template={"labels": {"batchknee-io/llmserving": "chat"}})
     assert done.returncode != 0 and "batchknee.io/ (or spelled so" in done.stderr, done.stderr
     # the engine Service takes the name: `kubernetes` would replace the API server's address in the
-    # variables the kubelet gives the namespace's other pods
-    done = apply_as(world, TENANT, "kubernetes")
-    assert done.returncode != 0 and "must not be 'kubernetes'" in done.stderr, done.stderr
-    assert world.get("service", "kubernetes") is None
+    # variables the kubelet gives the namespace's other pods, `vllm` set VLLM_PORT=tcp://… there
+    for reserved in ("kubernetes", "vllm"):
+        done = apply_as(world, TENANT, reserved)
+        assert done.returncode != 0 and "must not be one of kubernetes" in done.stderr, done.stderr
+        assert world.get("service", reserved) is None
     # affinity is typed like Kubernetes' own: a malformed term is refused where it is
     no_domain = {
         "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{"labelSelector": {}}]}

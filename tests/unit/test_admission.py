@@ -843,11 +843,19 @@ def test_bounds_on_name_args_and_pinned() -> None:
 def test_a_name_the_kubelet_would_make_variables_of_other_pods_is_refused() -> None:
     """The engine Service takes the name, and the kubelet makes each Service of the namespace
     variables of every pod started there: `kubernetes` would replace the API server's address in the
-    namespace's other pods, nvidia-require… would give GPU containers NVIDIA_REQUIRE_… variables."""
-    for name in ("kubernetes", "nvidia-require-cuda", "nvidia-requirements"):
+    namespace's other pods, nvidia-require… would give GPU containers NVIDIA_REQUIRE_… variables, and
+    `vllm` set VLLM_PORT=tcp://… (which vLLM refuses) in other teams' engines there."""
+    for name in (
+        "kubernetes",
+        "nvidia-require-cuda",
+        "nvidia-requirements",
+        "vllm",
+        "vllm-dp-master",
+        "master",
+    ):
         error = spec_error_name(name)
         assert error.field == "metadata.name" and "choose another name" in error.message, name
-    for name in ("kubernetes-chat", "my-kubernetes", "nvidia-nemotron", "vllm"):
+    for name in ("kubernetes-chat", "my-kubernetes", "nvidia-nemotron", "vllm-chat", "masters"):
         assert parse_llmserving(manifest(name=name)).metadata.name == name
 
 
@@ -860,7 +868,8 @@ def spec_error_name(name: str) -> SpecError:
 def test_the_crd_carries_the_same_bounds_in_cel_and_schema() -> None:
     schema = crd_manifest()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     [name_rule, reserved_rule] = schema["x-kubernetes-validations"]
-    assert "'kubernetes'" in reserved_rule["rule"] and reserved_rule["message"] == RESERVED_NAME_MESSAGE
+    assert "'kubernetes'" in reserved_rule["rule"] and "'vllm'" in reserved_rule["rule"]
+    assert reserved_rule["message"] == RESERVED_NAME_MESSAGE
     assert f"self.metadata.name.size() <= {MAX_NAME_LENGTH}" in name_rule["rule"]
     assert str(MAX_NAME_LENGTH) in name_rule["message"]
     spec = schema["properties"]["spec"]["properties"]

@@ -27,9 +27,9 @@ from batchknee.api.models import (
     KIND,
     MAX_NAME_LENGTH,
     PLURAL,
-    RESERVED_NAME,
     RESERVED_NAME_MESSAGE,
     RESERVED_NAME_PREFIX,
+    RESERVED_NAMES,
     SHORT_NAMES,
     SINGULAR,
     VERSION,
@@ -278,7 +278,7 @@ def crd_manifest() -> dict[str, Any]:
                 "reason": "FieldValueInvalid",
             },
             {
-                "rule": f"self.metadata.name != '{RESERVED_NAME}' && "
+                "rule": f"!(self.metadata.name in [{', '.join(repr(n) for n in RESERVED_NAMES)}]) && "
                 f"!self.metadata.name.startsWith('{RESERVED_NAME_PREFIX}')",
                 "message": RESERVED_NAME_MESSAGE,
                 "reason": "FieldValueInvalid",

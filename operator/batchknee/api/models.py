@@ -30,6 +30,7 @@ from pydantic.alias_generators import to_camel
 
 from batchknee.core.catalog import GPUS, MODELS
 from batchknee.core.policy import CALIBRATION_SAMPLES_KEPT, HISTORY_KEPT, RECENT_TARGETS_KEPT
+from batchknee.engines import sglang, vllm
 
 GROUP = "batchknee.io"
 VERSION = "v1alpha1"
@@ -59,15 +60,33 @@ OPERATOR_KEY_LOOKALIKE = "^batchknee[^a-zA-Z0-9]io[^a-zA-Z0-9]"
 # The engine Service takes the LLMServing's name, and the kubelet makes every Service of a namespace
 # variables of the pods started there (<NAME>_SERVICE_HOST, <NAME>_PORT, …, service links): one named
 # `kubernetes` replaces the API server's KUBERNETES_SERVICE_HOST and _PORT in the namespace's other
-# pods (their clients would dial the engine, bearer tokens and all), and one named nvidia-require…
-# gives every GPU container there NVIDIA_REQUIRE_… variables NVIDIA's runtime reads as requirements.
-RESERVED_NAME = "kubernetes"
+# pods (their clients would dial the engine, bearer tokens and all), one named nvidia-require…
+# gives every GPU container there NVIDIA_REQUIRE_… variables NVIDIA's runtime reads as requirements,
+# and one named after a port variable an engine reads (`vllm`: VLLM_PORT=tcp://<ip>:8000) stops
+# the engines of other teams there that keep service links on.
+SERVICE_LINK_SUFFIXES = ("_SERVICE_HOST", "_SERVICE_PORT", "_PORT")
+
+
+def service_setting(variable: str) -> str | None:
+    """The Service name whose service links set `variable`, if any (`VLLM_PORT` → `vllm`)."""
+    for suffix in SERVICE_LINK_SUFFIXES:
+        if variable.endswith(suffix) and len(variable) > len(suffix):
+            return variable.removesuffix(suffix).lower().replace("_", "-")
+    return None
+
+
+RESERVED_NAMES = (
+    "kubernetes",
+    *sorted({service_setting(v) or "" for v in (*vllm.PORT_VARIABLES, *sglang.PORT_VARIABLES)} - {""}),
+)
 RESERVED_NAME_PREFIX = "nvidia-require"
 RESERVED_NAME_MESSAGE = (
-    f"metadata.name must not be {RESERVED_NAME!r} or start with {RESERVED_NAME_PREFIX!r}: the engine Service "
-    "takes the name, and the kubelet makes each Service of the namespace variables of every pod started "
-    f"there ({RESERVED_NAME!r} would replace the API server's address in the namespace's other pods, "
-    f"{RESERVED_NAME_PREFIX}… would give GPU containers requirements NVIDIA's runtime reads); choose another name"
+    f"metadata.name must not be one of {', '.join(RESERVED_NAMES)} or start with {RESERVED_NAME_PREFIX!r}: "
+    "the engine Service takes the name, and the kubelet makes each Service of the namespace variables of "
+    "every pod started there ('kubernetes' would replace the API server's address in the namespace's other "
+    "pods, 'vllm' would set VLLM_PORT=tcp://…, which stops vLLM there, the others port variables vLLM, "
+    f"SGLang or PyTorch read, {RESERVED_NAME_PREFIX}… requirements NVIDIA's runtime reads); "
+    "choose another name"
 )
 # Kubernetes' syntax of label keys (IsQualifiedName) and values (IsValidLabelValue), checked at
 # admission rather than at the Deployment write. '[.]', not an escaped dot: CEL strings have no such
@@ -1780,7 +1799,7 @@ class LLMServingStatus(_Model):
 
 
 def _not_a_reserved_service_name(name: str) -> str:
-    if name == RESERVED_NAME or name.startswith(RESERVED_NAME_PREFIX):
+    if name in RESERVED_NAMES or name.startswith(RESERVED_NAME_PREFIX):
         raise ValueError(RESERVED_NAME_MESSAGE)
     return name
 

@@ -20,6 +20,8 @@ CLI_PROGRAM = "sglang"  # `sglang serve`
 COMMANDS = (MODULE, CLI_PROGRAM)
 # The operator runs every engine on the same container port (SGLang's own default is 30000).
 HTTP = HttpSurface(port=8000, health_path="/health", metrics_path="/metrics")
+# The port variables SGLang reads that a Service of the pod's namespace would set (see vllm's).
+PORT_VARIABLES = ("MASTER_PORT", "DUMPER_SERVER_PORT", "MS_SCHED_PORT")
 METRICS_SWITCH = "--enable-metrics"  # SGLang exports no Prometheus metrics without it
 
 # Defaults the planner assumes. SGLang resolves `--mem-fraction-static` (the fraction of the whole GPU

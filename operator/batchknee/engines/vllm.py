@@ -14,6 +14,18 @@ PROGRAM = "vllm"
 # `vllm serve` and the older module entry point (adoption recognises both).
 COMMANDS = ("vllm", "vllm.entrypoints.openai.api_server")
 HTTP = HttpSurface(port=8000, health_path="/health", metrics_path="/metrics")
+# The port variables vLLM reads (vllm/envs.py; MASTER_PORT: torch's, through its DeepGEMM) that a
+# Service of the pod's namespace sets through the kubelet's service links (a Service `vllm` sets
+# VLLM_PORT=tcp://<ip>:8000, which vLLM refuses). Pinned to the release by the contract tier.
+PORT_VARIABLES = (
+    "VLLM_PORT",
+    "VLLM_DP_MASTER_PORT",
+    "VLLM_EC_SIDE_CHANNEL_PORT",
+    "VLLM_MOONCAKE_BOOTSTRAP_PORT",
+    "VLLM_NIXL_SIDE_CHANNEL_PORT",
+    "VLLM_P2P_SIDE_CHANNEL_PORT",
+    "MASTER_PORT",
+)
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 DEFAULT_BLOCK_SIZE = 16
