@@ -117,14 +117,13 @@ def selector_labels(name: str) -> dict[str, str]:
 
 
 def labels(obj: LLMServing) -> dict[str, str]:
-    return {**pod_labels(obj), "app.kubernetes.io/instance": obj.metadata.name}
-
-
-def pod_labels(obj: LLMServing) -> dict[str, str]:
-    """The engine pods' own labels. No `app.kubernetes.io/instance`: its value is the tenant's
-    choice of name, and with `app.kubernetes.io/name` it is the selector of a Helm-installed engine's
-    Service or NetworkPolicy — the tenant's pods would join another team's (the pods are found by
-    `batchknee.io/llmserving`, whose value no other LLMServing in the namespace can take)."""
+    """The labels of the engine pods and of every object the operator makes for them. No
+    `app.kubernetes.io/instance`: its value would be the tenant's choice of name, and with
+    `app.kubernetes.io/name` it is how a Helm-installed engine's Service, NetworkPolicy or
+    ServiceMonitor selects, and how Argo CD (by default before 3.0) tells an application's objects —
+    the tenant's pods would join another team's Service, their Service another team's scrape job, and
+    their Deployment another team's application (pruned by its sync). The pods are found by
+    `batchknee.io/llmserving`, whose value no other LLMServing in the namespace can take."""
     return {
         "app.kubernetes.io/name": APP_NAME[obj.spec.engine],
         "app.kubernetes.io/component": "engine",
@@ -512,7 +511,7 @@ def deployment(obj: LLMServing, desired: Desired, defaults: RenderDefaults) -> d
             },
             "template": {
                 "metadata": {
-                    "labels": {**(template.labels or {}), **pod_labels(obj)},
+                    "labels": {**(template.labels or {}), **labels(obj)},
                     "annotations": pod_annotations,
                 },
                 "spec": pod_spec,

@@ -79,7 +79,8 @@ def test_vllm_deployment() -> None:
         "app.kubernetes.io/managed-by": "batchknee",
         "batchknee.io/llmserving": "chat",
     }
-    assert dep["metadata"]["labels"]["app.kubernetes.io/instance"] == "chat"  # the objects keep it
+    assert dep["metadata"]["labels"] == pod["metadata"]["labels"]  # nor on the objects: no Helm
+    # release's or Argo CD application's selector takes them in
     # No prometheus.io/* annotations: they opt the pods into annotation-based scrape jobs, which
     # commonly honour the series' own labels (a tenant's code could write another's llmserving).
     assert pod["metadata"]["annotations"] == {"batchknee.io/max-num-seqs": "64"}
