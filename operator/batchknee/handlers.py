@@ -100,9 +100,12 @@ def _target(body: Any) -> ObservationTarget | None:
     spec does not parse: reconcile reports that)."""
     try:
         # kopf's nested views as plain dicts; only what the target depends on (not the managed
-        # fields, annotations and status, which are most of the body)
+        # fields, annotations and status, which are most of the body; nor the free-form engine
+        # options, up to the apiserver's 3 MB: this runs on the event loop at every spec change, and
+        # walking them took half a second there, every watch of the operator waiting)
         meta = body.get("metadata") or {}
-        wanted = {k: body.get(k) for k in ("apiVersion", "kind", "spec") if k in body}
+        wanted = {k: body.get(k) for k in ("apiVersion", "kind") if k in body}
+        wanted["spec"] = {k: v for k, v in (body.get("spec") or {}).items() if k != "extraLlmApiOptions"}
         wanted["metadata"] = {k: meta.get(k) for k in ("name", "namespace", "uid", "generation") if k in meta}
         plain = json.loads(json.dumps(wanted, default=dict))
         return observation_target(parse_llmserving(plain))

@@ -219,6 +219,11 @@ def test_the_target_is_read_from_kopfs_body() -> None:
     }
     assert _target(kopf.Body(raw)) == ObservationTarget("ml", "chat", "VLLM", 120)
     assert _target(kopf.Body({**raw, "spec": {"engine": "Nope"}})) is None
+    # the free-form engine options (the reconcile refuses these) are not what the target is of, and
+    # are not walked on the event loop
+    options = {"x": [[] for _ in range(100_000)]}
+    huge = {**raw, "spec": {**raw["spec"], "extraLlmApiOptions": options}}
+    assert _target(kopf.Body(huge)) == ObservationTarget("ml", "chat", "VLLM", 120)
 
 
 def test_full_collections_are_timed_once_watched() -> None:
