@@ -737,6 +737,9 @@ class _Reconcile:
         if live and state is not None:  # pods that take caps in place, under their startup value
             rules = replace(rules, live_ceiling=state.max_num_seqs)
         settled_since = self.settled_since(state, history)
+        if settled_since is not None and history and settled_since >= history[-1].time:
+            checked = self.verdicts.setdefault((history[-1].time, history[-1].to_value), {})
+            checked["completed"] = checked.get("completed") or settled_since
         shown = state or (target.state if target is not None else None)  # whoever tunes it
         observation = self.observe(obj, shown, target)
         fingerprint = calibration_fingerprint(obj.spec)
@@ -979,6 +982,10 @@ class _Reconcile:
             # a new template since (the spec's image, the operator's upgrade) is what stalled, not
             # the batch limit: rolling the limit back would only flip it at every deadline
             and not (last.time < (state.template_changed_at or last.time) <= self.now)
+            # nor after the limit rolled out whole (an adopted workload's owner upgraded it since: no
+            # template time is kept on it), nor a rollback's or revert's (that value ran before)
+            and not self.last_rollout_completed(applied.rollouts)
+            and not last.reason.startswith((ROLLBACK, REVERT))
             and rules.mode != "Recommend"
         ):
             bad, good = last.to_value, last.from_value
@@ -1237,6 +1244,7 @@ class _Reconcile:
                 "after": h.after,
                 "verdict": h.verdict,
                 "verdictReason": h.verdict_reason,
+                "completed": h.completed,
             }
             for h in self.old.history
         }
@@ -1484,7 +1492,9 @@ class _Reconcile:
         """Did the engines run the last batch limit rolled out, all updated and available, at some
         moment since it was applied (whatever is unavailable now)?"""
         done = self.old.rollout_complete_time
-        return not history or (done is not None and done >= history[-1].time)
+        if not history or (done is not None and done >= history[-1].time):
+            return True
+        return self.verdicts.get((history[-1].time, history[-1].to_value), {}).get("completed") is not None
 
     def pace(self, state: DeploymentState, rendered: int, writers_change: bool, template: str) -> Paced:
         """A new pod template that is neither a batch-limit decision nor a change of the spec (a new

@@ -493,3 +493,91 @@ def test_a_value_past_any_count_in_a_workloads_env_is_not_read_as_its_limit(worl
     assert outcome.error is None and outcome.decision is not None
     assert outcome.decision.reason.startswith("max-num-seqs ∅→64: avg ctx 2048 tok → B_knee 59.8")
     assert env(world) == {TARGET_ENV_VAR: "64"}
+
+
+def stalled(world: World, name: str = "vllm") -> None:
+    """The controller gave up on the workload's newest template (its progress deadline passed)."""
+    from batchknee.render import format_timestamp
+
+    workload = world.kube.objects[("Deployment", "default", name)]
+    workload["status"] = {
+        "observedGeneration": workload["metadata"]["generation"],
+        "replicas": 3,
+        "updatedReplicas": 1,
+        "readyReplicas": 2,
+        "availableReplicas": 2,
+        "conditions": [
+            {
+                "type": "Progressing",
+                "status": "False",
+                "reason": "ProgressDeadlineExceeded",
+                "lastUpdateTime": format_timestamp(world.clock.now),
+            }
+        ],
+    }
+    workload["metadata"]["resourceVersion"] = f"{workload['metadata'].get('resourceVersion')}-stalled"
+
+
+def test_the_owners_upgrade_that_stalls_is_not_blamed_on_the_batch_limit(world: World) -> None:
+    """The limit was retuned and rolled out whole; an hour later the workload's owner upgrades it
+    to an image whose pods never get Ready. That stall is the image's: the env value stays, no value
+    is quarantined — before, it was rolled back, and back again, at every progress deadline."""
+    world.kube.apply(user_workload())
+    world.kube.create(adopting())
+    world.reconcile("tuner")
+    finish(world)
+    world.kube.objects[("Pod", "default", "vllm-0")] = pod("vllm-0")
+    world.reconcile("tuner")
+    world.clock.advance(121)
+    for _ in range(6):
+        world.observer.set("default", "tuner", observation(world.clock.now, ctx=8192))
+        world.reconcile("tuner")
+        world.clock.advance(30)
+    retuned = env(world)[TARGET_ENV_VAR]
+    assert [h["to"] for h in world.kube.status("default", "tuner")["history"]] == [64, int(retuned)]
+    finish(world)
+    world.observer.set("default", "tuner", observation(world.clock.now, ctx=8192))
+    world.reconcile("tuner")  # the retune's rollout, seen complete
+
+    world.clock.advance(3600)
+    workload = world.kube.objects[("Deployment", "default", "vllm")]
+    workload["spec"]["template"]["spec"]["containers"][0]["image"] = "vllm/vllm-openai:broken"
+    workload["metadata"]["generation"] += 1
+    for _ in range(3):
+        world.clock.advance(600)
+        stalled(world)
+        world.observer.set("default", "tuner", observation(world.clock.now, ctx=8192))
+        world.reconcile("tuner")
+        status = world.kube.status("default", "tuner")
+        assert env(world)[TARGET_ENV_VAR] == retuned
+        assert len(status["history"]) == 2 and not status.get("quarantine")
+
+
+def test_a_rollback_that_stalls_too_is_not_rolled_back_again(world: World) -> None:
+    """The owner's upgrade stalls before the operator saw the retune complete: the retune is rolled
+    back once (it may be the limit's); when the rollback stalls too, the stall is not the limit's,
+    and the value that ran before stays."""
+    world.kube.apply(user_workload())
+    world.kube.create(adopting())
+    world.reconcile("tuner")
+    finish(world)
+    world.kube.objects[("Pod", "default", "vllm-0")] = pod("vllm-0")
+    world.reconcile("tuner")
+    world.clock.advance(121)
+    for _ in range(6):
+        world.observer.set("default", "tuner", observation(world.clock.now, ctx=8192))
+        world.reconcile("tuner")
+        world.clock.advance(30)
+    workload = world.kube.objects[("Deployment", "default", "vllm")]
+    workload["spec"]["template"]["spec"]["containers"][0]["image"] = "vllm/vllm-openai:broken"
+    workload["metadata"]["generation"] += 1
+    seen = []
+    for _ in range(3):
+        world.clock.advance(600)
+        stalled(world)
+        world.observer.set("default", "tuner", observation(world.clock.now, ctx=8192))
+        world.reconcile("tuner")
+        seen.append(env(world)[TARGET_ENV_VAR])
+    history = world.kube.status("default", "tuner")["history"]
+    assert seen == ["64", "64", "64"] and [h["to"] for h in history][-1] == 64
+    assert sum(h["reason"].startswith("rollback") for h in history) == 1

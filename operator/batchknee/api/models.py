@@ -1649,6 +1649,11 @@ class HistoryEntry(_Model):
     verdict_reason: ReasonText | None = Field(
         None, description="The before/after figures behind the verdict."
     )
+    completed: Timestamp | None = Field(
+        None,
+        description="When its pods were first seen all updated and available (absent: not yet). A "
+        "stall after it is a later template's, not this limit's.",
+    )
 
 
 class CalibrationSample(_Model):
