@@ -180,6 +180,7 @@ class Runtime:
         launched_live = self.launched_live.pop(key, None)
         lock = self.locks.setdefault(key, asyncio.Lock())
         async with lock:
+            noted = self.spec_versions.get(key)
             self.evaluated[key] = asyncio.get_running_loop().time()
             if body is not None:
                 self.note(namespace, name, body)
@@ -190,7 +191,9 @@ class Runtime:
             loop = asyncio.get_running_loop()
             executor = self.engine_executor if live else self.executor
             outcome = await loop.run_in_executor(executor, self.reconcile, namespace, name, live)
-        if not outcome.found or outcome.deleting:
+        # gone, unless an object of the name was noted meanwhile (deleted and created again while
+        # this evaluation read it): that one's state stays
+        if (not outcome.found or outcome.deleting) and self.spec_versions.get(key) == noted:
             self.forget(namespace, name)
         return outcome
 

@@ -256,3 +256,32 @@ def test_an_engine_deployment_not_yet_there_costs_no_prometheus_refresh(world: W
     asyncio.run(evaluations())
     runtime.forget("default", "adopted")
     assert runtime.adopting == set()
+
+
+def test_an_object_created_again_while_an_evaluation_found_it_gone_keeps_its_state(world: World) -> None:
+    """kubectl replace --force: the object is deleted and created again (a new uid) while an
+    evaluation reads it. The evaluation finds it gone, but the new object's state, noted meanwhile
+    by its ADDED event, stays: before, it was freed, and a Live object then stayed unevaluated."""
+    router = RoutedObserver(world.observer, "http://127.0.0.1:9090", ["*"])
+    runtime = Runtime(Ports(world.kube, router), router, OperatorMetrics())
+    key = ("default", "chat")
+    body = world.kube.create(llmserving(tuning={"actuation": "Live"}))
+    runtime.spec_versions[key] = (body["metadata"]["uid"], 1)
+    runtime.note("default", "chat", body)
+    read = world.kube.get_llmserving
+
+    def read_while_replaced(namespace: str, name: str, fresh: bool = False) -> Any:
+        world.kube.get_llmserving = read  # type: ignore[method-assign]
+        del world.kube.objects[("LLMServing", namespace, name)]
+        found = read(namespace, name)
+        again = world.kube.create(llmserving(tuning={"actuation": "Live"}))
+        runtime.spec_versions[key] = (again["metadata"]["uid"], 1)  # its ADDED event, meanwhile
+        runtime.note(namespace, name, again)
+        return found
+
+    world.kube.get_llmserving = read_while_replaced  # type: ignore[method-assign]
+    outcome = asyncio.run(runtime.run("default", "chat"))
+    assert not outcome.found
+    assert key in runtime.live and key in runtime.spec_versions and key in runtime.targets
+    assert asyncio.run(runtime.run("default", "chat")).found
+    assert world.kube.get("Deployment", "default", "chat") is not None
