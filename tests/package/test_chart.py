@@ -624,8 +624,12 @@ def test_pod_monitors_select_the_engine_pods_with_the_labels_the_operator_querie
         namespaces = values.get("operator", {}).get("watchNamespaces")
         expected = {"matchNames": namespaces} if namespaces else {"any": True}
         assert monitor["spec"]["namespaceSelector"] == expected
-        # a pod runs the tenant's image: its scrape may not flood a Prometheus other teams share
+        # a pod runs the tenant's image: its scrape may not flood a Prometheus other teams share,
+        # in samples, body (counted before the samples), labels or label lengths
         assert monitor["spec"]["sampleLimit"] == 20000
+        assert monitor["spec"]["bodySizeLimit"] == "16MiB" and monitor["spec"]["labelLimit"] == 64
+        assert monitor["spec"]["labelNameLengthLimit"] == 128
+        assert monitor["spec"]["labelValueLengthLimit"] == 4096
         # nor serve the operator's own names (tests/integration proves the drop on a real Prometheus)
         assert endpoint["metricRelabelings"] == [
             {"action": "drop", "sourceLabels": ["__name__"], "regex": "batchknee_.*"}
@@ -832,6 +836,9 @@ def test_the_schema_knows_every_value_and_rejects_unknown_ones(helm: Helm) -> No
         ({"operator": {"disruptionBudgets": "no"}}, "disruptionBudgets"),
         ({"operator": {"templateRolloutsAtOnce": -1}}, "templateRolloutsAtOnce"),
         ({"operator": {"templateRolloutsAtOnce": "4\n            - name: X"}}, "templateRolloutsAtOnce"),
+        ({"nameOverride": "x\nteam: a"}, "nameOverride"),  # a label line in every labels block
+        ({"fullnameOverride": "Op"}, "fullnameOverride"),
+        ({"metrics": {"podMonitor": {"bodySizeLimit": "16 MiB\n  x: y"}}}, "bodySizeLimit"),
     ):
         done = helm("template", bad, check=False)
         assert done.returncode != 0 and message in done.stderr, (bad, done.stderr)
@@ -877,3 +884,22 @@ def test_the_admission_settings_reach_the_operator_and_the_requester_policy_is_t
         [rendered] = kinds(objects, generated["kind"])
         assert rendered["spec"] == generated["spec"]
     assert not kinds(render({"admissionPolicy": {"enabled": False}}), "ValidatingAdmissionPolicy")
+
+
+@pytest.mark.parametrize(
+    ("release", "service"),
+    [
+        ("team.ops", "team-ops-batchknee-metrics"),  # a release name Helm takes, a Service name not
+        ("r" * 53, "r" * 53 + "-b-metrics"),  # the longest release name: 63 characters
+    ],
+)
+def test_the_metrics_service_is_named_as_kubernetes_names_services(release: str, service: str) -> None:
+    """A DNS-1035 label: no dots, at most 63 characters, starting with a letter (else a clear error)."""
+    from batchknee.devcluster.tools import tools_bin
+
+    argv = [str(tools_bin() / "helm"), "template", release, str(CHART), "--kube-version", "v1.36.3"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=True)
+    names = [d["metadata"]["name"] for d in yaml.safe_load_all(done.stdout) if d and d["kind"] == "Service"]
+    assert names == [service] and re.fullmatch(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?", names[0])
+    refused = subprocess.run([*argv[:2], "1team", *argv[3:]], capture_output=True, text=True, timeout=120)
+    assert refused.returncode != 0 and "set fullnameOverride" in refused.stderr

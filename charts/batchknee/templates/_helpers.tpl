@@ -44,8 +44,8 @@ app.kubernetes.io/part-of: batchknee
 The labels that select the operator's pods (immutable once installed: never add to them).
 */}}
 {{- define "batchknee.selectorLabels" -}}
-app.kubernetes.io/name: {{ include "batchknee.name" . }}
-app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/name: {{ include "batchknee.name" . | quote }}
+app.kubernetes.io/instance: {{ .Release.Name | quote }}
 {{- end }}
 
 {{/*
