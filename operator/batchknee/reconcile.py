@@ -813,6 +813,8 @@ class _Reconcile:
             foreign, pending = self.claim(objects, read, uid)
             if foreign:
                 return self.name_conflict(foreign)
+            if self.recreates(pending) and self.gone(uid):
+                return Outcome(self.namespace, self.name, found=False)
             if queued(paced):  # the engines run as they are; the rest (a ConfigMap, say) goes
                 pending = [item for item in pending if item["kind"] != "Deployment"]
         else:  # an adopted workload: the one env value, only when it changes and the args use it
@@ -1421,6 +1423,19 @@ class _Reconcile:
             item["metadata"]["resourceVersion"] = existing.get("metadata", {}).get("resourceVersion")
             pending.append(item)
         return foreign, pending
+
+    def recreates(self, pending: Sequence[dict[str, Any]]) -> bool:
+        """An object this LLMServing had (its status was written) is to be created again."""
+        return self.old.observed_generation is not None and any(
+            "resourceVersion" not in item["metadata"] for item in pending
+        )
+
+    def gone(self, uid: str | None) -> bool:
+        """The LLMServing is no longer stored (or another of its name is): the watch cache keeps an
+        object deleted while the watch was down (kopf's next listing does not say what went), and
+        its objects, deleted by the garbage collector, would be created again at every evaluation."""
+        stored = self.ports.kube.get_llmserving(self.namespace, self.name, fresh=True)
+        return stored is None or (stored.get("metadata") or {}).get("uid") != uid
 
     def name_conflict(self, foreign: Sequence[str]) -> Outcome:
         """Objects of the names this LLMServing needs exist and are not its own: touch nothing."""

@@ -4,6 +4,7 @@ Prometheus allow-list, and the operator's per-object state (runtime, router, gau
 from __future__ import annotations
 
 import asyncio
+import copy
 from datetime import datetime
 from typing import Any
 
@@ -285,3 +286,27 @@ def test_an_object_created_again_while_an_evaluation_found_it_gone_keeps_its_sta
     assert key in runtime.live and key in runtime.spec_versions and key in runtime.targets
     assert asyncio.run(runtime.run("default", "chat")).found
     assert world.kube.get("Deployment", "default", "chat") is not None
+
+
+def test_an_object_deleted_while_the_watch_was_down_does_not_create_its_objects_again(world: World) -> None:
+    """kopf's listing after a broken watch does not say what went: the watch cache keeps the deleted
+    LLMServing, and the garbage collector deletes its Deployment. Creating that again (owned by the
+    dead uid, deleted again by the collector: a GPU pod started and killed each interval) needs a
+    fresh read first, which finds it gone. A new object's first creation needs none."""
+    world.kube.create(llmserving())
+    world.reconcile()
+    assert world.kube.fresh_reads == [] and world.kube.get("Deployment", "default", "chat") is not None
+    world.kube.finish_rollout("default", "chat")
+    world.reconcile()
+    stale = world.kube.objects.pop(("LLMServing", "default", "chat"))
+    del world.kube.objects[("Deployment", "default", "chat")]  # the garbage collector
+    read = world.kube.get_llmserving
+
+    def cached(namespace: str, name: str, *, fresh: bool = False) -> Any:
+        return read(namespace, name, fresh=True) if fresh else copy.deepcopy(stale)
+
+    world.kube.get_llmserving = cached  # type: ignore[method-assign]
+    world.clock.advance(30)
+    outcome = world.reconcile()
+    assert not outcome.found and world.kube.fresh_reads == ["chat"]
+    assert world.kube.get("Deployment", "default", "chat") is None
