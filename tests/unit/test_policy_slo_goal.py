@@ -121,6 +121,28 @@ def test_uncalibrated_it_holds_or_steps_down(p99_ms: float, running: float, mean
     assert d.value == value
 
 
+@pytest.mark.parametrize("goal", ["SLO", "Knee"])
+@pytest.mark.parametrize("calibrated", [False, True])
+def test_a_p99_past_any_bucket_of_the_target_steps_down_whatever_the_mean_says(
+    goal: str, calibrated: bool
+) -> None:
+    """A p99 of 200 ms against a 30-ms target cannot come from a true p99 under it (the
+    interpolation stays within the bucket, and no bucket spans 2.5×): the limit steps down ×3/4 at
+    once — before, a healthy mean let goal SLO climb and goal Knee hold at 200 ms or 1 s."""
+    rules = replace(SLO, goal=goal)
+    points = calibration_points() if calibrated else ()
+    for p99_ms in (200.0, 1000.0):
+        observation = seen(2048, p99_ms, running=64, mean_ms=real_mean_ms(64))
+        d = decide(rules, NAIVE, POOL, observation, Applied(64), points, T0)
+        assert d.rolls and d.value == 48, (p99_ms, d.reason)
+        assert "over 2.5× the target 30 ms" in d.reason
+    # inside the bucket that holds the target (49 ms), the mean decides, as before
+    d = steady(
+        rules, NAIVE, POOL, seen(2048, 49.0, running=64, mean_ms=real_mean_ms(64)), Applied(64), points, T0
+    )
+    assert "over 2.5×" not in d.reason
+
+
 def calibration_points() -> tuple[CalibrationPoint, ...]:
     """Settled windows of the real engine at several batches: exact mean TPOTs, coarse p99s."""
     points = []

@@ -466,7 +466,8 @@ class TuningSpec(_Model):
         description="Knee: the memory-bandwidth knee, capped by the TPOT target when one is set. SLO (needs "
         "tpotP99TargetMilliseconds): the largest batch limit whose calibrated TPOT p99 stays under the target "
         "less sloMarginPercent — past the knee when the target allows; before calibration it starts at the "
-        "knee and climbs ×1.25 per settled window while the observed p99 has headroom.",
+        "knee and climbs at most ×3/2 per settled window while one window's TPOT shows headroom; a TPOT p99 "
+        "over 2.5× the target steps it down ×3/4 whatever the model says.",
     )
     slo_margin_percent: int = Field(
         10, ge=0, le=90, description="Goal SLO: headroom kept under the TPOT p99 target (percent)."

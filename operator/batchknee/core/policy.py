@@ -109,6 +109,11 @@ SloSource = Literal["calibrated", "start", "climb", "step-down", "hold"]
 
 STEP_DOWN_NUMERATOR, STEP_DOWN_DENOMINATOR = 3, 4  # uncalibrated guard: ×3/4 per evaluation over target
 NO_RAISE_FRACTION = 0.9  # uncalibrated guard: no raise while p99 is within 10 % of the target
+# An observed TPOT p99 past this many times the target is over it whatever the model or the mean
+# says: the p99 is interpolated within the histogram bucket it falls in, and no TPOT bucket of the
+# engines' defaults spans more than a factor 2.5 (vLLM's 10–25 ms and 1–2.5 s), so a true p99 at or
+# under the target never reads this high.
+DEFINITE_BREAK_FACTOR = 2.5
 MIN_CALIBRATION_SAMPLES = 6
 # Fewer samples suffice when they are far apart: their step times at full efficiency (the fit's x)
 # span at least this fraction of their mean, and the line through them fits them closely. Samples
@@ -542,6 +547,9 @@ def _guard(
     if rules.tpot_p99_target_ms is None:
         return None
     target_ms = rules.tpot_p99_target_ms
+    if (broken := _definitely_broken(rules, observation, applied, calibration_text)) is not None:
+        cap, text = broken
+        return TpotGuard(min(cap, calibrated_cap if calibrated_cap is not None else cap), "step-down", text)
     if calibrated_cap is not None:
         return TpotGuard(
             calibrated_cap,
@@ -651,7 +659,7 @@ def _target(
             calibrated_cap = estimated[0]
             calibration_text = f"estimated from {estimated[1]}; {calibration_text}"
     guard = _guard(rules, observation, applied, calibrated_cap, calibration_text)
-    if guard is not None and estimated is not None:
+    if guard is not None and estimated is not None and guard.source != "step-down":
         guard = replace(guard, source="estimated")
     value, limited_by, text = rec.max_num_seqs, str(rec.limited_by), rec.explain()
     unrounded = rec.unrounded
@@ -664,6 +672,26 @@ def _target(
             if capped == rules.min_max_num_seqs and guard.cap < capped:
                 text += f" (minimum bound {rules.min_max_num_seqs})"
     return _Target(value, unrounded, rec, guard, limited_by, text, fit, calibrated_cap)
+
+
+def _definitely_broken(
+    rules: TuningRules, observation: Observation | None, applied: int | None, calibration_text: str
+) -> tuple[int, str] | None:
+    """The observed TPOT p99 is past the target by more than any bucket reads (see
+    DEFINITE_BREAK_FACTOR): a step down from what runs, and why; None otherwise."""
+    p99 = observation.tpot_p99_s.value if observation is not None else None
+    if rules.tpot_p99_target_ms is None or applied is None or p99 is None:
+        return None
+    if p99 * 1e3 <= DEFINITE_BREAK_FACTOR * rules.tpot_p99_target_ms:
+        return None
+    stepped = round_down_under_cap(
+        max(1, applied * STEP_DOWN_NUMERATOR // STEP_DOWN_DENOMINATOR), rules.granularity
+    )
+    return stepped, (
+        f"TPOT p99 {p99 * 1e3:.0f} ms, over {DEFINITE_BREAK_FACTOR:g}× the target "
+        f"{rules.tpot_p99_target_ms} ms whatever the model says: step {applied} → {stepped} "
+        f"({calibration_text})"
+    )
 
 
 def _slo_bound(
@@ -685,6 +713,8 @@ def _slo_bound(
     assert rules.slo_tpot_s is not None
     goal_ms = rules.slo_tpot_s * 1e3
     target_ms = rules.tpot_p99_target_ms
+    if (broken := _definitely_broken(rules, observation, applied, calibration_text)) is not None:
+        return SloBound(broken[0], "step-down", broken[1], urgent=True)
     if fit is not None:
         cap = _calibrated_bound(rules, roofline, fit, rules.slo_tpot_s, context_tokens, mix)
         urgent = applied is not None and _breaks(fit.apply(roofline), applied, target_ms, context_tokens, mix)
