@@ -327,18 +327,19 @@ def test_three_far_apart_windows_calibrate_the_roofline() -> None:
     assert fit.overhead_s == pytest.approx(0.002, rel=1e-2)
 
 
-@pytest.mark.parametrize("count", [3, 4, 5])
-def test_windows_at_one_operating_point_are_not_trusted_until_six(count: int) -> None:
+@pytest.mark.parametrize("count", [3, 4, 5, 6, 12])
+def test_windows_at_one_operating_point_are_never_trusted(count: int) -> None:
     # the same batch and context every window: one step time pins one line through a point, not
-    # both of overhead and efficiency (a few percent of jitter would swing the slope wildly)
-    jitter = (1.0, 1.01, 0.99, 1.005, 0.995)
+    # both of overhead and efficiency (a few percent of jitter would swing the slope wildly, to
+    # the optimistic bound as often as not) — six such windows no more than three
+    jitter = (1.0, 1.01, 0.99, 1.005, 0.995) * 3
     points = [
         replace(p, batch=p.batch * jitter[i])
         for i, p in enumerate(window_at(175, 512, 5 * i) for i in range(count))
     ]
     fit, text = calibrate(NAIVE, points)
     assert fit is None
-    assert f"uncalibrated, {count}/6 samples" in text and "span" in text
+    assert f"uncalibrated, {count}/6 samples whose step times span" in text
 
 
 def test_few_windows_that_a_line_does_not_fit_closely_are_not_trusted() -> None:
