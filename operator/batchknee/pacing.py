@@ -25,9 +25,12 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 Key = tuple[str, str]  # an LLMServing's namespace and name
+# A waiter refused longer ago than this (an hour-long evaluation interval) keeps no free place for
+# its namespace: the place would sit free until its next evaluation.
+WAITING_COUNTS_FOR = timedelta(minutes=2)
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,7 @@ class RolloutPacer:
             raise ValueError("at_once must be 0 (no limit) or more")
         self.at_once = at_once
         self._under_way: dict[Key, Place] = {}
-        self._waiting: set[Key] = set()  # refused at their last evaluation
+        self._waiting: dict[Key, datetime] = {}  # refused at their last evaluation, and when
         self._lock = threading.Lock()
 
     def admit(self, key: Key, place: Place) -> bool:
@@ -56,17 +59,19 @@ class RolloutPacer:
             return True
         with self._lock:
             held = self._under_way.get(key)
-            if held is None and (len(self._under_way) >= self.at_once or self._another_namespace_first(key)):
-                self._waiting.add(key)
+            if held is None and (
+                len(self._under_way) >= self.at_once or self._another_namespace_first(key, place.since)
+            ):
+                self._waiting[key] = place.since
                 return False
             if held is None or held.template != place.template:  # else: since it was first given
                 self._under_way[key] = place
-            self._waiting.discard(key)
+            self._waiting.pop(key, None)
             return True
 
-    def _another_namespace_first(self, key: Key) -> bool:
+    def _another_namespace_first(self, key: Key, now: datetime) -> bool:
         """`key`'s namespace holds its share of the places already, or more than another namespace
-        that waits: the free place is another's."""
+        that waits (refused lately): the free place is another's."""
         namespace = key[0]
         holding = Counter(held[0] for held in self._under_way)
         if holding[namespace] == 0:
@@ -74,7 +79,10 @@ class RolloutPacer:
         if holding[namespace] >= max(1, self.at_once - 1):
             return True
         return any(
-            waiter[0] != namespace and holding[waiter[0]] < holding[namespace] for waiter in self._waiting
+            waiter[0] != namespace
+            and holding[waiter[0]] < holding[namespace]
+            and now - since <= WAITING_COUNTS_FOR
+            for waiter, since in self._waiting.items()
         )
 
     def resume(self, key: Key, place: Place) -> None:
@@ -84,18 +92,18 @@ class RolloutPacer:
             return
         with self._lock:
             self._under_way[key] = place
-            self._waiting.discard(key)
+            self._waiting.pop(key, None)
 
     def done(self, key: Key) -> None:
         """`key`'s rollout finished (or its object is gone): its place frees."""
         with self._lock:
             self._under_way.pop(key, None)
-            self._waiting.discard(key)
+            self._waiting.pop(key, None)
 
     def not_waiting(self, key: Key) -> None:
         """`key` no longer waits (its evaluation needed no place, or had one)."""
         with self._lock:
-            self._waiting.discard(key)
+            self._waiting.pop(key, None)
 
     def place(self, key: Key) -> Place | None:
         with self._lock:

@@ -691,6 +691,9 @@ class _Reconcile:
 
     def run(self) -> Outcome:
         self.free_place()  # whatever the spec now says: refused, conflicting, adopted
+        # waiting is this evaluation's to say again (pace() does, when it is refused): one that ends
+        # early (a refused spec, a name conflict) must not leave it counted as waiting
+        self.ports.pacer.not_waiting((self.namespace, self.name))
         if not self.ports.defaults.disruption_budgets:
             self.delete_disruption_budget()  # whatever the spec now says: refused, conflicting, adopted
         try:
@@ -834,8 +837,6 @@ class _Reconcile:
             apply_error = str(error)
         if apply_error is not None and paced is not None and paced.took_place:
             self.ports.pacer.done((self.namespace, self.name))  # nothing rolls: another may
-        if not queued(paced):
-            self.ports.pacer.not_waiting((self.namespace, self.name))
         if conflict:
             # Transient, not Degraded: the Deployment moved after it was read. Nothing more is
             # written from this (stale) decision; reconcile() decides again from a fresh read.

@@ -367,3 +367,29 @@ def test_a_namespace_whose_new_pods_never_start_does_not_stop_the_others(world: 
         assert rolled("other", name) and not rolled("stuck", "s1")
         world.kube.finish_rollout("other", name)
     assert world.ports.pacer.place(("stuck", "s0")) is not None
+
+
+def test_a_waiter_whose_spec_turns_invalid_keeps_no_place_for_its_namespace(world: World) -> None:
+    """A waiting engine's next evaluation ends before pacing (its spec is refused now): it no longer
+    waits, so the places that free are not kept for its namespace."""
+    for namespace, name in (("big", "b0"), ("big", "b1"), ("big", "b2"), ("y", "y0"), ("x", "x0")):
+        body = llmserving(name)
+        body["metadata"]["namespace"] = namespace
+        world.kube.create(body)
+        world.reconcile(name, namespace)
+        world.kube.finish_rollout(namespace, name)
+        world.reconcile(name, namespace)
+    world.ports = replace(world.ports, defaults=RenderDefaults(vllm_image=NEW_IMAGE), pacer=RolloutPacer(3))
+    world.clock.advance(30)
+    for namespace, name in (("big", "b0"), ("big", "b1"), ("y", "y0"), ("x", "x0")):
+        world.reconcile(name, namespace)
+    assert world.ports.pacer.waiting() == 1  # x0
+    world.kube.edit_spec("x", "x0", {"gpu": {"count": 0}})
+    world.clock.advance(30)
+    assert world.reconcile("x0", "x").error is not None
+    for namespace, name in (("y", "y0"), ("big", "b0")):
+        world.kube.finish_rollout(namespace, name)
+        world.reconcile(name, namespace)
+    world.reconcile("b2", "big")  # two places free, nobody else waiting: it rolls
+    container = world.kube.deployment("big", "b2")["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == NEW_IMAGE and world.ports.pacer.waiting() == 0

@@ -102,3 +102,20 @@ def test_a_free_place_goes_to_the_waiting_namespace_that_holds_fewer() -> None:
     assert pacer.admit(stuck[2], OLD)  # nobody else waits: up to its share, three
     pacer.done(stuck[2])
     assert pacer.admit(others[3], OLD)
+
+
+def test_a_waiter_refused_long_ago_keeps_no_free_place_for_its_namespace() -> None:
+    """An engine evaluated once an hour waits refused; a place that frees meanwhile is not kept
+    for its namespace past WAITING_COUNTS_FOR."""
+    from datetime import timedelta
+
+    from batchknee.pacing import WAITING_COUNTS_FOR
+
+    pacer = RolloutPacer(4)
+    assert all(pacer.admit(key, OLD) for key in (("big", "0"), ("big", "1"), ("y", "0"), ("y", "1")))
+    assert not pacer.admit(("slow", "0"), OLD)  # refused at T0
+    pacer.done(("y", "0"))
+    soon = Place("template-1", T0 + WAITING_COUNTS_FOR)
+    assert not pacer.admit(("big", "2"), soon)  # "slow" holds none and waits: the place is its
+    later = Place("template-1", T0 + WAITING_COUNTS_FOR + timedelta(seconds=1))
+    assert pacer.admit(("big", "2"), later)  # its refusal is too old to keep the place
