@@ -191,9 +191,9 @@ class Runtime:
             loop = asyncio.get_running_loop()
             executor = self.engine_executor if live else self.executor
             outcome = await loop.run_in_executor(executor, self.reconcile, namespace, name, live)
-        # gone, unless an object of the name was noted meanwhile (deleted and created again while
-        # this evaluation read it): that one's state stays
-        if (not outcome.found or outcome.deleting) and self.spec_versions.get(key) == noted:
+        # gone, unless another object of the name was noted meanwhile (deleted and created again
+        # while this evaluation read it): that one's state stays (none noted: its delete was seen)
+        if (not outcome.found or outcome.deleting) and self.spec_versions.get(key) in (noted, None):
             self.forget(namespace, name)
         return outcome
 

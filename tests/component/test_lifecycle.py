@@ -310,3 +310,25 @@ def test_an_object_deleted_while_the_watch_was_down_does_not_create_its_objects_
     outcome = world.reconcile()
     assert not outcome.found and world.kube.fresh_reads == ["chat"]
     assert world.kube.get("Deployment", "default", "chat") is None
+
+
+def test_an_object_whose_delete_is_seen_while_it_is_evaluated_leaves_no_state(world: World) -> None:
+    """The DELETED event frees the object's state while an evaluation holds its lock (the lock
+    stays then); the evaluation, finding it gone, frees the rest — the lock too."""
+    router = RoutedObserver(world.observer, "http://127.0.0.1:9090", ["*"])
+    runtime = Runtime(Ports(world.kube, router), router, OperatorMetrics())
+    key = ("default", "chat")
+    body = world.kube.create(llmserving())
+    runtime.spec_versions[key] = (body["metadata"]["uid"], 1)
+    runtime.note("default", "chat", body)
+    read = world.kube.get_llmserving
+
+    def read_while_deleted(namespace: str, name: str, fresh: bool = False) -> Any:
+        world.kube.get_llmserving = read  # type: ignore[method-assign]
+        del world.kube.objects[("LLMServing", namespace, name)]
+        runtime.forget(namespace, name)  # its DELETED event, meanwhile
+        return read(namespace, name)
+
+    world.kube.get_llmserving = read_while_deleted  # type: ignore[method-assign]
+    assert not asyncio.run(runtime.run("default", "chat")).found
+    assert runtime.locks == {} and runtime.spec_versions == {} and runtime.targets == {}
