@@ -870,6 +870,12 @@ def test_the_crd_carries_the_same_bounds_in_cel_and_schema() -> None:
     [name_rule, reserved_rule] = schema["x-kubernetes-validations"]
     assert "'kubernetes'" in reserved_rule["rule"] and "'vllm'" in reserved_rule["rule"]
     assert reserved_rule["message"] == RESERVED_NAME_MESSAGE
+    # at creation only: the apiserver checks every rule at each status write too, and an object
+    # made before a name was reserved could then never be told why it is refused (checked against
+    # a real apiserver when the rule came in)
+    assert reserved_rule["optionalOldSelf"] is True and reserved_rule["rule"].startswith(
+        "oldSelf.hasValue() || ("
+    )
     assert f"self.metadata.name.size() <= {MAX_NAME_LENGTH}" in name_rule["rule"]
     assert str(MAX_NAME_LENGTH) in name_rule["message"]
     spec = schema["properties"]["spec"]["properties"]

@@ -278,8 +278,11 @@ def crd_manifest() -> dict[str, Any]:
                 "reason": "FieldValueInvalid",
             },
             {
-                "rule": f"!(self.metadata.name in [{', '.join(repr(n) for n in RESERVED_NAMES)}]) && "
-                f"!self.metadata.name.startsWith('{RESERVED_NAME_PREFIX}')",
+                # at creation only (the name never changes): an object made before a name was
+                # reserved must still take its status, which says why it is refused
+                "rule": f"oldSelf.hasValue() || (!(self.metadata.name in [{', '.join(repr(n) for n in RESERVED_NAMES)}]) "
+                f"&& !self.metadata.name.startsWith('{RESERVED_NAME_PREFIX}'))",
+                "optionalOldSelf": True,
                 "message": RESERVED_NAME_MESSAGE,
                 "reason": "FieldValueInvalid",
             },
