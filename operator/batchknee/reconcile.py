@@ -997,7 +997,9 @@ class _Reconcile:
                 QuarantineEntry(
                     max_num_seqs=bad,
                     direction="Above" if bad > good else "Below",
-                    context_tokens=context,
+                    # at every context: pods that do not start (memory for the batch's CUDA graphs,
+                    # a flag the engine refuses) fail whatever the traffic
+                    context_tokens=None,
                     until=until,
                     reason=why,
                 )
