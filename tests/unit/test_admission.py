@@ -913,6 +913,12 @@ def test_each_resolution_error_names_its_cause() -> None:
     assert cause(model={"name": "llama-3-70b"}, gpu={"type": "l4"}) == "spec.gpu.count"
     architecture = {"layers": 40, "attentionHeads": 40, "kvHeads": 8, "headDim": 128, "params": 10**15}
     assert cause(model={"name": "x", "architecture": architecture}) == "spec.model.architecture.params"
+    # the engines split the heads over the GPUs: 28 attention heads do not split over 8
+    assert cause(model={"name": "qwen2.5-7b"}, gpu={"type": "a100-80gb", "count": 8}) == "spec.gpu.count"
+    assert cause(model={"name": "llama-3-8b"}, gpu={"type": "a100-80gb", "count": 3}) == "spec.gpu.count"
+    for fits in ({"name": "qwen2.5-7b", "count": 4}, {"name": "llama-3-70b", "count": 8}):
+        parsed = parse(model={"name": fits["name"]}, gpu={"type": "a100-80gb", "count": fits["count"]})
+        assert resolve_roofline(parsed.spec).tensor_parallel == fits["count"]
 
 
 def test_rendered_pods_meet_the_restricted_pod_security_standard() -> None:

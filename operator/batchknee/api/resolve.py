@@ -150,7 +150,28 @@ def resolve_gpu(spec: LLMServingSpec) -> GpuSpec:
     )
 
 
+def _check_tensor_parallel(model: ModelArchitecture, tensor_parallel: int) -> None:
+    """The engines split the attention heads over the GPUs, and the KV heads or their copies:
+    vLLM, SGLang and TensorRT-LLM refuse to start otherwise (a pod crash-looping, not a spec
+    error)."""
+    heads, kv_heads = model.attention_heads, model.kv_heads
+    if heads % tensor_parallel or (kv_heads % tensor_parallel and tensor_parallel % kv_heads):
+        raise SpecError(
+            "spec.gpu.count",
+            f"{tensor_parallel} GPUs (tensor parallel) do not divide {model.name}'s {heads} attention heads "
+            f"and {kv_heads} KV heads (each GPU takes an equal share, or a copy of one KV head); the engine "
+            "would refuse to start: choose a count that divides both (or that the KV heads divide)",
+        )
+
+
 def resolve_roofline(spec: LLMServingSpec) -> DecodeRoofline:
+    roofline = _roofline(spec)
+    _check_tensor_parallel(roofline.model, spec.gpu.count)
+    return roofline
+
+
+def _roofline(spec: LLMServingSpec) -> DecodeRoofline:
+    """The spec's roofline, its GPU count unchecked (a hypothetical one, to say what would fit)."""
     try:
         return DecodeRoofline(
             model=resolve_model(spec),
@@ -264,14 +285,10 @@ def _no_room_cause(spec: LLMServingSpec, roofline: DecodeRoofline) -> tuple[str,
                 f"(the planner assumes SGLang's {default:g}) or drop it"
             )
     if spec.model.params is not None:
-        without = resolve_roofline(
-            spec.model_copy(update={"model": spec.model.model_copy(update={"params": None})})
-        )
+        without = _roofline(spec.model_copy(update={"model": spec.model.model_copy(update={"params": None})}))
         if without.kv_pool_bytes(0.9) > 0:
             return "spec.model.params", f"check spec.model.params ({spec.model.params}) or drop the override"
-    widest = resolve_roofline(
-        spec.model_copy(update={"gpu": spec.gpu.model_copy(update={"count": MAX_GPUS})})
-    )
+    widest = _roofline(spec.model_copy(update={"gpu": spec.gpu.model_copy(update={"count": MAX_GPUS})}))
     if widest.kv_pool_bytes(0.9) <= 0:  # no GPU count helps: the parameter count is what is off
         field = "spec.model.params" if spec.model.params is not None else "spec.model.architecture.params"
         if spec.model.params is not None or spec.model.architecture is not None:
