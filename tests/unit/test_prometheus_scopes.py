@@ -70,7 +70,7 @@ def test_an_engine_read_through_two_scrape_targets_is_no_observation() -> None:
 
     key = ("prod", "llama")
     promql = queries(scope_for(ObservationTarget(*key, "VLLM", 60)))["scrapes"]
-    assert "count by (namespace, llmserving, pod, engine, job, instance) (last_over_time(" in promql
+    assert "count by (namespace, llmserving, pod, engine, job, instance) ((last_over_time(" in promql
 
     def seen(scrapes: list[float]) -> str:
         found = ScopeData(scope_for(ObservationTarget(*key, "VLLM", 60)), datetime.now(UTC), min_samples=3)

@@ -299,16 +299,17 @@ def _first_of(exprs: Iterable[str]) -> str:
     return " or ".join(f"({expr})" for expr in exprs)
 
 
-def spellings(names: Iterable[str]) -> tuple[str, ...]:
-    """Each name of a fallback chain as an engine may write it, read one at a time: `vllm[:_]x` is
-    `vllm:x`, then `vllm_x`. One selector for both made every function that drops the name (rate,
-    avg_over_time) fail the whole query — the whole fleet's — where one pod served both spellings
-    with the same labels ("vector cannot contain metrics with the same labelset")."""
-    found: dict[str, None] = {}
-    for name in names:
-        for spelling in (name.replace("[:_]", ":"), name.replace("[:_]", "_")):
-            found[spelling] = None
-    return tuple(found)
+def spellings(name: str) -> tuple[str, ...]:
+    """The names an engine may write `name` as: `vllm[:_]x` is `vllm:x` and `vllm_x`."""
+    return tuple(dict.fromkeys((name.replace("[:_]", ":"), name.replace("[:_]", "_"))))
+
+
+def each_spelling(name: str, expr: Callable[[str], str]) -> str:
+    """`expr` of each spelling of `name` (see `spellings`), as one vector: a series of both keeps the
+    first. One selector for both made every function that drops the name (rate, avg_over_time) fail
+    the whole query — the whole fleet's — where one pod served both with the same labels ("vector
+    cannot contain metrics with the same labelset"); read apart, a pod of either spelling counts."""
+    return _first_of(expr(spelling) for spelling in spellings(name))
 
 
 # The most rows one pod adds to an answer of per-engine rows: an engine's data-parallel ranks in
@@ -388,27 +389,29 @@ def queries(scope: _Scope) -> dict[str, str]:
 
     def gauge_by_pod(names: tuple[str, ...], over: str = window, by: str = "sum") -> str:
         return _first_of(
-            f"{by} by ({by_pod}) ({_once(f'avg_over_time({gauge(n)}[{over}])', metrics.rank_labels)})"
-            for n in spellings(names)
+            f"{by} by ({by_pod}) "
+            f"({_once(each_spelling(n, lambda s: f'avg_over_time({gauge(s)}[{over}])'), metrics.rank_labels)})"
+            for n in names
         )
 
     def quantile(names: tuple[str, ...], q: float) -> str:
         return _first_of(
             f"histogram_quantile({q}, sum by (namespace, {LLMSERVING_LABEL}, le) "
-            f"({scope.tag(scope.rate(name + '_bucket'))}))"
-            for name in spellings(names)
+            f"({scope.tag(each_spelling(name + '_bucket', scope.rate))}))"
+            for name in names
         )
 
     def mean(names: tuple[str, ...]) -> str:
         """Mean of a histogram over the window: rate(sum) / rate(count), per target."""
         return _first_of(
-            f"{scope.grouped(scope.rate(name + '_sum'))} / {scope.grouped(scope.rate(name + '_count'))}"
-            for name in spellings(names)
+            f"{scope.grouped(each_spelling(name + '_sum', scope.rate))} / "
+            f"{scope.grouped(each_spelling(name + '_count', scope.rate))}"
+            for name in names
         )
 
     def rate(names: tuple[str, ...]) -> str:
         return _first_of(
-            scope.grouped(_once(scope.rate(name), metrics.rank_labels)) for name in spellings(names)
+            scope.grouped(_once(each_spelling(name, scope.rate), metrics.rank_labels)) for name in names
         )
 
     found = {
@@ -420,15 +423,16 @@ def queries(scope: _Scope) -> dict[str, str]:
         "recent_running": gauge_by_pod(metrics.running, scope.recent_window),
         "recent_usage": gauge_by_pod(metrics.kv_usage, scope.recent_window, by="avg"),
         "samples": _first_of(
-            f"min by ({by_pod}) (count_over_time({gauge(n)}[{window}]))" for n in spellings(metrics.running)
+            f"min by ({by_pod}) ({each_spelling(n, lambda s: f'count_over_time({gauge(s)}[{window}])')})"
+            for n in metrics.running
         ),
         # the scrape targets (job, instance) each engine was read through in the window: two scrape
         # configs selecting one pod, or a pod of the same name recreated with a new address, would
         # make every sum here count it twice
         "scrapes": _first_of(
             f"count by ({by_pod}) (count by ({by_pod}, job, instance) "
-            f"(last_over_time({scope.select(n)}[{window}])))"
-            for n in spellings(metrics.running)
+            f"({each_spelling(n, lambda s: f'last_over_time({scope.select(s)}[{window}])')}))"
+            for n in metrics.running
         ),
         "capacity": _kv_capacity_query(scope, by_pod),
         "tpot_p99": quantile(metrics.tpot, 0.99),
@@ -451,13 +455,11 @@ def queries(scope: _Scope) -> dict[str, str]:
         # An engine that reserves prompt + full output per request (TensorRT-LLM's default
         # scheduler): the mean prompt, to take the decode-time context out of the reservation.
         def mean_prompt(over: str) -> str:
-            tokens = _first_of(
-                scope.grouped(f"rate({scope.select(n)}[{over}])") for n in spellings(metrics.prompt_tokens)
-            )
-            done = _first_of(
-                scope.grouped(f"rate({scope.select(n)}[{over}])")
-                for n in spellings(metrics.finished_requests)
-            )
+            def over_rate(s: str) -> str:
+                return f"rate({scope.select(s)}[{over}])"
+
+            tokens = _first_of(scope.grouped(each_spelling(n, over_rate)) for n in metrics.prompt_tokens)
+            done = _first_of(scope.grouped(each_spelling(n, over_rate)) for n in metrics.finished_requests)
             return f"({tokens}) / ({done})"
 
         found["reserved_prompt"] = mean_prompt(window)
@@ -466,8 +468,8 @@ def queries(scope: _Scope) -> dict[str, str]:
         # Bytes read per GPU per second, per pod: the average over the pod's engines (data-parallel
         # ranks) and reporting ranks, each of which counts for its own GPU.
         found["read_bytes"] = _first_of(
-            f"avg by (namespace, {LLMSERVING_LABEL}, pod) ({scope.rate(n)})"
-            for n in spellings(metrics.read_bytes)
+            f"avg by (namespace, {LLMSERVING_LABEL}, pod) ({each_spelling(n, scope.rate)})"
+            for n in metrics.read_bytes
         )
     found["dram_active"] = _dram_active_query(scope, metrics)
     for name in (
@@ -490,16 +492,10 @@ def _dram_active_query(scope: _Scope, metrics: EngineMetrics) -> str:
     Its series carry the GPU's pod (Kubernetes mapping), not the engine's `llmserving` label: they
     are joined on (namespace, pod) to the engine's running gauge, which has both — one query for
     the whole fleet, whatever its size."""
-    # one LLMServing per pod (the one it ran most for, where a relabelled pod has two in the
-    # window): a right side with two for one pod failed the whole query
-    pods = (
-        "topk by (namespace, pod) (1, "
-        + _first_of(
-            f"max by (namespace, pod, {LLMSERVING_LABEL}) (last_over_time({scope.select(n)}[{scope.window}]))"
-            for n in spellings(metrics.running[:1])
-        )
-        + ")"
-    )
+    # one LLMServing per pod (where a relabelled pod has two in the window, the one whose last
+    # running count is the larger): a right side with two for one pod failed the whole query
+    last = each_spelling(metrics.running[0], lambda s: f"last_over_time({scope.select(s)}[{scope.window}])")
+    pods = f"topk by (namespace, pod) (1, max by (namespace, pod, {LLMSERVING_LABEL}) ({last}))"
     # one series per GPU (an engine pod may serve this name too, under labels of its own: two for
     # one GPU, made alike by the join, failed the whole query)
     gpus = (
@@ -515,21 +511,19 @@ def _kv_capacity_query(scope: _Scope, by_pod: str) -> str:
     window = scope.window
     if scope.engine == "VLLM":
         # cache_config_info carries the numbers as labels; the value is always 1.
-        return _first_of(
-            f"max by ({by_pod}, num_gpu_blocks, block_size) (last_over_time({scope.select(n)}[{window}]))"
-            for n in spellings((VLLM_CACHE_INFO,))
-        )
+        last = each_spelling(VLLM_CACHE_INFO, lambda s: f"last_over_time({scope.select(s)}[{window}])")
+        return f"max by ({by_pod}, num_gpu_blocks, block_size) ({last})"
     by = f"namespace, {LLMSERVING_LABEL}, pod"
     if scope.engine == "SGLang":
         # the pool in tokens; radix-shared prefixes are held once in it (and in its usage). Each
         # data-parallel attention group has its own (summed); every TP rank and pipeline stage of one
         # writes the same (whatever the switches: the scheduler's constants).
         metrics = ENGINE_METRICS[scope.engine]
-        return _first_of(
-            f"sum by ({by}) "
-            f"({_once(f'last_over_time({scope.select(n, metrics.gauge_matchers)}[{window}])', (*metrics.rank_labels, 'pp_rank'))})"
-            for n in spellings((sglang.MAX_TOTAL_TOKENS,))
+        pools = each_spelling(
+            sglang.MAX_TOTAL_TOKENS,
+            lambda s: f"last_over_time({scope.select(s, metrics.gauge_matchers)}[{window}])",
         )
+        return f"sum by ({by}) ({_once(pools, (*metrics.rank_labels, 'pp_rank'))})"
     blocks = f"max by ({by}) (last_over_time({scope.select(trtllm.KV_MAX_BLOCKS)}[{window}]))"
     per_block = f"max by ({by}) (last_over_time({scope.select(trtllm.KV_TOKENS_PER_BLOCK)}[{window}]))"
     return f"{blocks} * on ({by}) {per_block}"
