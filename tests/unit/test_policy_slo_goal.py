@@ -131,11 +131,16 @@ def test_a_p99_past_any_bucket_of_the_target_steps_down_whatever_the_mean_says(
     once — before, a healthy mean let goal SLO climb and goal Knee hold at 200 ms or 1 s."""
     rules = replace(SLO, goal=goal)
     points = calibration_points() if calibrated else ()
+    settled = Applied(64, settled_since=T0 - timedelta(seconds=rules.window_s))
     for p99_ms in (200.0, 1000.0):
         observation = seen(2048, p99_ms, running=64, mean_ms=real_mean_ms(64))
-        d = decide(rules, NAIVE, POOL, observation, Applied(64), points, T0)
+        d = decide(rules, NAIVE, POOL, observation, settled, points, T0)
         assert d.rolls and d.value == 48, (p99_ms, d.reason)
-        assert "over 2.5× the target 30 ms" in d.reason
+        assert "over 2.5× the target 30 ms" in d.reason and d.broken == 64
+        # a window that still holds steps of the limit before 64 (settled since less than a
+        # window) says nothing of 64: no step from the last limit's tail, which would compound
+        fresh = replace(settled, settled_since=T0 - timedelta(seconds=rules.window_s / 3))
+        assert "over 2.5×" not in decide(rules, NAIVE, POOL, observation, fresh, points, T0).reason
     # inside the bucket that holds the target (49 ms), the mean decides, as before
     d = steady(
         rules, NAIVE, POOL, seen(2048, 49.0, running=64, mean_ms=real_mean_ms(64)), Applied(64), points, T0
@@ -340,6 +345,24 @@ def test_windows_at_one_operating_point_are_never_trusted(count: int) -> None:
     fit, text = calibrate(NAIVE, points)
     assert fit is None
     assert f"uncalibrated, {count}/6 samples whose step times span" in text
+
+
+def test_steady_traffic_keeps_the_samples_that_span_and_stays_calibrated() -> None:
+    """Three far-apart windows calibrate; then hours of steady traffic add one window at one
+    operating point each time. The kept samples drop repeats first, so the ones that span stay
+    (by age alone, the 32 newest were all at one point within three hours: uncalibrated for good)."""
+    from batchknee.core.policy import CALIBRATION_SAMPLES_KEPT, add_calibration_point
+
+    points: tuple[CalibrationPoint, ...] = ()
+    for window in (window_at(64, 512, 0), window_at(176, 512, 5), window_at(80, 2048, 10)):
+        points = add_calibration_point(points, window)
+    jitter = (1.0, 1.02, 0.98, 1.01, 0.99)
+    for i in range(5 * CALIBRATION_SAMPLES_KEPT):
+        points = add_calibration_point(points, window_at(80 * jitter[i % 5], 2048, 15 + 5 * i))
+    assert len(points) == CALIBRATION_SAMPLES_KEPT
+    fit, text = calibrate(NAIVE, points)
+    assert fit is not None, text
+    assert fit.bandwidth_efficiency == pytest.approx(0.8, rel=0.02)
 
 
 def test_few_windows_that_a_line_does_not_fit_closely_are_not_trusted() -> None:

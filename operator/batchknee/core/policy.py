@@ -104,8 +104,9 @@ Hold = Literal[
     "quarantined",
     "template-first",
 ]
-GuardSource = Literal["calibrated", "estimated", "step-down", "no-raise"]
-SloSource = Literal["calibrated", "start", "climb", "step-down", "hold"]
+# "broken": the observed TPOT p99 is past the target by more than any bucket reads (_definitely_broken)
+GuardSource = Literal["calibrated", "estimated", "step-down", "no-raise", "broken"]
+SloSource = Literal["calibrated", "start", "climb", "step-down", "hold", "broken"]
 
 STEP_DOWN_NUMERATOR, STEP_DOWN_DENOMINATOR = 3, 4  # uncalibrated guard: ×3/4 per evaluation over target
 NO_RAISE_FRACTION = 0.9  # uncalibrated guard: no raise while p99 is within 10 % of the target
@@ -343,6 +344,8 @@ class Decision:
     recent_targets: tuple[RecentTarget, ...] = ()  # to remember for the next evaluation
     slo_bound: int | None = None  # the largest batch the TPOT target allows (None: no target or unknown)
     bandwidth: BandwidthAssessment | None = field(default=None, compare=False)
+    # the running limit the observed TPOT p99 broke past any bucket's reading: not to go back to
+    broken: int | None = None
 
     @property
     def rolls(self) -> bool:
@@ -440,11 +443,33 @@ def calibration_due(
     return not points or not same_slot(points[-1].time, point.time, window_s, offset_s)
 
 
+# Two samples whose KV read per step (batch × context) is this close are one operating point.
+SAME_OPERATING_POINT = 0.1
+
+
 def add_calibration_point(
     points: Sequence[CalibrationPoint], point: CalibrationPoint, keep: int = CALIBRATION_SAMPLES_KEPT
 ) -> tuple[CalibrationPoint, ...]:
-    """The newest `keep` samples, `point` last."""
-    return (*points, point)[-keep:]
+    """At most `keep` samples, `point` last. Past `keep`, the oldest sample that a newer one
+    repeats (the same operating point) goes first, else the oldest: steady traffic adds one sample
+    an evaluation window at one point, and evicting by age alone left, within hours, only samples
+    that span too little to calibrate (see `calibrate`)."""
+    kept = [*points, point]
+    while len(kept) > keep:
+        del kept[_repeated(kept)]
+    return tuple(kept)
+
+
+def _repeated(points: Sequence[CalibrationPoint]) -> int:
+    """The index of the oldest sample a newer one repeats, else 0 (the oldest)."""
+    for i, old in enumerate(points[:-1]):
+        load = old.batch * old.context_tokens
+        if any(
+            abs(new.batch * new.context_tokens - load) <= SAME_OPERATING_POINT * load
+            for new in points[i + 1 :]
+        ):
+            return i
+    return 0
 
 
 def calibrate(
@@ -545,13 +570,14 @@ def _guard(
     applied: int | None,
     calibrated_cap: int | None,
     calibration_text: str,
+    settled: bool = False,
 ) -> TpotGuard | None:
     if rules.tpot_p99_target_ms is None:
         return None
     target_ms = rules.tpot_p99_target_ms
-    if (broken := _definitely_broken(rules, observation, applied, calibration_text)) is not None:
+    if (broken := _definitely_broken(rules, observation, applied, calibration_text, settled)) is not None:
         cap, text = broken
-        return TpotGuard(min(cap, calibrated_cap if calibrated_cap is not None else cap), "step-down", text)
+        return TpotGuard(min(cap, calibrated_cap if calibrated_cap is not None else cap), "broken", text)
     if calibrated_cap is not None:
         return TpotGuard(
             calibrated_cap,
@@ -601,6 +627,7 @@ class _Target:
     text: str
     calibration: RooflineCalibration | None
     slo_bound: int | None = None
+    broken: bool = False  # the running limit definitely breaks the TPOT target (_definitely_broken)
 
 
 def _calibrated_bound(
@@ -626,6 +653,7 @@ def _target(
     observation: Observation | None,
     applied: int | None,
     calibration: Sequence[CalibrationPoint],
+    settled: bool = False,
 ) -> _Target:
     fit, calibration_text = (None, "")
     calibrated_cap: int | None = None
@@ -651,6 +679,7 @@ def _target(
             fit,
             calibration_text,
             mix,
+            settled,
         )
     estimated = None
     if calibrated_cap is None and rules.tpot_p99_target_ms is not None:
@@ -660,8 +689,8 @@ def _target(
         if estimated is not None:
             calibrated_cap = estimated[0]
             calibration_text = f"estimated from {estimated[1]}; {calibration_text}"
-    guard = _guard(rules, observation, applied, calibrated_cap, calibration_text)
-    if guard is not None and estimated is not None and guard.source != "step-down":
+    guard = _guard(rules, observation, applied, calibrated_cap, calibration_text, settled)
+    if guard is not None and estimated is not None and guard.source != "broken":
         guard = replace(guard, source="estimated")
     value, limited_by, text = rec.max_num_seqs, str(rec.limited_by), rec.explain()
     unrounded = rec.unrounded
@@ -673,16 +702,23 @@ def _target(
             text += f" → {value} ({guard.text})"
             if capped == rules.min_max_num_seqs and guard.cap < capped:
                 text += f" (minimum bound {rules.min_max_num_seqs})"
-    return _Target(value, unrounded, rec, guard, limited_by, text, fit, calibrated_cap)
+    broken = guard is not None and guard.source == "broken"
+    return _Target(value, unrounded, rec, guard, limited_by, text, fit, calibrated_cap, broken)
 
 
 def _definitely_broken(
-    rules: TuningRules, observation: Observation | None, applied: int | None, calibration_text: str
+    rules: TuningRules,
+    observation: Observation | None,
+    applied: int | None,
+    calibration_text: str,
+    settled: bool,
 ) -> tuple[int, str] | None:
     """The observed TPOT p99 is past the target by more than any bucket reads (see
-    DEFINITE_BREAK_FACTOR): a step down from what runs, and why; None otherwise."""
+    DEFINITE_BREAK_FACTOR): a step down from what runs, and why; None otherwise, and while the
+    window still holds steps of a limit before the running one (`settled`: a whole window since it
+    settled) — a step from a p99 of the last limit's tail would compound."""
     p99 = observation.tpot_p99_s.value if observation is not None else None
-    if rules.tpot_p99_target_ms is None or applied is None or p99 is None:
+    if rules.tpot_p99_target_ms is None or applied is None or p99 is None or not settled:
         return None
     if p99 * 1e3 <= DEFINITE_BREAK_FACTOR * rules.tpot_p99_target_ms:
         return None
@@ -706,6 +742,7 @@ def _slo_bound(
     fit: RooflineCalibration | None,
     calibration_text: str,
     mix: PrefillMix | None,
+    settled: bool = False,
 ) -> SloBound:
     """Goal SLO's bound: calibrated, the largest batch whose modelled TPOT p99 stays under the
     target less the margin; uncalibrated, start at the knee, then move towards the bound one window's
@@ -715,8 +752,8 @@ def _slo_bound(
     assert rules.slo_tpot_s is not None
     goal_ms = rules.slo_tpot_s * 1e3
     target_ms = rules.tpot_p99_target_ms
-    if (broken := _definitely_broken(rules, observation, applied, calibration_text)) is not None:
-        return SloBound(broken[0], "step-down", broken[1], urgent=True)
+    if (broken := _definitely_broken(rules, observation, applied, calibration_text, settled)) is not None:
+        return SloBound(broken[0], "broken", broken[1], urgent=True)
     if fit is not None:
         cap = _calibrated_bound(rules, roofline, fit, rules.slo_tpot_s, context_tokens, mix)
         urgent = applied is not None and _breaks(fit.apply(roofline), applied, target_ms, context_tokens, mix)
@@ -848,6 +885,7 @@ def _slo_target(
     fit: RooflineCalibration | None,
     calibration_text: str,
     mix: PrefillMix | None,
+    settled: bool = False,
 ) -> _Target:
     """Goal SLO: the SLO bound itself (past the knee when the target allows), under the KV pool
     and the spec's bounds. While traffic shifts to longer contexts the bound is taken at the
@@ -856,7 +894,9 @@ def _slo_target(
     bound_context = (
         max(context_tokens, recent) if recent is not None and recent >= MIN_CONTEXT_TOKENS else context_tokens
     )
-    bound = _slo_bound(rules, roofline, bound_context, observation, applied, knee, fit, calibration_text, mix)
+    bound = _slo_bound(
+        rules, roofline, bound_context, observation, applied, knee, fit, calibration_text, mix, settled
+    )
     # finer than the granularity at small batches: the bound sits on a TPOT cliff
     value = round_down_fine(bound.cap, rules.granularity)
     # A bound that only trims the margin is an optimisation (dead band and trend checks apply); one
@@ -875,7 +915,7 @@ def _slo_target(
     else:
         text += f" → {value}"
     slo_cap = bound.cap if bound.source == "calibrated" else None
-    return _Target(value, float(value), knee, None, limited_by, text, fit, slo_cap)
+    return _Target(value, float(value), knee, None, limited_by, text, fit, slo_cap, bound.source == "broken")
 
 
 def _knee(
@@ -917,7 +957,7 @@ def _guard_breaks(rules: TuningRules, guard: TpotGuard | None, current: int) -> 
     over-predicts TPOT at larger batches, and a cap one sequence under the limit is no emergency."""
     if rules.goal != "Knee" or guard is None or guard.cap >= current:
         return False
-    return guard.source == "step-down" or _moves_past(rules, float(guard.cap), float(current))
+    return guard.source in ("step-down", "broken") or _moves_past(rules, float(guard.cap), float(current))
 
 
 def _further(origin: float, batch: float, lately: float) -> bool:
@@ -1008,7 +1048,15 @@ def decide(
     elif current is None:
         context, source = float(rules.initial_context_length), "initial"
     if context is not None:
-        target = _target(rules, roofline, kv_pool_bytes, context, observation, current, calibration)
+        # a whole window of the running limit's own steps (the definite-break check reads its p99)
+        whole_window = (
+            applied.settled_since is not None
+            and observation is not None
+            and observation.sampled_at - applied.settled_since >= timedelta(seconds=rules.window_s)
+        )
+        target = _target(
+            rules, roofline, kv_pool_bytes, context, observation, current, calibration, whole_window
+        )
     remembered = tuple(recent_targets)
     if target is not None and source == "observed" and observation is not None:
         remembered = remember_target(rules, remembered, observation.sampled_at, target.unrounded)
@@ -1047,6 +1095,7 @@ def decide(
             recent_targets=remembered,
             slo_bound=target.slo_bound if target else None,
             bandwidth=bandwidth,
+            broken=current if target is not None and target.broken else None,
         )
 
     explain = target.text if target is not None else ""
