@@ -70,6 +70,7 @@ from batchknee.core.bandwidth import BandwidthAssessment
 from batchknee.core.engine_args import int_flag
 from batchknee.core.observation import Observation
 from batchknee.core.policy import (
+    DEFINITE_BREAK_FACTOR,
     Applied,
     CalibrationPoint,
     Decision,
@@ -783,6 +784,7 @@ class _Reconcile:
         decision, quarantine = self.rollout_safety(
             obj, state, applied, decision, rules, observation, settled_since, live is not None, own_workload
         )
+        quarantine = self.quarantine_broken(decision, rules, quarantine)
         rollouts = record(applied, decision, self.now)
         rendered = decision.value
         if live is not None:
@@ -997,9 +999,10 @@ class _Reconcile:
                 QuarantineEntry(
                     max_num_seqs=bad,
                     direction="Above" if bad > good else "Below",
-                    # at every context: pods that do not start (memory for the batch's CUDA graphs,
-                    # a flag the engine refuses) fail whatever the traffic
-                    context_tokens=None,
+                    # a raise at every context: pods that do not start at a larger batch (memory
+                    # for its CUDA graphs) fail whatever the traffic; a lowered limit needs less, so
+                    # its stall is more likely the node's, and is held off only near this context
+                    context_tokens=None if bad > good else context,
                     until=until,
                     reason=why,
                 )
@@ -1426,6 +1429,24 @@ class _Reconcile:
             item["metadata"]["resourceVersion"] = existing.get("metadata", {}).get("resourceVersion")
             pending.append(item)
         return foreign, pending
+
+    def quarantine_broken(
+        self, decision: Decision, rules: TuningRules, quarantine: list[QuarantineEntry]
+    ) -> list[QuarantineEntry]:
+        """A step down from a limit whose TPOT p99 broke the target past any bucket's reading keeps
+        that limit off at this context (and longer ones): the model or the mean that allowed it
+        would allow it again once the p99 is back, and the limit would flap between the two."""
+        broken = decision.broken
+        if not decision.rolls or broken is None or decision.value >= broken:
+            return quarantine
+        entry = QuarantineEntry(
+            max_num_seqs=broken,
+            direction="Above",
+            context_tokens=None if decision.context_tokens is None else round(decision.context_tokens),
+            until=self.now + timedelta(seconds=max(QUARANTINE_S, rules.cooldown_s)),
+            reason=f"TPOT p99 over {DEFINITE_BREAK_FACTOR:g}× the target at max-num-seqs {broken}",
+        )
+        return [*quarantine, entry][-QUARANTINE_KEPT:]
 
     def recreates(self, pending: Sequence[dict[str, Any]]) -> bool:
         """An object this LLMServing had (its status was written) is to be created again."""

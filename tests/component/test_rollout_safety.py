@@ -364,3 +364,36 @@ def test_traffic_that_moved_is_inconclusive_not_a_revert(world: World) -> None:
     [checked] = [h for h in history if h["to"] == 240]
     assert checked["verdict"] == "Inconclusive" and "traffic moved" in checked["verdictReason"]
     assert world.kube.status("default", "chat").get("quarantine", []) == []
+
+
+def test_a_limit_whose_p99_broke_the_target_past_any_bucket_is_not_gone_back_to(world: World) -> None:
+    """A TPOT p99 of 200 ms at 64 against a 30-ms target (the window's mean healthy): the limit
+    steps down to 48, and 64 is quarantined at that context — the mean that allowed 64 allows it
+    again once the p99 is back under the target, and the limit flapped 64 → 48 → 64 each cooldown."""
+    from batchknee.core.observation import Reading
+
+    world.kube.create(llmserving(tuning={"cooldownSeconds": 0, "tpotP99TargetMilliseconds": 30}))
+    world.reconcile()
+    world.kube.finish_rollout("default", "chat")
+    world.reconcile()
+    world.clock.advance(121)
+    assert applied(world) == 64
+
+    def seen(p99_ms: float, running: float) -> None:
+        healthy = replace(
+            observation(world.clock.now, ctx=2048, tpot_p99_ms=p99_ms, running=running),
+            tpot_mean_s=Reading.of(0.020),
+        )
+        world.observer.set("default", "chat", healthy)
+        world.reconcile()
+        world.clock.advance(30)
+
+    for _ in range(6):
+        seen(200.0, 64)
+    assert applied(world) == 48
+    [entry] = world.kube.status("default", "chat")["quarantine"]
+    assert (entry["maxNumSeqs"], entry["direction"], entry["contextTokens"]) == (64, "Above", 2048)
+    world.kube.finish_rollout("default", "chat")
+    for _ in range(12):  # at 48 the p99 is 40 ms: over the target, not past any bucket
+        seen(40.0, 48)
+    assert applied(world) == 48
