@@ -518,10 +518,8 @@ def stalled(world: World, name: str = "vllm") -> None:
     workload["metadata"]["resourceVersion"] = f"{workload['metadata'].get('resourceVersion')}-stalled"
 
 
-def test_the_owners_upgrade_that_stalls_is_not_blamed_on_the_batch_limit(world: World) -> None:
-    """The limit was retuned and rolled out whole; an hour later the workload's owner upgrades it
-    to an image whose pods never get Ready. That stall is the image's: the env value stays, no value
-    is quarantined — before, it was rolled back, and back again, at every progress deadline."""
+def retune_at_8k(world: World) -> None:
+    """An adopted workload, rolled out, then traffic at 8k tokens: the limit is retuned."""
     world.kube.apply(user_workload())
     world.kube.create(adopting())
     world.reconcile("tuner")
@@ -533,6 +531,20 @@ def test_the_owners_upgrade_that_stalls_is_not_blamed_on_the_batch_limit(world: 
         world.observer.set("default", "tuner", observation(world.clock.now, ctx=8192))
         world.reconcile("tuner")
         world.clock.advance(30)
+
+
+def broken_upgrade(world: World) -> None:
+    """The workload's owner sets an image whose pods never get Ready."""
+    workload = world.kube.objects[("Deployment", "default", "vllm")]
+    workload["spec"]["template"]["spec"]["containers"][0]["image"] = "vllm/vllm-openai:broken"
+    workload["metadata"]["generation"] += 1
+
+
+def test_the_owners_upgrade_that_stalls_is_not_blamed_on_the_batch_limit(world: World) -> None:
+    """The limit was retuned and rolled out whole; an hour later the workload's owner upgrades it
+    to an image whose pods never get Ready. That stall is the image's: the env value stays, no value
+    is quarantined — before, it was rolled back, and back again, at every progress deadline."""
+    retune_at_8k(world)
     retuned = env(world)[TARGET_ENV_VAR]
     assert [h["to"] for h in world.kube.status("default", "tuner")["history"]] == [64, int(retuned)]
     finish(world)
@@ -540,9 +552,7 @@ def test_the_owners_upgrade_that_stalls_is_not_blamed_on_the_batch_limit(world: 
     world.reconcile("tuner")  # the retune's rollout, seen complete
 
     world.clock.advance(3600)
-    workload = world.kube.objects[("Deployment", "default", "vllm")]
-    workload["spec"]["template"]["spec"]["containers"][0]["image"] = "vllm/vllm-openai:broken"
-    workload["metadata"]["generation"] += 1
+    broken_upgrade(world)
     for _ in range(3):
         world.clock.advance(600)
         stalled(world)
@@ -557,20 +567,8 @@ def test_a_rollback_that_stalls_too_is_not_rolled_back_again(world: World) -> No
     """The owner's upgrade stalls before the operator saw the retune complete: the retune is rolled
     back once (it may be the limit's); when the rollback stalls too, the stall is not the limit's,
     and the value that ran before stays."""
-    world.kube.apply(user_workload())
-    world.kube.create(adopting())
-    world.reconcile("tuner")
-    finish(world)
-    world.kube.objects[("Pod", "default", "vllm-0")] = pod("vllm-0")
-    world.reconcile("tuner")
-    world.clock.advance(121)
-    for _ in range(6):
-        world.observer.set("default", "tuner", observation(world.clock.now, ctx=8192))
-        world.reconcile("tuner")
-        world.clock.advance(30)
-    workload = world.kube.objects[("Deployment", "default", "vllm")]
-    workload["spec"]["template"]["spec"]["containers"][0]["image"] = "vllm/vllm-openai:broken"
-    workload["metadata"]["generation"] += 1
+    retune_at_8k(world)
+    broken_upgrade(world)
     seen = []
     for _ in range(3):
         world.clock.advance(600)

@@ -259,16 +259,22 @@ def test_an_engine_deployment_not_yet_there_costs_no_prometheus_refresh(world: W
     assert runtime.adopting == set()
 
 
+def noted_runtime(world: World, manifest: dict[str, Any]) -> Runtime:
+    """A runtime that has seen `manifest`, created, as its watch event would note it."""
+    router = RoutedObserver(world.observer, "http://127.0.0.1:9090", ["*"])
+    runtime = Runtime(Ports(world.kube, router), router, OperatorMetrics())
+    body = world.kube.create(manifest)
+    runtime.spec_versions[("default", "chat")] = (body["metadata"]["uid"], 1)
+    runtime.note("default", "chat", body)
+    return runtime
+
+
 def test_an_object_created_again_while_an_evaluation_found_it_gone_keeps_its_state(world: World) -> None:
     """kubectl replace --force: the object is deleted and created again (a new uid) while an
     evaluation reads it. The evaluation finds it gone, but the new object's state, noted meanwhile
     by its ADDED event, stays: before, it was freed, and a Live object then stayed unevaluated."""
-    router = RoutedObserver(world.observer, "http://127.0.0.1:9090", ["*"])
-    runtime = Runtime(Ports(world.kube, router), router, OperatorMetrics())
+    runtime = noted_runtime(world, llmserving(tuning={"actuation": "Live"}))
     key = ("default", "chat")
-    body = world.kube.create(llmserving(tuning={"actuation": "Live"}))
-    runtime.spec_versions[key] = (body["metadata"]["uid"], 1)
-    runtime.note("default", "chat", body)
     read = world.kube.get_llmserving
 
     def read_while_replaced(namespace: str, name: str, fresh: bool = False) -> Any:
@@ -315,12 +321,7 @@ def test_an_object_deleted_while_the_watch_was_down_does_not_create_its_objects_
 def test_an_object_whose_delete_is_seen_while_it_is_evaluated_leaves_no_state(world: World) -> None:
     """The DELETED event frees the object's state while an evaluation holds its lock (the lock
     stays then); the evaluation, finding it gone, frees the rest — the lock too."""
-    router = RoutedObserver(world.observer, "http://127.0.0.1:9090", ["*"])
-    runtime = Runtime(Ports(world.kube, router), router, OperatorMetrics())
-    key = ("default", "chat")
-    body = world.kube.create(llmserving())
-    runtime.spec_versions[key] = (body["metadata"]["uid"], 1)
-    runtime.note("default", "chat", body)
+    runtime = noted_runtime(world, llmserving())
     read = world.kube.get_llmserving
 
     def read_while_deleted(namespace: str, name: str, fresh: bool = False) -> Any:

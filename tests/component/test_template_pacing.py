@@ -272,6 +272,21 @@ def test_a_spec_change_whose_apply_failed_does_not_wait_when_it_goes_through(wor
     assert container["env"] == [{"name": "LOG_LEVEL", "value": "debug"}] and container["image"] == NEW_IMAGE
 
 
+def restarted_a_holds_its_place_until_it_recovers(world: World) -> None:
+    """A new process (no places in memory) gives a's rollout its place again: b waits, until a's
+    pods are all available."""
+    world.ports = replace(world.ports, pacer=RolloutPacer(1))
+    world.clock.advance(30)
+    world.reconcile("a")
+    assert world.ports.pacer.place(("default", "a")) is not None
+    world.reconcile("b")
+    assert image(world, "b") != NEW_IMAGE and progressing(world, "b")["reason"] == "RolloutQueued"
+    world.kube.finish_rollout("default", "a")  # it recovers: the place frees, b goes
+    world.reconcile("a")
+    world.reconcile("b")
+    assert image(world, "b") == NEW_IMAGE
+
+
 def test_an_operator_started_mid_rollout_gives_the_place_again(world: World) -> None:
     """The operator restarts while a template that got a place is still replacing pods (its new pod
     does not start; the old one serves): the new process gives that rollout its place again, so the
@@ -287,17 +302,7 @@ def test_an_operator_started_mid_rollout_gives_the_place_again(world: World) -> 
         "updatedReplicas": 1,
         "availableReplicas": 1,
     }
-    world.ports = replace(world.ports, pacer=RolloutPacer(1))  # a new process: no places in memory
-    world.clock.advance(30)
-    world.reconcile("a")
-    assert world.ports.pacer.place(("default", "a")) is not None
-    world.reconcile("b")
-    assert image(world, "b") != NEW_IMAGE and progressing(world, "b")["reason"] == "RolloutQueued"
-
-    world.kube.finish_rollout("default", "a")  # it recovers: the place frees, b goes
-    world.reconcile("a")
-    world.reconcile("b")
-    assert image(world, "b") == NEW_IMAGE
+    restarted_a_holds_its_place_until_it_recovers(world)
 
 
 def test_an_operator_started_while_the_new_pods_do_not_start_gives_the_place_again(world: World) -> None:
@@ -309,17 +314,7 @@ def test_an_operator_started_while_the_new_pods_do_not_start_gives_the_place_aga
     world.reconcile("a")
     assert image(world, "a") == NEW_IMAGE
     world.kube.finish_rollout("default", "a", available=0)
-    world.ports = replace(world.ports, pacer=RolloutPacer(1))  # a new process: no places in memory
-    world.clock.advance(30)
-    world.reconcile("a")
-    assert world.ports.pacer.place(("default", "a")) is not None
-    world.reconcile("b")
-    assert image(world, "b") != NEW_IMAGE and progressing(world, "b")["reason"] == "RolloutQueued"
-
-    world.kube.finish_rollout("default", "a")  # it starts: the place frees, b goes
-    world.reconcile("a")
-    world.reconcile("b")
-    assert image(world, "b") == NEW_IMAGE
+    restarted_a_holds_its_place_until_it_recovers(world)
 
     world.kube.finish_rollout("default", "b")
     world.reconcile("b")

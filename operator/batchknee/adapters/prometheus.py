@@ -472,17 +472,9 @@ def queries(scope: _Scope) -> dict[str, str]:
             for n in metrics.read_bytes
         )
     found["dram_active"] = _dram_active_query(scope, metrics)
-    for name in (
-        "running",
-        "waiting",
-        "usage",
-        "recent_running",
-        "recent_usage",
-        "samples",
-        "scrapes",
-        "capacity",
-    ):
-        found[name] = _per_pod_bounded(found[name])
+    for name in POD_QUERIES:
+        if name in found:
+            found[name] = _per_pod_bounded(found[name])
     return found
 
 
