@@ -73,6 +73,7 @@ class Target:
     resource_version: str | None
     problem: tuple[str, str] | None = None
     second_limit: str | None = None  # a second cap on the running batch in the args, as written
+    image: str | None = None  # the engine container's image (the calibration is the image's)
 
 
 ALREADY_TARGETED = "AlreadyTargeted"  # another LLMServing tunes it: its pods are still this one's to watch
@@ -283,6 +284,7 @@ def adopt(ref: TargetRef, engine: Engine, workload: Mapping[str, Any] | None, na
         version,
         problem,
         second_limit,
+        str(container.get("image")) if container.get("image") else None,
     )
 
 

@@ -746,7 +746,13 @@ class _Reconcile:
             checked["completed"] = checked.get("completed") or settled_since
         shown = state or (target.state if target is not None else None)  # whoever tunes it
         observation = self.observe(obj, shown, target)
-        fingerprint = calibration_fingerprint(obj.spec)
+        # the image that runs: the default one changes with the operator, an adopted one with its owner
+        image = (
+            target.image
+            if target is not None
+            else obj.spec.image or self.ports.defaults.image(obj.spec.engine)
+        )
+        fingerprint = calibration_fingerprint(obj.spec, image)
         calibration = self.calibration_points(fingerprint)
         running = state.max_num_seqs if state else None
         if obj.spec.tuning.actuation == Actuation.Live and target is None and state is not None and history:
@@ -1437,7 +1443,8 @@ class _Reconcile:
         that limit off at this context (and longer ones): the model or the mean that allowed it
         would allow it again once the p99 is back, and the limit would flap between the two."""
         broken = decision.broken
-        if not decision.rolls or broken is None or decision.value >= broken:
+        # Auto's own step only: Recommend and Pinned roll what their writer set, not this
+        if rules.mode != "Auto" or not decision.rolls or broken is None or decision.value >= broken:
             return quarantine
         entry = QuarantineEntry(
             max_num_seqs=broken,

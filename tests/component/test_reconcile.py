@@ -565,6 +565,28 @@ def test_calibration_samples_accumulate_and_reset_on_a_new_model(world: World) -
     assert world.kube.status("default", "chat")["calibration"]["samples"] == []
 
 
+def test_calibration_samples_reset_when_the_operators_default_image_changes(world: World) -> None:
+    """The spec names no image: the engine runs the operator's default, and an upgrade that changes
+    it changes the engine the samples were fitted to."""
+    from dataclasses import replace
+
+    from batchknee.render import RenderDefaults
+
+    world.kube.create(llmserving(tuning={"tpotP99TargetMilliseconds": 60, "windowSeconds": 60}))
+    world.reconcile()
+    settle(world, 61)
+    for running in (8, 16, 32):
+        world.observer.set("default", "chat", observation(world.clock.now, ctx=2048, running=running))
+        world.reconcile()
+        world.clock.advance(61)
+    before = {s["time"] for s in world.kube.status("default", "chat")["calibration"]["samples"]}
+    assert len(before) == 3
+    world.ports = replace(world.ports, defaults=RenderDefaults(vllm_image="vllm/vllm-openai:v9.9.9"))
+    world.reconcile()
+    after = {s["time"] for s in world.kube.status("default", "chat")["calibration"]["samples"]}
+    assert not before & after
+
+
 def test_a_window_read_before_the_settle_ended_is_no_calibration_sample(world: World) -> None:
     """A cached reading older than the clock (a slow Prometheus a spec chose is read at most a
     tenth of the time) may be a window that still holds the pods before the rollout: not a sample."""

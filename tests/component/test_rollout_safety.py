@@ -397,3 +397,33 @@ def test_a_limit_whose_p99_broke_the_target_past_any_bucket_is_not_gone_back_to(
     for _ in range(12):  # at 48 the p99 is 40 ms: over the target, not past any bucket
         seen(40.0, 48)
     assert applied(world) == 48
+
+
+def test_recommend_mode_quarantines_nothing_its_writer_sets(world: World) -> None:
+    """In Recommend mode a roll is the writer's own --max-num-seqs: a p99 past any bucket at 64,
+    then the writer's 48 and 64 again — both go, nothing is quarantined."""
+    from batchknee.core.observation import Reading
+
+    def spec(limit: int) -> dict[str, object]:
+        return {"args": ["--max-num-seqs", str(limit)]}
+
+    world.kube.create(
+        llmserving(
+            tuning={"mode": "Recommend", "tpotP99TargetMilliseconds": 30, "cooldownSeconds": 0}, **spec(64)
+        )
+    )
+    world.reconcile()
+    world.kube.finish_rollout("default", "chat")
+    world.reconcile()
+    world.clock.advance(121)
+    for p99_ms, limit in ((200.0, 64), (200.0, 48), (20.0, 64)):
+        if applied(world) != limit:
+            world.kube.edit_spec("default", "chat", spec(limit))
+        for _ in range(6):
+            seen = observation(world.clock.now, ctx=2048, tpot_p99_ms=p99_ms, running=limit)
+            world.observer.set("default", "chat", replace(seen, tpot_mean_s=Reading.of(0.020)))
+            world.reconcile()
+            world.clock.advance(30)
+        world.kube.finish_rollout("default", "chat")
+        assert applied(world) == limit
+    assert not world.kube.status("default", "chat").get("quarantine")

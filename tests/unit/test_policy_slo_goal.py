@@ -148,6 +148,19 @@ def test_a_p99_past_any_bucket_of_the_target_steps_down_whatever_the_mean_says(
     assert "over 2.5×" not in d.reason
 
 
+def test_a_definite_break_is_kept_where_traffic_is_going() -> None:
+    """Goal Knee follows the window's last third when traffic moves on (here 2,800 → 3,100 tokens):
+    the limit it steps from is still the one the p99 broke, to be quarantined."""
+    rules = replace(SLO, goal="Knee")
+    tuned = Rollout(T0 - timedelta(hours=1), 96, 64, "tuned")
+    settled = Applied(64, settled_since=T0 - timedelta(seconds=2 * rules.window_s), rollouts=(tuned,))
+    moving = replace(
+        seen(2800, 200.0, running=64, mean_ms=real_mean_ms(64)), recent_avg_context_tokens=Reading.of(3100)
+    )
+    d = steady(rules, NAIVE, POOL, moving, settled, (), T0)
+    assert d.rolls and d.value < 64 and d.broken == 64, d.reason
+
+
 def calibration_points() -> tuple[CalibrationPoint, ...]:
     """Settled windows of the real engine at several batches: exact mean TPOTs, coarse p99s."""
     points = []
@@ -363,6 +376,19 @@ def test_steady_traffic_keeps_the_samples_that_span_and_stays_calibrated() -> No
     fit, text = calibrate(NAIVE, points)
     assert fit is not None, text
     assert fit.bandwidth_efficiency == pytest.approx(0.8, rel=0.02)
+
+
+def test_no_calibration_sample_is_kept_past_a_day() -> None:
+    """A sample nothing newer repeats is not kept for good: an engine that changed without a new
+    fingerprint would keep its old fit."""
+    from batchknee.core.policy import CALIBRATION_HORIZON, add_calibration_point
+
+    old = window_at(176, 512, 0)
+    points = add_calibration_point((), old)
+    points = add_calibration_point(points, window_at(64, 512, 5))
+    assert old in points
+    later = replace(window_at(64, 2048, 0), time=old.time + CALIBRATION_HORIZON + timedelta(minutes=1))
+    assert old not in add_calibration_point(points, later)
 
 
 def test_few_windows_that_a_line_does_not_fit_closely_are_not_trusted() -> None:

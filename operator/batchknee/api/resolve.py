@@ -343,13 +343,15 @@ def observation_target(obj: LLMServing) -> ObservationTarget:
     )
 
 
-def calibration_fingerprint(spec: LLMServingSpec) -> str:
-    """What the TPOT calibration depends on; samples taken under another fingerprint are discarded."""
+def calibration_fingerprint(spec: LLMServingSpec, image: str | None = None) -> str:
+    """What the TPOT calibration depends on; samples taken under another fingerprint are discarded.
+    `image`: the engine image that runs (the spec's, the operator's default, or an adopted
+    workload's own), when known."""
     key = {
         "engine": spec.engine.value,
         "model": spec.model.dump(),
         "gpu": spec.gpu.dump(),
-        "image": spec.image,
+        "image": image or spec.image,
         "args": sorted(spec.args),
     }
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]

@@ -445,6 +445,9 @@ def calibration_due(
 
 # Two samples whose KV read per step (batch × context) is this close are one operating point.
 SAME_OPERATING_POINT = 0.1
+# No sample is kept longer: a sample nothing newer repeats would otherwise stay for good, and an
+# engine that changed without a new fingerprint (a node's clocks, a driver) would keep its old fit.
+CALIBRATION_HORIZON = timedelta(hours=24)
 
 
 def add_calibration_point(
@@ -454,7 +457,7 @@ def add_calibration_point(
     repeats (the same operating point) goes first, else the oldest: steady traffic adds one sample
     an evaluation window at one point, and evicting by age alone left, within hours, only samples
     that span too little to calibrate (see `calibrate`)."""
-    kept = [*points, point]
+    kept = [p for p in points if point.time - p.time <= CALIBRATION_HORIZON] + [point]
     while len(kept) > keep:
         del kept[_repeated(kept)]
     return tuple(kept)
@@ -1231,7 +1234,14 @@ def decide(
         # goes there when that rounds to another value (a step to 8,192 tokens read at 7,534 would
         # land on 24, not 16, and the band would then hold it). Goal SLO takes its bound there already.
         going = _target(
-            rules, roofline, kv_pool_bytes, lately.context_tokens, observation, current, calibration
+            rules,
+            roofline,
+            kv_pool_bytes,
+            lately.context_tokens,
+            observation,
+            current,
+            calibration,
+            whole_window,
         )
         if going.value != wanted:
             target, context = going, lately.context_tokens
