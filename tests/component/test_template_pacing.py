@@ -32,13 +32,20 @@ def queued_events(world: World, name: str) -> int:
     return sum(1 for e in world.kube.events if e["reason"] == "RolloutQueued" and e["object"] == name)
 
 
+def rolled_out(world: World, namespace: str, name: str) -> None:
+    """An engine created and rolled out under the old operator."""
+    body = llmserving(name)
+    body["metadata"]["namespace"] = namespace
+    world.kube.create(body)
+    world.reconcile(name, namespace)
+    world.kube.finish_rollout(namespace, name)
+    world.reconcile(name, namespace)
+
+
 def fleet(world: World) -> str:
     """Three engines, created and rolled out under the old operator; returns the image they run."""
     for name in NAMES:
-        world.kube.create(llmserving(name))
-        world.reconcile(name)
-        world.kube.finish_rollout("default", name)
-        world.reconcile(name)
+        rolled_out(world, "default", name)
     return image(world, "a")
 
 
@@ -330,22 +337,14 @@ def test_a_namespace_whose_new_pods_never_start_does_not_stop_the_others(world: 
     room for a surge pod). The namespace holds one place at most: the other namespace's engines
     roll through the other, one after another."""
 
-    def create(namespace: str, name: str) -> None:
-        body = llmserving(name)
-        body["metadata"]["namespace"] = namespace
-        world.kube.create(body)
-        world.reconcile(name, namespace)
-        world.kube.finish_rollout(namespace, name)
-        world.reconcile(name, namespace)
-
     def rolled(namespace: str, name: str) -> bool:
         container = world.kube.deployment(namespace, name)["spec"]["template"]["spec"]["containers"][0]
         return bool(container["image"] == NEW_IMAGE)
 
     for name in ("s0", "s1"):
-        create("stuck", name)
+        rolled_out(world, "stuck", name)
     for name in ("o0", "o1", "o2"):
-        create("other", name)
+        rolled_out(world, "other", name)
     world.ports = replace(world.ports, defaults=RenderDefaults(vllm_image=NEW_IMAGE), pacer=RolloutPacer(2))
     world.clock.advance(30)
     for name in ("s0", "s1"):
@@ -368,12 +367,7 @@ def test_a_waiter_whose_spec_turns_invalid_keeps_no_place_for_its_namespace(worl
     """A waiting engine's next evaluation ends before pacing (its spec is refused now): it no longer
     waits, so the places that free are not kept for its namespace."""
     for namespace, name in (("big", "b0"), ("big", "b1"), ("big", "b2"), ("y", "y0"), ("x", "x0")):
-        body = llmserving(name)
-        body["metadata"]["namespace"] = namespace
-        world.kube.create(body)
-        world.reconcile(name, namespace)
-        world.kube.finish_rollout(namespace, name)
-        world.reconcile(name, namespace)
+        rolled_out(world, namespace, name)
     world.ports = replace(world.ports, defaults=RenderDefaults(vllm_image=NEW_IMAGE), pacer=RolloutPacer(3))
     world.clock.advance(30)
     for namespace, name in (("big", "b0"), ("big", "b1"), ("y", "y0"), ("x", "x0")):
