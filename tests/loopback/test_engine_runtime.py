@@ -1,7 +1,8 @@
 """The Live runtime client against a real loopback pod that stops answering: a pod that did not
 answer in time is not called again for a backoff (30 s, doubling while it stays silent), so a
 tenant's wedged engines cost the shared Live workers one deadline per backoff, not one per
-evaluation; a quick refusal is not held against a pod, and an answer ends its backoff. A pod runs
+evaluation; a quick refusal is not held against a pod, and a quick answer does not undo the count
+a slow call earned (only 5 minutes without a slow call do). A pod runs
 its tenant's code, so it also answers with redirects, trickled bytes, huge bodies and broken
 chunking here: a call follows no redirect, ends at its deadline and reads a bounded answer."""
 
@@ -35,6 +36,7 @@ class Pod(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), Handler)
         self.wedged = False
         self.delay_s = 0.0  # before an answer
+        self.patch_delay_s = 0.0  # before an answer to a PATCH
         self.answer: Callable[[Handler], None] | None = None  # a hostile pod's own answer
         self.calls = 0
         self.patched: list[bytes] = []
@@ -51,6 +53,7 @@ class Handler(BaseHTTPRequestHandler):
     def do_PATCH(self) -> None:
         self.server.calls += 1
         self.server.patched.append(self.rfile.read(int(self.headers["Content-Length"])))
+        time.sleep(self.server.patch_delay_s)
         self.send_response(200)
         self.send_header("Content-Length", "0")
         self.end_headers()
@@ -198,6 +201,51 @@ def redirect_to(target: str, method_keeping: int) -> Callable[[Handler], None]:
         handler.wfile.write(body)
 
     return answer
+
+
+def test_a_quick_answer_does_not_undo_the_backoff_a_slow_call_earned(pod: Pod) -> None:
+    """A pod quick to read its cap and slow to set it (a cap it claims differs from the decided one,
+    so a set is due at every evaluation): before, the quick read wiped the count the slow set had
+    earned, so the backoff never doubled and the pod cost a whole deadline every evaluation."""
+    clock = Clock()
+    runtime = HttpEngineRuntime(timeout_s=TIMEOUT_S, clock=clock)
+    pod.patch_delay_s = 3 * TIMEOUT_S
+    waits = []
+    for _ in range(4):  # four evaluations, 31 s apart
+        try:
+            runtime.read_cap(pod.address)
+            runtime.set_cap(pod.address, "runtime-config", 32)
+        except LiveCapError as error:
+            waits.append(str(error).rsplit("for ", 1)[1] if "not called again" in str(error) else "slow")
+        clock.ahead += SILENT_BACKOFF_S + 1
+    assert waits == ["slow", "slow", "60 s", "slow"]  # 30 s, then 60 s: the read within it is refused
+    assert len(pod.patched) == 3
+    clock.ahead += MAX_SILENT_BACKOFF_S + 4 * SILENT_BACKOFF_S  # not slow for the longest backoff
+    pod.patch_delay_s = 0.0
+    runtime.set_cap(pod.address, "runtime-config", 32)
+    pod.patch_delay_s = 3 * TIMEOUT_S
+    with pytest.raises(LiveCapError):
+        runtime.set_cap(pod.address, "runtime-config", 32)
+    assert "not called again for 30 s" in timed_failure(runtime, pod.address)[1]  # counted anew
+
+
+def test_a_slow_redirect_is_backed_off_like_any_slow_answer(pod: Pod, other_pod: Pod) -> None:
+    """A redirect sent just before the deadline was refused before its time was counted: every call
+    cost most of a deadline, never backed off."""
+    clock = Clock()
+    runtime = HttpEngineRuntime(timeout_s=TIMEOUT_S, clock=clock)
+    redirect = redirect_to(other_pod.address, 302)
+
+    def slow_redirect(handler: Handler) -> None:
+        time.sleep(0.6 * TIMEOUT_S)
+        redirect(handler)
+
+    pod.answer = slow_redirect
+    with pytest.raises(LiveCapError, match="a redirect, not followed"):
+        runtime.read_cap(pod.address)
+    took, message = timed_failure(runtime, pod.address)
+    assert took < TIMEOUT_S / 3 and pod.calls == 1 and other_pod.calls == 0
+    assert message == f"took half its {TIMEOUT_S:g}-s deadline or more to answer: not called again for 30 s"
 
 
 @pytest.mark.parametrize("code", [302, 307, 308])

@@ -15,7 +15,9 @@ and nothing a pod says reaches status unsanitised. A pod that did not answer in
 time, or answered only after half the deadline or more, is not called again for a backoff, 30 s
 doubling to 5 minutes while it stays so: a tenant's wedged or slow pods cost one deadline per
 backoff, not one per evaluation, of the Live workers every tenant shares. A quick refusal costs
-nothing and is not held against the pod; a quick answer ends its backoff.
+nothing and is not held against the pod; a slow redirect is held like any slow answer; the count
+stands until the pod has not been slow for 5 minutes (a quick answer to one call does not undo what
+a slow one earned: a pod quick to read and slow to set would cost a deadline every evaluation).
 """
 
 from __future__ import annotations
@@ -93,6 +95,11 @@ def _slow(silence: _Silence, timeout_s: float) -> str:
     return f"did not answer within {timeout_s:g} s"
 
 
+def _forgotten(silence: _Silence, now: float) -> bool:
+    """Its backoff ended the longest backoff ago: a pod slow again since starts its count anew."""
+    return silence.until < now - MAX_SILENT_BACKOFF_S
+
+
 def _backoff_s(times: int) -> float:
     return min(MAX_SILENT_BACKOFF_S, SILENT_BACKOFF_S * 2.0 ** (times - 1))
 
@@ -130,13 +137,13 @@ class HttpEngineRuntime:
         except LiveCapError:
             self._fell_silent(address, silence, started)
             raise
-        if 300 <= status < 400:
-            raise LiveCapError(f"{method} {path} answered {status}: a redirect, not followed")
         if self.clock() - started >= SILENT_SHARE * self.timeout_s:  # in time, but it cost as much
             self._fell_silent(address, silence, started, answered=True)
-        else:
+        elif silence is not None and _forgotten(silence, self.clock()):
             with self._lock:
                 self._silent.pop(address, None)
+        if 300 <= status < 400:
+            raise LiveCapError(f"{method} {path} answered {status}: a redirect, not followed")
         text = data.decode(errors="replace")
         try:
             return status, json.loads(text) if text.strip() else None
@@ -147,14 +154,16 @@ class HttpEngineRuntime:
         self, address: str, before: _Silence | None, started: float, *, answered: bool = False
     ) -> None:
         """Hold a call that took half the deadline or more against the pod, failed or answered (a
-        quick refusal cost nothing); forget pods silent for longer than the longest backoff (gone,
-        most likely)."""
+        quick refusal cost nothing); the count goes on until the pod has not been slow for the
+        longest backoff (a quick answer on one endpoint would otherwise reset what a slow one on
+        another earned, and its pod would cost a deadline at every evaluation); forget pods not slow
+        for that long (gone, most likely)."""
         now = self.clock()
         if now - started < SILENT_SHARE * self.timeout_s:
             return
-        times = before.times + 1 if before is not None else 1
+        times = before.times + 1 if before is not None and not _forgotten(before, now) else 1
         with self._lock:
-            for stale in [a for a, s in self._silent.items() if s.until < now - MAX_SILENT_BACKOFF_S]:
+            for stale in [a for a, s in self._silent.items() if _forgotten(s, now)]:
                 del self._silent[stale]
             self._silent[address] = _Silence(times, now + _backoff_s(times), answered)
 
