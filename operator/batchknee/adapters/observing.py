@@ -23,7 +23,7 @@ import re
 import ssl
 import threading
 import urllib.parse
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Protocol
@@ -234,7 +234,21 @@ class RoutedObserver:
             return self.urls.get(target.key, self.default_url)
 
     def observation(self, target: ObservationTarget, now: datetime) -> Observation:
-        return self.inner.observation(self.url(target), target, now)
+        url = self.url(target)
+        try:
+            return self.inner.observation(url, target, now)
+        finally:
+            self._drop_if_unused(url)
+
+    def _refresh(
+        self, refresh: Callable[..., object], url: str, target: ObservationTarget, now: datetime
+    ) -> None:
+        try:
+            refresh(url, target, now)
+        finally:
+            # Its objects were forgotten while this waited for the gate or a thread: the refresh
+            # made the URL's cache again (a session and query threads), which nothing would drop.
+            self._drop_if_unused(url)
 
     async def prepare(self, target: ObservationTarget, now: datetime) -> None:
         """Make the cache fresh for `target` without holding a thread while waiting: one refresh
@@ -248,5 +262,7 @@ class RoutedObserver:
         async with gate:
             if not self.is_fresh(target):
                 pool = self._own_refreshes if url == self.default_url else self._chosen_refreshes
-                call = functools.partial(contextvars.copy_context().run, refresh, url, target, now)
+                call = functools.partial(
+                    contextvars.copy_context().run, self._refresh, refresh, url, target, now
+                )
                 await asyncio.get_running_loop().run_in_executor(pool, call)
