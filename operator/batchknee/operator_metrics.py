@@ -143,8 +143,12 @@ class OperatorMetrics:
                 self.tpot_p99.labels(*key).set(observed.tpot_p99_milliseconds / 1000)
             if status.hold_reason:
                 self.holds.labels(status.hold_reason).inc()
+            # An autoscaler's inputs go when they are no longer known (the workload gone, another
+            # LLMServing tunes it): a last value kept would hold its replicas for good.
             if outcome.ready_replicas is not None and status.max_num_seqs is not None:
                 self.capacity.labels(*key).set(outcome.ready_replicas * status.max_num_seqs)
+            else:
+                _remove(self.capacity, key)
             if (
                 outcome.tunes  # a workload another LLMServing tunes is that one's demand
                 and observed is not None
@@ -152,11 +156,12 @@ class OperatorMetrics:
                 and observed.waiting is not None
             ):
                 self.demand.labels(*key).set(observed.running + observed.waiting)
+            else:
+                _remove(self.demand, key)
         if outcome.tpot_target_ms is not None:
             self.tpot_target.labels(*key).set(outcome.tpot_target_ms / 1000)
         else:
-            with contextlib.suppress(KeyError):
-                self.tpot_target.remove(*key)
+            _remove(self.tpot_target, key)
         if outcome.rolled:
             self.retunes.labels(*key).inc()
 
@@ -173,8 +178,7 @@ class OperatorMetrics:
             self.capacity,
             self.demand,
         ):
-            with contextlib.suppress(KeyError):
-                gauge.remove(namespace, name)
+            _remove(gauge, (namespace, name))
 
     def serve(self, address: str, port: int) -> ThreadingHTTPServer:
         """/metrics on a thread of its own (and one per scrape, at most MAX_SCRAPES)."""
@@ -182,6 +186,11 @@ class OperatorMetrics:
         server = BoundedMetricsServer((address, port), handler)
         threading.Thread(target=server.serve_forever, name="metrics-server", daemon=True).start()
         return server
+
+
+def _remove(metric: Gauge | Counter, key: tuple[str, str]) -> None:
+    with contextlib.suppress(KeyError):  # not set yet
+        metric.remove(*key)
 
 
 SCRAPE_TIMEOUT_S = 10.0  # each read and write of a scrape's connection
