@@ -204,6 +204,8 @@ class Runtime:
         target = _target(body)
         if target is not None:
             self.targets[(namespace, name)] = target
+        else:  # refused: its last good scope would be refreshed, and lane it, for nothing
+            self.targets.pop((namespace, name), None)
         if spec.get("targetRef"):
             self.adopting.add((namespace, name))
         else:
