@@ -84,6 +84,20 @@ def test_after_a_write_reads_wait_for_the_watch_to_bring_it() -> None:
     assert cache.get("Deployment", "ml", "chat")["spec"]["replicas"] == 4  # type: ignore[index]
 
 
+def test_waits_no_read_or_event_ends_are_swept() -> None:
+    """A write of an object no watch brings back and no read asks for again (an options ConfigMap
+    named by its content, replaced at each retune) kept its wait for good: one entry per retune."""
+    clock = Clock()
+    cache = WatchCache(write_wait_s=10, clock=clock)
+    for retune in range(100):
+        cache.wrote("ConfigMap", "ml", f"chat-options-{retune}", str(retune))
+        clock.now += 60
+    assert len(cache._written) <= 1
+    cache.wrote("Deployment", "ml", "chat", "9")
+    cache.seen("Deployment", deployment("8"))
+    assert cache.get("Deployment", "ml", "chat") is None  # a wait still on is kept
+
+
 def test_a_cleared_cache_knows_nothing() -> None:
     cache = WatchCache()
     cache.seen("Service", deployment("7"))

@@ -153,6 +153,7 @@ class WatchCache:
         self.clock = clock
         self._bodies: dict[tuple[str, str, str], tuple[str, bytes]] = {}  # key → (resourceVersion, JSON)
         self._written: dict[tuple[str, str, str], tuple[str, float]] = {}  # key → (resourceVersion, until)
+        self._pruned_until = 0.0  # the next sweep of waits ended that no read or event removed
         self._lock = threading.Lock()  # fed from the event loop, read from the reconcile threads
 
     def seen(self, kind: str, body: Mapping[str, Any]) -> None:
@@ -176,11 +177,16 @@ class WatchCache:
 
     def wrote(self, kind: str, namespace: str, name: str, resource_version: str | None) -> None:
         """The operator wrote the object (it is now at `resource_version`)."""
+        now = self.clock()
         with self._lock:
-            self._written[(kind, namespace, name)] = (
-                resource_version or "",
-                self.clock() + self.write_wait_s,
-            )
+            self._written[(kind, namespace, name)] = (resource_version or "", now + self.write_wait_s)
+            # Writes of objects no watch brings back and nothing reads again (a TensorRT-LLM options
+            # ConfigMap is named by its content, an LLMServing deleted meanwhile): an ended wait is
+            # no wait, so sweep them, at most once a wait.
+            if now >= self._pruned_until:
+                for ended in [key for key, (_, until) in self._written.items() if until <= now]:
+                    del self._written[ended]
+                self._pruned_until = now + self.write_wait_s
 
     def clear(self) -> None:
         """Forget everything (the watches were paused: what they delivered may be old)."""
