@@ -197,6 +197,12 @@ def test_operator_metrics() -> None:
     # a workload another LLMServing tunes: its demand is that one's, not counted twice
     metrics.record(Outcome("ml", "second", status=busy, tunes=False), 0.01)
     assert 'batchknee_demand_sequences{name="second"' not in generate_latest(metrics.registry).decode()
+    # the workload is gone (or another LLMServing now tunes it): no last capacity or demand stays
+    metrics.record(Outcome("ml", "chat", status=busy, tunes=False), 0.01)
+    text = generate_latest(metrics.registry).decode()
+    assert 'batchknee_capacity_sequences{name="chat"' not in text
+    assert 'batchknee_demand_sequences{name="chat"' not in text
+    assert 'batchknee_max_num_seqs{name="chat",namespace="ml"} 16.0' in text  # what it knows stays
     metrics.record(Outcome("ml", "chat", found=False), 0.01)
     assert 'batchknee_max_num_seqs{name="chat"' not in generate_latest(metrics.registry).decode()
 
@@ -339,6 +345,45 @@ def test_a_fresh_scope_waits_behind_no_other_scopes_refresh() -> None:
     assert all(router.is_fresh(t) for t in [victim, *tenant])
 
 
+def test_a_url_whose_objects_went_while_its_refresh_waited_keeps_no_cache() -> None:
+    """A tenant's two objects on their own Prometheus, deleted while the second's refresh waits
+    behind the first's (or for a thread): the waiting refresh made the URL's cache again — a session
+    and its query threads — after `forget` had dropped it, and nothing would drop it later. Each
+    deleted tenant kept one, for good."""
+    import asyncio
+
+    from batchknee.adapters.prometheus import CachedObserver
+
+    url = "http://prometheus.team-a:9090"
+    cache = CachedObserver(SlowPrometheus, ttl_s=60)
+    router = RoutedObserver(cache, "http://prometheus:9090", [url])
+    first, second = (ObservationTarget("team-a", name, "VLLM", 300 + i) for i, name in enumerate("ab"))
+
+    async def scenario() -> None:
+        for target in (first, second):
+            router.route(*target.key, url)
+        refreshes = [asyncio.create_task(router.prepare(t, NOW)) for t in (first, second)]
+        await asyncio.sleep(0.1)  # the first refresh is in flight, the second waits behind it
+        for target in (first, second):
+            router.forget(*target.key)
+        await asyncio.gather(*refreshes)
+
+    asyncio.run(scenario())
+    assert cache.urls() == []
+    # an evaluation that read the route just before its object went: nor does its reading keep one
+    router.route(*first.key, url)
+    routed_url = router.url
+
+    def url_then_forgotten(target: ObservationTarget) -> str:
+        chosen = routed_url(target)
+        router.forget(*target.key)
+        return chosen
+
+    router.url = url_then_forgotten  # type: ignore[method-assign]
+    router.observation(first, NOW)
+    assert cache.urls() == []
+
+
 def test_objects_with_a_stale_scope_of_their_own_share_their_namespaces_lane() -> None:
     """A scope of the object's own making (a window other than the default, a selector) that needs
     a refresh puts its evaluation in the namespace's lane (two at once); once fresh, or with the
@@ -368,6 +413,9 @@ def test_objects_with_a_stale_scope_of_their_own_share_their_namespaces_lane() -
     assert rt.in_lane(("team-a", "plain"))
     # its reconcile reads its pods by name: refreshing the fleet's default scope first reads nothing it uses
     assert rt.prepared_target(("team-a", "plain")) is None
+    # a spec edited into one that is refused: its last scope is neither refreshed nor laned
+    rt.note("team-a", "own", {"spec": {"engine": "Nope"}})
+    assert rt.prepared_target(own.key) is None and not rt.in_lane(own.key)
 
 
 def test_the_refresh_before_a_reconcile_reads_at_the_runtimes_clock() -> None:
