@@ -22,6 +22,7 @@ from batchknee.emulator import (
     Schedule,
     vllm_num_gpu_blocks,
 )
+from batchknee.emulator.engine import REFUSED_RETRY_S
 
 SEED_ROOFLINE = DecodeRoofline(
     find_model("llama-3-8b"), find_gpu("a100-80gb"), params=8.0e9, bandwidth_bytes_per_s=2.0e12
@@ -299,6 +300,24 @@ def test_rejections_and_drops_are_counted() -> None:
     assert engine.used_blocks == 0 and engine.in_flight == 0
     assert sum(1 for r in outcomes if r.state == DROPPED) == dropped
     assert all(r.state in (REJECTED, DROPPED, FINISHED) for r in outcomes)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "concurrency", "max_waiting"),
+    [(5000, 4, 100), (100, 64, 1)],  # every prompt past max_model_len; more clients than seats and queue
+)
+def test_refused_closed_loop_clients_come_back_later_not_at_once(
+    prompt: int, concurrency: int, max_waiting: int
+) -> None:
+    """Each refused client sent its next request at the same simulated instant: the run looped
+    there for ever (`simulate --max-model-len 10`, an emulator whose queue is full)."""
+    engine = Engine(
+        config(max_num_seqs=2, max_waiting=max_waiting, max_model_len=4096),
+        load=LoadSpec(prompt_tokens=prompt, output_tokens=1000, concurrency=concurrency),
+    )
+    engine.run_until(1.0)
+    refused_per_second = (concurrency if prompt > 4096 else concurrency - 2 - max_waiting) / REFUSED_RETRY_S
+    assert 0.5 * refused_per_second <= engine.stats.rejected <= 1.1 * refused_per_second
 
 
 def test_config_refuses_what_vllm_refuses() -> None:

@@ -43,6 +43,7 @@ from batchknee.emulator.workload import LoadGenerator, LoadSpec, Schedule
 
 WAITING, PREFILL, DECODE, FINISHED, REJECTED, DROPPED = range(6)
 STATE_NAMES = ("waiting", "prefill", "decode", "finished", "rejected", "dropped")
+REFUSED_RETRY_S = 0.1  # a closed-loop client's pause after its request was refused
 
 
 class EngineConfigError(ValueError):
@@ -459,7 +460,10 @@ class Engine:
         request.finish_time = time
         self.stats.rejected += 1
         if request.closed_loop and self.load is not None:
-            self.load.request_done(time)
+            # a client turned away sends its next request a little later, as after an HTTP error
+            # (at the same instant, a prompt past max_model_len or a full queue was refused for ever
+            # without simulated time moving: the run never ended)
+            self.load.request_done(time + REFUSED_RETRY_S)
         if self.on_finish is not None:
             self.on_finish(request)
 
