@@ -70,6 +70,10 @@ def _refused(capsys: pytest.CaptureFixture[str], argv: list[str], option: str) -
         ([*SIMULATE, "--concurrency", "100000000"], "--concurrency: ", "100000"),
         ([*SIMULATE, "--prompt-spread", "5"], "--prompt-spread: ", "[0, 4]"),
         ([*SIMULATE, "--block-size", "100000000"], "--block-size: ", "larger than the"),
+        # (was: a run that never ended, its refused clients back at the same instant; --max-model-len
+        # blamed for a prompt the user gave)
+        ([*SIMULATE, "--max-model-len", "10"], "--max-model-len: ", "not longer than --prompt-tokens 512"),
+        ([*SIMULATE, "--prompt-tokens", "600000"], "--prompt-tokens/--output-tokens: ", "fewer than one"),
         (
             [*SIMULATE, "--max-num-batched-tokens", "99999999999"],
             "argument --max-num-batched-tokens",

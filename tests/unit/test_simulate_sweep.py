@@ -118,7 +118,7 @@ def test_open_loop_rate_sets_the_throughput(capsys: pytest.CaptureFixture[str]) 
         (["--sweep", "0"], "--sweep"),
         (["--duration", "10", "--warmup", "20"], "--warmup"),
         (["--request-rate", "1", "--concurrency", "4"], "--concurrency"),
-        (["--prompt-tokens", "900000"], "--max-model-len"),
+        (["--prompt-tokens", "900000"], "--prompt-tokens"),  # (was: blamed --max-model-len, not given)
         (["--prompt-distribution", "zipf"], "--prompt-distribution"),
     ],
 )

@@ -151,6 +151,11 @@ def _engine_config(args: argparse.Namespace, roofline: DecodeRoofline, max_num_s
     if args.gpu_memory_utilization > 1.0:
         raise UsageError("--gpu-memory-utilization: must be in (0, 1]")
     max_model_len = args.max_model_len or max(8192, args.prompt_tokens + args.output_tokens)
+    if args.max_model_len is not None and args.max_model_len <= args.prompt_tokens:
+        raise UsageError(
+            f"--max-model-len: {args.max_model_len:,} is not longer than --prompt-tokens {args.prompt_tokens:,}: "
+            "the engine would refuse every request; give a longer one"
+        )
     pool = roofline.kv_pool_bytes(args.gpu_memory_utilization)
     if pool <= 0:
         if roofline.kv_pool_bytes(1.0) > 0:
@@ -177,7 +182,9 @@ def _engine_config(args: argparse.Namespace, roofline: DecodeRoofline, max_num_s
             step_noise=args.step_noise,
         )
     except EngineConfigError as error:
-        raise UsageError(f"--max-model-len: {error}") from None
+        # max_model_len is the user's, or made of the prompt and output they gave
+        option = "--max-model-len" if args.max_model_len is not None else "--prompt-tokens/--output-tokens"
+        raise UsageError(f"{option}: {error}") from None
 
 
 def _load(args: argparse.Namespace, rate: float | None) -> LoadSpec:
@@ -209,8 +216,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--concurrency: give either --request-rate or --concurrency, not both")
     if args.benchmark:
         return benchmark(args, roofline)
+    load = _load(args, args.request_rate)  # first: its own errors name the load's options
     config = _engine_config(args, roofline, max(args.sweep))
-    load = _load(args, args.request_rate)
     duration = args.duration if args.duration is not None else default_duration_s(config, load, args.sweep)
     warmup = args.warmup if args.warmup is not None else 0.3 * duration
     if warmup >= duration:
