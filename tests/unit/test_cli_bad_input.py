@@ -100,7 +100,12 @@ def _refused(capsys: pytest.CaptureFixture[str], argv: list[str], option: str) -
         ),
         # (was: an empty targets block; `kneeFactorPercent must be within 100–200`; an EngineConfigError)
         ([*BENCH[:-1], ""], "argument --trace", "flapping"),
-        ([*BENCH, "--knee-factor-percent", "-5"], "--knee-factor-percent", "100–200"),
+        ([*BENCH, "--knee-factor-percent", "-5"], "--knee-factor-percent", "within 100–200"),
+        # (was: accepted, an operator no LLMServing could describe)
+        ([*BENCH, "--window-seconds", "0"], "--window-seconds", "within 30–3,600"),
+        ([*BENCH, "--cooldown-seconds", "1" + "0" * 25], "--cooldown-seconds", "within 0–86,400"),
+        ([*BENCH, "--tpot-target-ms", "1" + "0" * 22], "--tpot-target-ms", "within 1–100,000"),
+        ([*BENCH, "--restart-seconds", "1e300"], "argument --restart-seconds", "a day"),
         (
             ["bench", "--model", "llama-3.1-405b", "--gpu", "l4", "--trace", "flapping"],
             "--tp/--gpu",

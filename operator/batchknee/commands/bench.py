@@ -16,9 +16,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from batchknee.argtypes import int_list, non_negative_float, positive_int
+from pydantic import ValidationError
+
+from batchknee.api.models import TuningSpec
+from batchknee.argtypes import at_most, int_list, non_negative_float, positive_int
 from batchknee.commands import UsageError, check_output_path, require_extra
 from batchknee.commands._options import (
+    MAX_SIMULATED_S,
     add_roofline_options,
     describe,
     resolve_roofline,
@@ -73,7 +77,10 @@ def register(subparsers: Any) -> None:
         "--slo-margin-percent", type=int, default=10, help="goal SLO's headroom under the target"
     )
     parser.add_argument(
-        "--restart-seconds", type=non_negative_float, default=120.0, help="a rollout's pod downtime"
+        "--restart-seconds",
+        type=at_most(non_negative_float, MAX_SIMULATED_S, f"{MAX_SIMULATED_S:.0f} s (a day)"),
+        default=120.0,
+        help="a rollout's pod downtime",
     )
     parser.add_argument(
         "--actuation",
@@ -127,7 +134,40 @@ _RULE_OPTIONS = {
 }
 
 
+def _check_against_the_api(args: argparse.Namespace, goal: str) -> None:
+    """The tuning options within the bounds an LLMServing's spec.tuning takes (a window of 0 s or a
+    cooldown of 10^25 s describes no operator a user could run)."""
+    asked = {
+        "goal": goal,
+        "kneeFactorPercent": args.knee_factor_percent,
+        "tpotP99TargetMilliseconds": args.tpot_target_ms,
+        "ttftP99TargetMilliseconds": args.ttft_target_ms,
+        "sloMarginPercent": args.slo_margin_percent,
+        "deadBandPercent": args.dead_band_percent,
+        "cooldownSeconds": args.cooldown_seconds,
+        "maxRolloutsPerHour": args.max_rollouts_per_hour,
+        "windowSeconds": args.window_seconds,
+    }
+    try:
+        TuningSpec.model_validate(asked)
+    except ValidationError as error:
+        first = error.errors()[0]
+        field = str(first["loc"][0]) if first["loc"] else ""
+        bounds = {
+            type(limit).__name__: getattr(limit, type(limit).__name__.lower())
+            for info in TuningSpec.model_fields.values()
+            if info.alias == field
+            for limit in info.metadata
+            if type(limit).__name__ in ("Ge", "Le")
+        }
+        said = (
+            f"must be within {bounds['Ge']:,}–{bounds['Le']:,}" if len(bounds) == 2 else first["msg"].lower()
+        )
+        raise UsageError(f"{_RULE_OPTIONS.get(field, field)}: {said}, as spec.tuning.{field} takes") from None
+
+
 def _rules(args: argparse.Namespace, goal: str) -> TuningRules:
+    _check_against_the_api(args, goal)
     try:
         return TuningRules(
             goal=goal,  # type: ignore[arg-type]
