@@ -57,12 +57,28 @@ SERVICE_LINK = re.compile(
 )
 # Past these a setting is a typo: a query deadline or a shared reading of minutes is already stale.
 MAX_PROMETHEUS_SECONDS = 300.0
+MIN_PROMETHEUS_TIMEOUT_SECONDS = 0.1  # under it no query to any Prometheus can answer
+# No window (at most an hour) scraped at most once a second holds more: every reading too thin.
+MAX_WINDOW_SAMPLES = 3600
 
 
 def _prometheus_url(url: str) -> str:
     # the URL is not echoed: it may carry credentials
     if not (url.lower().startswith(("http://", "https://")) and has_host(url)):
         raise ValueError(f"not an http(s) URL with a host; write it as {URL_FORM}")
+    if any(ch.isspace() for ch in url):
+        raise ValueError(f"holds whitespace; write it as {URL_FORM}")
+    parts = urllib.parse.urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = 0
+    if port == 0 or parts.netloc.endswith(":"):
+        raise ValueError(f"its port is not a number within 1–65535; write it as {URL_FORM}")
+    if "?" in url or "#" in url:  # the query path is appended to the URL's own
+        raise ValueError(
+            f"has a query or a fragment, which the queries' own path would follow; write it as {URL_FORM}"
+        )
     return url
 
 
@@ -98,11 +114,16 @@ class OperatorSettings(BaseSettings):
     )
     prometheus_timeout_seconds: float = Field(
         5.0,
-        gt=0,
+        ge=MIN_PROMETHEUS_TIMEOUT_SECONDS,
         le=MAX_PROMETHEUS_SECONDS,
         description="Total deadline of one Prometheus query (not per read)",
     )
-    prometheus_min_samples: int = Field(3, ge=1, description="Fewer samples in the window read as too thin")
+    prometheus_min_samples: int = Field(
+        3,
+        ge=1,
+        le=MAX_WINDOW_SAMPLES,
+        description="Fewer samples in the window read as too thin",
+    )
     namespaces: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="Namespaces to watch, comma-separated; empty: the whole cluster"
     )
@@ -316,6 +337,16 @@ class OperatorSettings(BaseSettings):
                 raise ValueError(
                     f"{name!r} is not a namespace name (lowercase letters, digits and '-', at most 63)"
                 )
+        return value
+
+    @field_validator("vllm_image", "trtllm_image", "sglang_image")
+    @classmethod
+    def _check_image(cls, value: str) -> str:
+        # a Deployment takes an empty image (a pod template's is optional) and its pods never start
+        if not 0 < len(value) <= 1024 or any(not ch.isprintable() or ch.isspace() for ch in value):
+            raise ValueError(
+                "is not an image reference (1–1024 characters, no whitespace), e.g. vllm/vllm-openai:v0.11.0"
+            )
         return value
 
     @field_validator("peering_name")

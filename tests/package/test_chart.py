@@ -842,6 +842,12 @@ def test_the_schema_knows_every_value_and_rejects_unknown_ones(helm: Helm) -> No
         ({"nameOverride": "x\nteam: a"}, "nameOverride"),  # a label line in every labels block
         ({"fullnameOverride": "Op"}, "fullnameOverride"),
         ({"metrics": {"podMonitor": {"bodySizeLimit": "16 MiB\n  x: y"}}}, "bodySizeLimit"),
+        # what the operator refuses at start: the chart says so at install, not a crash-looping pod
+        ({"operator": {"prometheusUrl": "http://prom:9090/?x=1"}}, "prometheusUrl"),
+        ({"operator": {"prometheusUrl": "http://prom 9090"}}, "prometheusUrl"),
+        ({"operator": {"prometheusAllowedUrls": ["http://prom:abc"]}}, "prometheusAllowedUrls"),
+        ({"operator": {"prometheusMinSamples": 99999}}, "prometheusMinSamples"),
+        ({"operator": {"engineImages": {"vllm": "not an image"}}}, "vllm"),
     ):
         done = helm("template", bad, check=False)
         assert done.returncode != 0 and message in done.stderr, (bad, done.stderr)

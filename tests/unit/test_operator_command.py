@@ -76,6 +76,22 @@ def test_a_bad_setting_is_one_line(
         ("BATCHKNEE_PROMETHEUS_URL", "localhost:9090", ["prometheus_url", "http(s)://host"]),
         ("BATCHKNEE_PROMETHEUS_URL", "http://", ["prometheus_url", "http(s)://host"]),
         ("BATCHKNEE_PROMETHEUS_ALLOWED_URLS", "*,prom:9090", ["prometheus_allowed_urls", "entry 2"]),
+        # (was: accepted; every query failed with `InvalidURL`, or went to `…?x=1#f/api/v1/query`)
+        ("BATCHKNEE_PROMETHEUS_URL", "http://prom:abc", ["prometheus_url", "port is not a number"]),
+        (
+            "BATCHKNEE_PROMETHEUS_URL",
+            "http://u:s3cret@prom:99999",
+            ["prometheus_url", "port is not a number"],
+        ),
+        ("BATCHKNEE_PROMETHEUS_URL", "http://prom 9090", ["prometheus_url", "holds whitespace"]),
+        ("BATCHKNEE_PROMETHEUS_URL", "http://prom:9090/?x=1#f", ["prometheus_url", "a query or a fragment"]),
+        ("BATCHKNEE_PROMETHEUS_ALLOWED_URLS", "http://prom:", ["prometheus_allowed_urls", "port"]),
+        # (was: accepted; every reading too thin for ever, every query past its deadline at once)
+        ("BATCHKNEE_PROMETHEUS_MIN_SAMPLES", "999999999999", ["prometheus_min_samples", "3600"]),
+        ("BATCHKNEE_PROMETHEUS_TIMEOUT_SECONDS", "1e-300", ["prometheus_timeout_seconds", "0.1"]),
+        # (was: accepted; every engine Deployment made with no image, its pods never starting)
+        ("BATCHKNEE_VLLM_IMAGE", "", ["vllm_image", "not an image reference"]),
+        ("BATCHKNEE_SGLANG_IMAGE", "not an image!", ["sglang_image", "not an image reference"]),
         # (was: accepted; a query deadline of 1e10 s broke every reading, a cache of inf never refreshed)
         ("BATCHKNEE_PROMETHEUS_TIMEOUT_SECONDS", "1e10", ["prometheus_timeout_seconds", "300"]),
         ("BATCHKNEE_PROMETHEUS_CACHE_SECONDS", "inf", ["prometheus_cache_seconds", "300"]),
@@ -99,6 +115,7 @@ def test_a_setting_that_cannot_work_is_refused_naming_it(
     assert main(["operator"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Value error" not in err, err
+    assert "s3cret" not in err  # a URL's credentials are never shown
     for word in words:
         assert word in err, err
 
