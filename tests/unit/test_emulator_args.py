@@ -120,6 +120,13 @@ def test_defaults_follow_vllm_per_gpu() -> None:
         (["llama-3-8b", "--kv-cache-dtype", "int2"], "--kv-cache-dtype"),
         (["llama-3-70b", "--gpu", "l4"], "--gpu-memory-utilization"),
         (["llama-3-8b", "--request-rate", "1e9"], "--request-rate"),
+        # (was: accepted; the engine then allocated tens of GB for its per-block counts)
+        (["llama-3-8b", "--num-gpu-blocks-override", "1", "--block-size", "10000000000"], "--block-size"),
+        (
+            ["llama-3-8b", "--num-gpu-blocks-override", "1000000000", "--block-size", "1"],
+            "--num-gpu-blocks-override",
+        ),
+        (["llama-3-8b", "--block-size", "10000000000"], "--block-size: one block"),
     ],
 )
 def test_errors_name_the_option(argv: list[str], names: str) -> None:

@@ -600,8 +600,18 @@ def _vllm(
         blocks = args.num_gpu_blocks_override or vllm_num_gpu_blocks(
             roof, args.gpu_memory_utilization, args.block_size
         )
+    if blocks <= 0 and args.block_size * roof.kv_bytes_per_token > roof.gpu.memory_bytes:
+        raise EngineArgsError(
+            f"--block-size: one block of {args.block_size:,} tokens is larger than the GPU's memory"
+        )
     if blocks <= 0:
         raise EngineArgsError(f"--gpu-memory-utilization: {no_kv_memory(roof, args.gpu_memory_utilization)}")
+    pool_bytes = blocks * args.block_size * roof.kv_bytes_per_token
+    if pool_bytes > roof.gpu.memory_bytes:  # the emulator holds a count per block and per block slot
+        raise EngineArgsError(
+            f"--num-gpu-blocks-override/--block-size: {blocks:,} blocks of {args.block_size:,} tokens need "
+            f"{pool_bytes / 1e9:,.0f} GB of KV cache per GPU, more than the GPU's {roof.gpu.memory_bytes / 1e9:,.0f} GB"
+        )
     try:
         config = EngineConfig(
             roofline=roof,
