@@ -43,6 +43,16 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be zero or positive")
+    return value
+
+
 def fraction(text: str) -> float:
     """A number in [0, 1)."""
     value = non_negative_float(text)

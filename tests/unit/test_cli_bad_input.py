@@ -101,6 +101,9 @@ def _refused(capsys: pytest.CaptureFixture[str], argv: list[str], option: str) -
         # (was: an empty targets block; `kneeFactorPercent must be within 100–200`; an EngineConfigError)
         ([*BENCH[:-1], ""], "argument --trace", "flapping"),
         ([*BENCH, "--knee-factor-percent", "-5"], "--knee-factor-percent", "within 100–200"),
+        # (was: exit 1, without the command's name)
+        (["dev-cluster", "up", "--runtime", "bad"], "--runtime: ", "NAME=COMMAND"),
+        (["dev-cluster", "exec"], "exec: ", "give a command after --"),
         # (was: accepted, an operator no LLMServing could describe)
         ([*BENCH, "--window-seconds", "0"], "--window-seconds", "within 30–3,600"),
         ([*BENCH, "--cooldown-seconds", "1" + "0" * 25], "--cooldown-seconds", "within 0–86,400"),

@@ -12,7 +12,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from batchknee.commands import require_extra
+from batchknee.argtypes import at_most, non_negative_int
+from batchknee.commands import UsageError, require_extra
 
 PROMETHEUS_URL_ENV = "BATCHKNEE_PROMETHEUS_URL"
 
@@ -43,7 +44,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         p.add_argument(
             "--workdir", help="folder for certificates, etcd data and logs (default: a temp folder)"
         )
-        p.add_argument("--gpus", type=int, default=8, help="nvidia.com/gpu capacity of the node (default 8)")
+        p.add_argument(
+            "--gpus",
+            type=at_most(non_negative_int, 1024),
+            default=8,
+            help="nvidia.com/gpu capacity of the node (default 8)",
+        )
         p.add_argument("--quiet", action="store_true", help="print only errors")
 
     up = sub.add_parser("up", help="start the cluster and wait for Ctrl-C")
@@ -64,7 +70,7 @@ def _runtimes(specs: list[str]) -> dict[str, list[str]]:
     for spec in specs:
         name, sep, command = spec.partition("=")
         if not sep or not name or not command.strip():
-            raise SystemExit(f"--runtime wants NAME=COMMAND, got {spec!r}")
+            raise UsageError(f"--runtime: wants NAME=COMMAND, got {spec!r}")
         out[name] = shlex.split(command)
     return out
 
@@ -146,7 +152,7 @@ def run_exec(args: argparse.Namespace) -> int:
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
     if not cmd:
-        raise SystemExit("batchknee dev-cluster exec: give a command after --")
+        raise UsageError("exec: give a command after --")
     status = 1
     with _terminate_as_interrupt():
         try:

@@ -31,6 +31,7 @@ from batchknee.argtypes import (
     bandwidth,
     fraction,
     non_negative_float,
+    non_negative_int,
     port,
     positive_float,
     positive_int,
@@ -117,16 +118,6 @@ _speedup = at_most(positive_float, MAX_SPEEDUP)
 _rate = at_most(non_negative_float, MAX_REQUEST_RATE, f"{MAX_REQUEST_RATE:g} requests/s")
 
 
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be zero or positive")
-    return value
-
-
 def _emulator_parser(engine: str) -> _Parser:
     parser = _Parser(
         prog=f"batchknee emulate --engine {engine}",
@@ -205,7 +196,7 @@ def _emulator_parser(engine: str) -> _Parser:
     )
     live.add_argument(
         "--fault-above-running",
-        type=_non_negative_int,
+        type=non_negative_int,
         metavar="N",
         default=None,
         help="the running count above which --fault-step-slowdown applies",
