@@ -101,6 +101,17 @@ def _refused(capsys: pytest.CaptureFixture[str], argv: list[str], option: str) -
         # (was: an empty targets block; `kneeFactorPercent must be within 100–200`; an EngineConfigError)
         ([*BENCH[:-1], ""], "argument --trace", "flapping"),
         ([*BENCH, "--knee-factor-percent", "-5"], "--knee-factor-percent", "within 100–200"),
+        # (was: plan refused 0, which spec.tuning takes; plan and simulate took 99.9, which it refuses)
+        (
+            [*PLAN, "--goal", "slo", "--tpot-target-ms", "30", "--slo-margin-percent", "95"],
+            "--slo-margin-percent",
+            "90",
+        ),
+        (
+            [*SIMULATE, "--goal", "slo", "--tpot-target-ms", "30", "--slo-margin-percent", "99.9"],
+            "--slo-margin-percent",
+            "90",
+        ),
         # (was: exit 1, without the command's name)
         (["dev-cluster", "up", "--runtime", "bad"], "--runtime: ", "NAME=COMMAND"),
         (["dev-cluster", "exec"], "exec: ", "give a command after --"),

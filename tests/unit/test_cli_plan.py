@@ -202,6 +202,9 @@ def test_goal_slo_runs_the_p99_bound_past_the_knee(capsys: pytest.CaptureFixture
     assert row["tpotP99Ms"] > row["tpotMs"]  # the prefill chunks' tail
     status, _, err = run(capsys, "plan", *common, "--context", "2048", "--goal", "slo")
     assert status == 2 and "--goal slo: needs --tpot-target-ms" in err
+    # no margin, as spec.tuning.sloMarginPercent 0 takes (was: refused): a larger batch
+    status, out, _ = run(capsys, *args, "--goal", "slo", "--slo-margin-percent", "0")
+    assert status == 0 and json.loads(out)[0]["recommendedMaxNumSeqs"] > plan["recommendedMaxNumSeqs"]
 
 
 def test_sglang_plan_names_its_knob_and_its_own_default(capsys: pytest.CaptureFixture[str]) -> None:

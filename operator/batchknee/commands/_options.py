@@ -35,6 +35,10 @@ MAX_PARAMS = 1e14  # a hundred times the largest model in the catalog
 param_count = at_most(positive_float, MAX_PARAMS, f"{MAX_PARAMS:.0e} parameters")
 simulated_seconds = at_most(positive_float, MAX_SIMULATED_S, f"{MAX_SIMULATED_S:.0f} s (a day)")
 step_tokens = at_most(positive_int, MAX_STEP_TOKENS, f"{MAX_STEP_TOKENS:,}")  # --max-num-batched-tokens
+MAX_SLO_MARGIN_PERCENT = 90  # spec.tuning.sloMarginPercent's bound
+slo_margin_percent = at_most(
+    non_negative_float, MAX_SLO_MARGIN_PERCENT, f"{MAX_SLO_MARGIN_PERCENT}, as spec.tuning.sloMarginPercent"
+)
 
 
 def batch_limits(text: str) -> list[int]:

@@ -17,6 +17,7 @@ from batchknee.commands._options import (
     describe,
     knob_flag,
     resolve_roofline,
+    slo_margin_percent,
     step_tokens,
 )
 from batchknee.core.plan import ContextPlan, build_plan
@@ -60,7 +61,10 @@ def register(subparsers: Any) -> None:
         "the target less --slo-margin-percent (needs --tpot-target-ms)",
     )
     parser.add_argument(
-        "--slo-margin-percent", type=positive_float, default=10.0, help="headroom under the target (goal slo)"
+        "--slo-margin-percent",
+        type=slo_margin_percent,
+        default=10.0,
+        help="headroom under the target (goal slo)",
     )
     parser.add_argument(
         "--prompt-fraction",
@@ -99,8 +103,6 @@ def run(args: argparse.Namespace) -> int:
     if args.goal == "slo":
         if tpot_target_s is None:
             raise UsageError("--goal slo: needs --tpot-target-ms")
-        if args.slo_margin_percent >= 100:
-            raise UsageError("--slo-margin-percent: must be below 100")
         tpot_target_s *= 1.0 - args.slo_margin_percent / 100.0
     step_budget = args.max_num_batched_tokens or (
         sglang.DEFAULT_CHUNKED_PREFILL_SIZE if args.engine == "sglang" else 2048

@@ -25,6 +25,7 @@ from batchknee.commands._options import (
     describe,
     resolve_roofline,
     simulated_seconds,
+    slo_margin_percent,
     step_tokens,
 )
 from batchknee.core.recommend import recommend
@@ -84,7 +85,7 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--slo-margin-percent",
-        type=non_negative_float,
+        type=slo_margin_percent,
         default=10.0,
         help="headroom under the target (goal slo)",
     )
@@ -267,8 +268,6 @@ def goal_max_num_seqs(
     if args.goal == "slo":
         if tpot_target_s is None:
             raise UsageError("--goal slo: needs --tpot-target-ms")
-        if args.slo_margin_percent >= 100:
-            raise UsageError("--slo-margin-percent: must be below 100")
         tpot_target_s *= 1.0 - args.slo_margin_percent / 100.0
     mix = PrefillMix(
         load.prompt_tokens,
