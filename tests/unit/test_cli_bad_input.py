@@ -101,6 +101,13 @@ def _refused(capsys: pytest.CaptureFixture[str], argv: list[str], option: str) -
         # (was: an empty targets block; `kneeFactorPercent must be within 100–200`; an EngineConfigError)
         ([*BENCH[:-1], ""], "argument --trace", "flapping"),
         ([*BENCH, "--knee-factor-percent", "-5"], "--knee-factor-percent", "within 100–200"),
+        # (was: ignored, the plan of no sharing)
+        (
+            [*PLAN, "--context", "512", "--prefix-sharing", "0.5", "--output-tokens", "5000"],
+            "--output-tokens: ",
+            "no prompt",
+        ),
+        ([*PLAN, "--output-tokens", "500"], "--output-tokens: ", "only with --prefix-sharing"),
         # (was: plan refused 0, which spec.tuning takes; plan and simulate took 99.9, which it refuses)
         (
             [*PLAN, "--goal", "slo", "--tpot-target-ms", "30", "--slo-margin-percent", "95"],

@@ -104,6 +104,15 @@ def run(args: argparse.Namespace) -> int:
         if tpot_target_s is None:
             raise UsageError("--goal slo: needs --tpot-target-ms")
         tpot_target_s *= 1.0 - args.slo_margin_percent / 100.0
+    if args.output_tokens and not args.prefix_sharing:
+        raise UsageError(
+            "--output-tokens: used only with --prefix-sharing (to find the prompt it shares); add it or drop this"
+        )
+    if args.prefix_sharing and args.output_tokens >= 2 * min(args.context):
+        raise UsageError(
+            f"--output-tokens: {args.output_tokens:g} leaves no prompt at context {min(args.context):,} (the "
+            f"prompt is the context less half the output), so nothing to share; give less than {2 * min(args.context):,}"
+        )
     step_budget = args.max_num_batched_tokens or (
         sglang.DEFAULT_CHUNKED_PREFILL_SIZE if args.engine == "sglang" else 2048
     )
