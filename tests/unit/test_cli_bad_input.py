@@ -101,6 +101,9 @@ def _refused(capsys: pytest.CaptureFixture[str], argv: list[str], option: str) -
         # (was: an empty targets block; `kneeFactorPercent must be within 100–200`; an EngineConfigError)
         ([*BENCH[:-1], ""], "argument --trace", "flapping"),
         ([*BENCH, "--knee-factor-percent", "-5"], "--knee-factor-percent", "within 100–200"),
+        # (was: ignored: an open loop of 100 requests/s reported for a closed loop of 4; no plot written)
+        ([*SIMULATE, "--benchmark", "--duration", "5", "--concurrency", "4"], "--concurrency: ", "open loop"),
+        ([*SIMULATE, "--benchmark", "--goal", "knee"], "--goal: ", "drop it"),
         # (was: ignored, the plan of no sharing)
         (
             [*PLAN, "--context", "512", "--prefix-sharing", "0.5", "--output-tokens", "5000"],

@@ -342,6 +342,21 @@ def render_table(
 
 def benchmark(args: argparse.Namespace, roofline: DecodeRoofline) -> int:
     """Simulated seconds per wall second: an hour of 100 requests/s by default."""
+    ignored = [
+        option
+        for option, value in (
+            ("--concurrency", args.concurrency),
+            ("--warmup", args.warmup),
+            ("--goal", args.goal),
+            ("--plot", args.plot),
+        )
+        if value is not None
+    ]
+    if ignored:  # it would run, and report, something else than asked
+        raise UsageError(
+            f"{ignored[0]}: --benchmark times an open loop of --request-rate over --duration and takes no "
+            f"{', '.join(ignored)}; drop {'it' if len(ignored) == 1 else 'them'}"
+        )
     rate = args.request_rate or BENCHMARK_RATE
     duration = args.duration or BENCHMARK_DURATION_S
     config = _engine_config(args, roofline, max(args.sweep))
