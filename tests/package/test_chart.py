@@ -18,7 +18,7 @@ from conftest import CHART, NAMESPACE, PROJECT, RELEASE, ROOT, Helm, Render, kin
 from operator_rbac import granted, required, wildcards
 from prometheus_client import generate_latest
 
-from batchknee.adapters.prometheus import TRTLLM_METRICS, VLLM_METRICS
+from batchknee.adapters.prometheus import SGLANG_METRICS, TRTLLM_METRICS, VLLM_METRICS
 from batchknee.api.crd import crd_manifest, peering_crds
 from batchknee.api.models import LLMServingStatus, ObservedMetrics
 from batchknee.api.resolve import parse_llmserving
@@ -703,10 +703,10 @@ def test_the_grafana_dashboard(render: Render) -> None:
             r'label_values\(batchknee_max_num_seqs\{llmserving="".*\}, ', variables[name]["query"]["query"]
         )
     ours = operator_metric_names()
-    engine = {
-        name for family in (VLLM_METRICS, TRTLLM_METRICS) for names in vars(family).values() for name in names
-    }
+    families = (VLLM_METRICS, TRTLLM_METRICS, SGLANG_METRICS)
+    engine = {name for family in families for names in vars(family).values() for name in names}
     seen: set[str] = set()
+    engine_seen: set[str] = set()
     for panel in board["panels"]:
         assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
         for target in panel["targets"]:
@@ -722,6 +722,10 @@ def test_the_grafana_dashboard(render: Render) -> None:
                     assert base in engine, (
                         f"{panel['title']}: {alternative} is not an engine metric the adapter reads"
                     )
+                    engine_seen.add(base)
+    # the running batch and the engines' TPOT histogram of every engine (SGLang's panels were empty)
+    for family in families:
+        assert family.running[0] in engine_seen and set(family.tpot) & engine_seen, family
     assert {
         "batchknee_b_knee",
         "batchknee_max_num_seqs",
