@@ -288,9 +288,9 @@ def crd_manifest() -> dict[str, Any]:
             },
         ],
         "type": "object",
-        "description": "LLMServing runs an LLM engine (vLLM or TensorRT-LLM) as a Deployment and keeps its "
-        "decode batch limit (--max-num-seqs; TensorRT-LLM max_batch_size and KV max_tokens) at the "
-        "memory-bandwidth knee as traffic shifts.",
+        "description": "LLMServing runs an LLM engine (vLLM, TensorRT-LLM or SGLang) as a Deployment and "
+        "keeps its decode batch limit (--max-num-seqs; TensorRT-LLM max_batch_size; SGLang "
+        "--max-running-requests) at the memory-bandwidth knee as traffic shifts.",
         "required": ["spec"],
         "properties": {
             "apiVersion": {

@@ -562,7 +562,8 @@ class PrometheusSpec(_Model):
         None,
         max_length=16,
         description="Exact label matches selecting this object's engine series, for unusual labelling. By "
-        "default series are matched by namespace and pod name (<name>-<replicaset hash>-<pod hash>).",
+        "default series are matched by their `namespace` and `llmserving` labels (the scrape copies "
+        "`llmserving` from the pod label batchknee.io/llmserving, as the chart's PodMonitors do).",
     )
 
     @model_validator(mode="after")
@@ -621,7 +622,9 @@ class RolloutSpec(_Model):
         ge=10,
         le=86400,
         description="New engine pods not Ready within this time (the value does not fit, the engine crashes) "
-        "roll back to the last good batch limit, which is then quarantined.",
+        "roll back to the last good batch limit, and the failed one is quarantined; a stall after a pod "
+        "template that was not a batch limit's (an image, an operator upgrade) is reported (Degraded, "
+        "RolloutStalled), not rolled back.",
     )
 
     @model_validator(mode="after")
@@ -1725,7 +1728,8 @@ class QuarantineEntry(_Model):
         ge=0,
         description="The average context it failed at; held within the dead band of it and beyond it "
         "in the direction that makes the value no lighter (longer for Above, shorter for Below). "
-        "Absent when no context was observed then: held at every context.",
+        "Absent when no context was observed then, or for a raised limit whose pods never got Ready: "
+        "held at every context.",
     )
     until: Timestamp = Field(description="When it may be tried again.")
     reason: ReasonText = Field(description="What went wrong.")
@@ -1751,7 +1755,10 @@ class LLMServingStatus(_Model):
     max_num_seqs: int | None = Field(None, ge=0, description="The batch limit the engine Deployment runs.")
     recommended_max_num_seqs: int | None = Field(None, ge=0, description="What the knee math recommends now.")
     max_tokens: int | None = Field(
-        None, ge=0, description="TensorRT-LLM: KV token cap (kv_cache_config.max_tokens) that goes with it."
+        None,
+        ge=0,
+        description="TensorRT-LLM: the KV token cap (kv_cache_config.max_tokens) of the spec's "
+        "extraLlmApiOptions, when it sets one (the operator sets none).",
     )
     limited_by: KeywordText | None = Field(
         None,
@@ -1782,7 +1789,8 @@ class LLMServingStatus(_Model):
     quarantine: list[QuarantineEntry] = Field(
         default_factory=list,
         max_length=QUARANTINE_KEPT,
-        description=f"Batch limits that failed (rollout not Ready by its deadline), the newest {QUARANTINE_KEPT}.",
+        description="Batch limits held off for a while: a rollout not Ready by its deadline, a change the "
+        f"check after it reverted, a limit whose TPOT p99 broke the target; the newest {QUARANTINE_KEPT}.",
     )
     ceiling_max_num_seqs: int | None = Field(
         None,

@@ -110,10 +110,10 @@ class Observation:
 class ObservationTarget:
     """Which engine pods belong to one LLMServing, and over what window to read them.
 
-    By default the pods are found by name: the engine Deployment is named after the LLMServing, so
-    its pods are `<name>-<replicaset hash>-<pod hash>` in `namespace` — labels every PodMonitor and
-    scrape config attach. `selector` (exact label matches) overrides that for unusual labelling, and
-    `pods` (exact pod names) for an adopted workload.
+    By default the pods' series are found by their `namespace` and `llmserving` labels (the scrape
+    copies `llmserving` from the pod label batchknee.io/llmserving). `selector` (exact label
+    matches) overrides that for unusual labelling, and `pods` (exact pod names, with `namespace`)
+    for an adopted workload.
     """
 
     namespace: str
