@@ -446,7 +446,7 @@ def observed_metrics(
 def _ready_address(pod: dict[str, Any]) -> str | None:
     """`ip:port` of a ready, running engine pod (its `http` container port, else 8000)."""
     status = pod.get("status") or {}
-    ready = any(
+    ready = status.get("phase") == "Running" and any(  # a pod ended (Failed) may keep Ready=True
         c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
     )
     ip = status.get("podIP")
@@ -1233,6 +1233,11 @@ class _Reconcile:
                 f"{len(live) - len(below)} pods take their batch cap live, below the startup ceiling; "
                 f"{len(below)} started below {value} wait for the rollout that replaces them",
             )
+        if due:
+            # The pods again, just before their caps are set: one deleted since they were read (Prometheus
+            # and the apply came between) may have left its address to another team's pod by now.
+            now_at = {pod["metadata"]["name"]: _ready_address(pod) for pod in self.list_pods()}
+            due = [(name, address, cap) for name, address, cap in due if now_at.get(name) == address]
         sets = [functools.partial(_set_cap, runtime, address, cap.api, value) for _, address, cap in due]
         answers = on_engines(sets)
         failed = [
@@ -1507,6 +1512,9 @@ class _Reconcile:
     @functools.cached_property
     def pods(self) -> list[dict[str, Any]]:
         """The engine pods: the adopted workload's own selector, else the managed Deployment's."""
+        return self.list_pods()
+
+    def list_pods(self) -> list[dict[str, Any]]:
         return self.ports.kube.list_pods(self.namespace, dict(self.pod_labels or selector_labels(self.name)))
 
     pod_labels: Mapping[str, str] | None = None

@@ -34,7 +34,7 @@ def add_pod(
     world.kube.objects[("Pod", "default", name)] = {
         "metadata": {"name": name, "namespace": "default", "labels": {"batchknee.io/llmserving": owner}},
         "spec": {"containers": [{"name": "engine", "ports": [{"name": "http", "containerPort": 8000}]}]},
-        "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]},
+        "status": {"phase": "Running", "podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]},
     }
     runtime.pods[f"{ip}:8000"] = (
         {"api": "runtime-config", "cap": ceiling, "ceiling": ceiling} if ceiling is not None else None
@@ -78,6 +78,29 @@ def test_a_restarted_pod_gets_its_cap_back_within_one_evaluation(world: World) -
     world.clock.advance(30)
     world.reconcile()
     assert runtime.pods["127.0.9.1:8000"]["cap"] == 64  # type: ignore[index]
+
+
+def test_a_pod_gone_between_its_read_and_its_set_is_not_called(world: World) -> None:
+    """Caps are set after Prometheus and the apply: a pod deleted meanwhile (its tenant scaled down)
+    may have left its address to another team's pod, which the set would have patched."""
+    runtime = live_world(world)
+    read_cap = runtime.read_cap
+
+    def read_then_deleted(address: str) -> Any:
+        found = read_cap(address)
+        if address == "127.0.9.2:8000":  # deleted after its read; its address now another pod's
+            del world.kube.objects[("Pod", "default", "chat-abc-1")]
+        return found
+
+    runtime.read_cap = read_then_deleted  # type: ignore[method-assign]
+    world.reconcile()
+    assert runtime.sets == [("127.0.9.1:8000", 64)]
+    # a pod whose phase has ended is not one to call at all, Ready or not
+    world.kube.objects[("Pod", "default", "chat-abc-0")]["status"]["phase"] = "Failed"
+    runtime.pods["127.0.9.1:8000"]["cap"] = 224  # type: ignore[index]
+    world.clock.advance(30)
+    world.reconcile()
+    assert runtime.sets == [("127.0.9.1:8000", 64)]
 
 
 def test_a_pod_that_does_not_answer_is_named_and_the_others_get_their_cap(world: World) -> None:
