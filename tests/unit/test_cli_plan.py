@@ -326,3 +326,24 @@ def test_when_no_context_can_run_the_plan_is_refused_with_the_first_ones_fix(
         "batchknee plan: error: --context: one sequence of 1,000,000 tokens needs 131.1 GB of KV cache, "
         "more than the 59.8 GB KV pool per GPU; lower --context, or raise --tp"
     )
+
+
+def test_trtllm_plans_with_its_own_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--engine trtllm` changed nothing (the vLLM plan under another name): its KV pool is a share
+    of what the weights leave, its step budget max_num_tokens, and its knob --max_batch_size."""
+    from batchknee.core import DecodeRoofline, find_gpu, find_model
+    from batchknee.engines import trtllm
+
+    roofline = DecodeRoofline(
+        find_model("llama-3-8b"), find_gpu("a100-80gb"), params=8.0e9, bandwidth_bytes_per_s=2.0e12
+    )
+    plans = {}
+    for engine in ("vllm", "trtllm"):
+        status, out, _ = run(capsys, *SEED, "--context", "2048", "--engine", engine, "--output", "json")
+        assert status == 0
+        [plans[engine]] = json.loads(out)
+    pool = roofline.kv_pool_bytes_free_fraction(trtllm.DEFAULT_FREE_GPU_MEMORY_FRACTION)
+    assert plans["trtllm"]["kvCapacityBatch"] == roofline.kv_capacity_batch(2048, pool)
+    assert plans["trtllm"]["kvCapacityBatch"] != plans["vllm"]["kvCapacityBatch"]
+    status, out, _ = run(capsys, *SEED, "--context", "2048", "--engine", "trtllm")
+    assert "recommended --max_batch_size 64" in out and "--max-num-seqs" not in out

@@ -173,3 +173,22 @@ def test_goal_slo_adds_the_planners_pick_and_it_meets_the_target(capsys: pytest.
     points = {p["maxNumSeqs"]: p for p in json.loads(out)["points"]}
     [pick] = set(points) - {64}
     assert pick > 64 and points[pick]["tpotP99Ms"] <= 30 * 0.9
+
+
+def test_trtllm_reserves_whole_sequences_at_admission(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--engine trtllm` ran vLLM's scheduler: TensorRT-LLM's default (GUARANTEED_NO_EVICT) admits a
+    request only with the blocks of its whole sequence free, so a limit past what the pool holds
+    whole runs that many, never preempting."""
+    common = ["simulate", "--model", "llama-3-8b", "--gpu", "h100-sxm", "--sweep", "256"]
+    load = ["--prompt-tokens", "1024", "--output-tokens", "1024", "--output", "json"]
+    running = {}
+    for engine in ("vllm", "trtllm"):
+        status, out, _ = run(capsys, *common, "--engine", engine, *load)
+        assert status == 0
+        (point,) = json.loads(out)["points"]
+        running[engine] = point["meanRunning"]
+        assert point["preemptions"] == 0
+    roofline = DecodeRoofline(find_model("llama-3-8b"), find_gpu("h100-sxm"))
+    whole = roofline.kv_pool_bytes_free_fraction(0.9) // roofline.kv_bytes_per_seq(2048)
+    assert running["vllm"] == pytest.approx(256, rel=0.01)
+    assert whole * 0.95 <= running["trtllm"] <= whole

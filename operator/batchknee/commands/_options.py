@@ -20,9 +20,9 @@ from batchknee.commands import UsageError
 from batchknee.core.catalog import CatalogError, ModelArchitecture, find_gpu, find_model
 from batchknee.core.dtypes import KV_DTYPES, WEIGHT_DTYPES
 from batchknee.core.hf_config import ConfigError, architecture_from_hf_config
-from batchknee.core.roofline import DecodeRoofline
+from batchknee.core.roofline import DEFAULT_RESERVE_BYTES, DecodeRoofline
 from batchknee.emulator.workload import MAX_TOKENS
-from batchknee.engines import sglang
+from batchknee.engines import sglang, trtllm, vllm
 
 ENGINE_CHOICES = ("vllm", "trtllm", "sglang")
 MAX_TP = 64  # GPUs per replica, as the LLMServing API bounds spec.gpu.count
@@ -30,6 +30,8 @@ MAX_BATCH_LIMIT = 65536  # the LLMServing API's bound on a batch limit (maxMaxNu
 MAX_STEP_TOKENS = MAX_TOKENS  # the longest request the simulation takes: a larger step budget changes nothing
 MAX_SIMULATED_S = 86400.0  # a day of simulated time
 MAX_PARAMS = 1e14  # a hundred times the largest model in the catalog
+VLLM_STEP_TOKENS = 2048  # vLLM's --max-num-batched-tokens on the GPUs the commands assume
+VLLM_MEMORY_UTILIZATION = vllm.DEFAULT_GPU_MEMORY_UTILIZATION
 
 
 param_count = at_most(positive_float, MAX_PARAMS, f"{MAX_PARAMS:.0e} parameters")
@@ -57,13 +59,43 @@ def add_engine_option(parser: argparse.ArgumentParser) -> None:
         help="whose defaults to assume: sglang takes --mem-fraction-static "
         f"{sglang.DEFAULT_MEM_FRACTION_STATIC} of the GPU for weights + KV, pages of "
         f"{sglang.DEFAULT_PAGE_SIZE} token (a radix-shared prefix held once), a "
-        f"{sglang.DEFAULT_CHUNKED_PREFILL_SIZE}-token prefill chunk",
+        f"{sglang.DEFAULT_CHUNKED_PREFILL_SIZE}-token prefill chunk; trtllm a KV pool of "
+        f"free_gpu_memory_fraction {trtllm.DEFAULT_FREE_GPU_MEMORY_FRACTION} of what the weights leave, "
+        f"blocks of {trtllm.DEFAULT_TOKENS_PER_BLOCK} tokens, max_num_tokens {trtllm.DEFAULT_MAX_NUM_TOKENS} "
+        "per step, and each request's whole sequence reserved at admission (GUARANTEED_NO_EVICT)",
     )
 
 
 def knob_flag(args: argparse.Namespace) -> str:
     """The batch-limit flag of the engine the command plans for."""
-    return sglang.KNOB_FLAG if getattr(args, "engine", "vllm") == "sglang" else "--max-num-seqs"
+    engine = getattr(args, "engine", "vllm")
+    return {"sglang": sglang.KNOB_FLAG, "trtllm": trtllm.KNOB_FLAG}.get(engine, "--max-num-seqs")
+
+
+def engine_step_tokens(engine: str) -> int:
+    """The engine's default token budget per step."""
+    return {"sglang": sglang.DEFAULT_CHUNKED_PREFILL_SIZE, "trtllm": trtllm.DEFAULT_MAX_NUM_TOKENS}.get(
+        engine, VLLM_STEP_TOKENS
+    )
+
+
+def engine_block_size(engine: str) -> int:
+    """The engine's default KV block (page) in tokens."""
+    return {"sglang": sglang.DEFAULT_PAGE_SIZE, "trtllm": trtllm.DEFAULT_TOKENS_PER_BLOCK}.get(
+        engine, vllm.DEFAULT_BLOCK_SIZE
+    )
+
+
+def engine_memory_utilization(engine: str, roofline: DecodeRoofline) -> float:
+    """The share of GPU memory the engine gives weights and KV cache by default, as vLLM's
+    --gpu-memory-utilization counts it (TensorRT-LLM's fraction is of what the weights leave)."""
+    if engine == "sglang":
+        return sglang.DEFAULT_MEM_FRACTION_STATIC
+    if engine == "trtllm":
+        fraction = trtllm.DEFAULT_FREE_GPU_MEMORY_FRACTION
+        taken = min(1.0, (roofline.weight_bytes_per_gpu + DEFAULT_RESERVE_BYTES) / roofline.gpu.memory_bytes)
+        return fraction + (1.0 - fraction) * taken
+    return VLLM_MEMORY_UTILIZATION
 
 
 def add_roofline_options(parser: argparse.ArgumentParser) -> None:

@@ -12,9 +12,12 @@ from typing import Any
 from batchknee.argtypes import at_most, fraction, int_list, non_negative_float, positive_float
 from batchknee.commands import UsageError, check_output_path, require_extra
 from batchknee.commands._options import (
+    VLLM_STEP_TOKENS,
     add_engine_option,
     add_roofline_options,
     describe,
+    engine_memory_utilization,
+    engine_step_tokens,
     knob_flag,
     resolve_roofline,
     slo_margin_percent,
@@ -23,7 +26,7 @@ from batchknee.commands._options import (
 from batchknee.core.plan import ContextPlan, build_plan
 from batchknee.core.roofline import DecodeRoofline, PrefillMix
 from batchknee.emulator.engine import no_kv_memory
-from batchknee.engines import sglang
+from batchknee.engines import sglang, trtllm
 
 
 def register(subparsers: Any) -> None:
@@ -77,7 +80,8 @@ def register(subparsers: Any) -> None:
         "--max-num-batched-tokens",
         type=step_tokens,
         default=None,
-        help=f"the engine's token budget per step (default 2048; sglang: {sglang.DEFAULT_CHUNKED_PREFILL_SIZE})",
+        help=f"the engine's token budget per step (default {VLLM_STEP_TOKENS}; sglang: "
+        f"{sglang.DEFAULT_CHUNKED_PREFILL_SIZE}; trtllm: {trtllm.DEFAULT_MAX_NUM_TOKENS})",
     )
     parser.add_argument("--output", choices=("table", "json"), default="table")
     parser.add_argument("--plot", metavar="FILE.png", help="write TPOT and throughput against batch")
@@ -93,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         require_extra("plot", "--plot")
         check_output_path("--plot", Path(args.plot))
     roofline = resolve_roofline(args)
-    gpu_memory_utilization = sglang.DEFAULT_MEM_FRACTION_STATIC if args.engine == "sglang" else 0.9
+    gpu_memory_utilization = engine_memory_utilization(args.engine, roofline)
     pool = roofline.kv_pool_bytes(gpu_memory_utilization)
     if pool <= 0:
         raise UsageError(
@@ -113,9 +117,7 @@ def run(args: argparse.Namespace) -> int:
             f"--output-tokens: {args.output_tokens:g} leaves no prompt at context {min(args.context):,} (the "
             f"prompt is the context less half the output), so nothing to share; give less than {2 * min(args.context):,}"
         )
-    step_budget = args.max_num_batched_tokens or (
-        sglang.DEFAULT_CHUNKED_PREFILL_SIZE if args.engine == "sglang" else 2048
-    )
+    step_budget = args.max_num_batched_tokens or engine_step_tokens(args.engine)
     plans = build_plan(
         roofline,
         args.context,

@@ -19,10 +19,15 @@ from typing import Any
 from batchknee.argtypes import fraction, non_negative_float, positive_float, positive_int
 from batchknee.commands import UsageError, check_output_path, require_extra
 from batchknee.commands._options import (
+    VLLM_MEMORY_UTILIZATION,
+    VLLM_STEP_TOKENS,
     add_engine_option,
     add_roofline_options,
     batch_limits,
     describe,
+    engine_block_size,
+    engine_memory_utilization,
+    engine_step_tokens,
     resolve_roofline,
     simulated_seconds,
     slo_margin_percent,
@@ -40,7 +45,7 @@ from batchknee.emulator.engine import (
 from batchknee.emulator.engine_args import load_from_args
 from batchknee.emulator.sweep import SweepResult, default_duration_s, request_lifetime_s, sweep
 from batchknee.emulator.workload import DISTRIBUTIONS, MAX_REQUEST_RATE, LoadError, LoadSpec
-from batchknee.engines import sglang
+from batchknee.engines import sglang, trtllm, vllm
 
 BENCHMARK_RATE = 100.0
 BENCHMARK_DURATION_S = 3600.0
@@ -101,19 +106,22 @@ def register(subparsers: Any) -> None:
         "--max-num-batched-tokens",
         type=step_tokens,
         default=None,
-        help=f"default 2048 (sglang: --chunked-prefill-size {sglang.DEFAULT_CHUNKED_PREFILL_SIZE})",
+        help=f"default {VLLM_STEP_TOKENS} (sglang: --chunked-prefill-size {sglang.DEFAULT_CHUNKED_PREFILL_SIZE}; "
+        f"trtllm: max_num_tokens {trtllm.DEFAULT_MAX_NUM_TOKENS})",
     )
     parser.add_argument(
         "--gpu-memory-utilization",
         type=positive_float,
         default=None,
-        help=f"default 0.9 (sglang: --mem-fraction-static {sglang.DEFAULT_MEM_FRACTION_STATIC})",
+        help=f"default {VLLM_MEMORY_UTILIZATION} (sglang: --mem-fraction-static {sglang.DEFAULT_MEM_FRACTION_STATIC}; "
+        f"trtllm: free_gpu_memory_fraction {trtllm.DEFAULT_FREE_GPU_MEMORY_FRACTION} of what the weights leave)",
     )
     parser.add_argument(
         "--block-size",
         type=positive_int,
         default=None,
-        help=f"default 16 (sglang: --page-size {sglang.DEFAULT_PAGE_SIZE})",
+        help=f"default {vllm.DEFAULT_BLOCK_SIZE} (sglang: --page-size {sglang.DEFAULT_PAGE_SIZE}; trtllm: "
+        f"tokens_per_block {trtllm.DEFAULT_TOKENS_PER_BLOCK})",
     )
     parser.add_argument(
         "--max-model-len", type=positive_int, help="default: 8192, or prompt + output if longer"
@@ -136,19 +144,18 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(handler=run)
 
 
-def _engine_defaults(args: argparse.Namespace) -> None:
+def _engine_defaults(args: argparse.Namespace, roofline: DecodeRoofline) -> None:
     """Fill the engine's own defaults in where the command line left them out."""
-    is_sglang = args.engine == "sglang"
     if args.max_num_batched_tokens is None:
-        args.max_num_batched_tokens = sglang.DEFAULT_CHUNKED_PREFILL_SIZE if is_sglang else 2048
+        args.max_num_batched_tokens = engine_step_tokens(args.engine)
     if args.gpu_memory_utilization is None:
-        args.gpu_memory_utilization = sglang.DEFAULT_MEM_FRACTION_STATIC if is_sglang else 0.9
+        args.gpu_memory_utilization = engine_memory_utilization(args.engine, roofline)
     if args.block_size is None:
-        args.block_size = sglang.DEFAULT_PAGE_SIZE if is_sglang else 16
+        args.block_size = engine_block_size(args.engine)
 
 
 def _engine_config(args: argparse.Namespace, roofline: DecodeRoofline, max_num_seqs: int) -> EngineConfig:
-    _engine_defaults(args)
+    _engine_defaults(args, roofline)
     if args.gpu_memory_utilization > 1.0:
         raise UsageError("--gpu-memory-utilization: must be in (0, 1]")
     max_model_len = args.max_model_len or max(8192, args.prompt_tokens + args.output_tokens)
@@ -180,6 +187,7 @@ def _engine_config(args: argparse.Namespace, roofline: DecodeRoofline, max_num_s
             block_size=args.block_size,
             max_model_len=max_model_len,
             enable_prefix_caching=args.prefix_sharing > 0 and not args.no_prefix_caching,
+            reserve_full_sequence=args.engine == "trtllm",  # GUARANTEED_NO_EVICT, its default
             step_noise=args.step_noise,
         )
     except EngineConfigError as error:
