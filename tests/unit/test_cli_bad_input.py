@@ -111,6 +111,9 @@ def _refused(capsys: pytest.CaptureFixture[str], argv: list[str], option: str) -
             "no prompt",
         ),
         ([*PLAN, "--output-tokens", "500"], "--output-tokens: ", "only with --prefix-sharing"),
+        # (was: a row of 2e18-ms TPOT; `--peering` silently dropped)
+        ([*PLAN, "--batch", "99999999999999999999"], "argument --batch", "65536"),
+        (["crd", "--requester-policy", "--peering"], "argument --peering", "not allowed with"),
         # (was: plan refused 0, which spec.tuning takes; plan and simulate took 99.9, which it refuses)
         (
             [*PLAN, "--goal", "slo", "--tpot-target-ms", "30", "--slo-margin-percent", "95"],

@@ -120,6 +120,8 @@ def test_defaults_follow_vllm_per_gpu() -> None:
         (["llama-3-8b", "--kv-cache-dtype", "int2"], "--kv-cache-dtype"),
         (["llama-3-70b", "--gpu", "l4"], "--gpu-memory-utilization"),
         (["llama-3-8b", "--request-rate", "1e9"], "--request-rate"),
+        # (was: `load: promptTokens: …`, not the flag)
+        (["llama-3-8b", "--prompt-tokens", "2000000"], "^--prompt-tokens: "),
         # (was: accepted; the engine then allocated tens of GB for its per-block counts)
         (["llama-3-8b", "--num-gpu-blocks-override", "1", "--block-size", "10000000000"], "--block-size"),
         (

@@ -13,12 +13,13 @@ def register(subparsers: Any) -> None:
         description="Print the batchknee.io/v1alpha1 LLMServing CustomResourceDefinition. "
         "`make crds` writes it to crds/.",
     )
-    parser.add_argument(
+    which = parser.add_mutually_exclusive_group()  # one document each: the other was silently dropped
+    which.add_argument(
         "--peering",
         action="store_true",
         help="print kopf's peering CRDs instead (KopfPeering, ClusterKopfPeering) for running several replicas",
     )
-    parser.add_argument(
+    which.add_argument(
         "--requester-policy",
         action="store_true",
         help="print the ValidatingAdmissionPolicy that makes writers of admin-gated LLMServing fields prove "

@@ -15,6 +15,7 @@ from batchknee.commands._options import (
     VLLM_STEP_TOKENS,
     add_engine_option,
     add_roofline_options,
+    batch_limits,
     describe,
     engine_memory_utilization,
     engine_step_tokens,
@@ -41,7 +42,7 @@ def register(subparsers: Any) -> None:
         "--context", type=int_list, default=[512, 2048, 8192], help="context lengths (tokens)"
     )
     parser.add_argument(
-        "--batch", type=int_list, default=[1, 8, 32, 64, 128, 256], help="batch sizes for the rows"
+        "--batch", type=batch_limits, default=[1, 8, 32, 64, 128, 256], help="batch sizes for the rows"
     )
     parser.add_argument(
         "--knee-factor", type=knee_factor, default=1.0, help="max-num-seqs = factor × B_knee (at most 2)"

@@ -202,11 +202,7 @@ def _load(args: argparse.Namespace, rate: float | None) -> LoadSpec:
     try:
         return load_from_args(args, rate)
     except LoadError as error:  # it names the field, e.g. `promptSpread: …`: name the option instead
-        field, _, problem = str(error).partition(": ")
-        if not problem or not field.isalpha():
-            raise UsageError(str(error)) from None
-        option = "--" + "".join(f"-{c.lower()}" if c.isupper() else c for c in field)
-        raise UsageError(f"{option}: {problem.removesuffix(' or null')}") from None
+        raise UsageError(error.for_command_line()) from None
 
 
 def _planner_roofline(roofline: DecodeRoofline, load: LoadSpec) -> DecodeRoofline:

@@ -487,7 +487,7 @@ def parse_emulator_args(argv: Sequence[str], environ: dict[str, str] | None = No
     try:
         load = load_from_args(args, args.request_rate)
     except LoadError as error:
-        raise EngineArgsError(f"load: {error}") from None
+        raise EngineArgsError(error.for_command_line()) from None
     if (args.fault_step_slowdown is None) != (args.fault_above_running is None):
         raise EngineArgsError(
             "--fault-step-slowdown and --fault-above-running go together: give both "

@@ -27,6 +27,15 @@ MAX_TOKENS = 1 << 20
 class LoadError(ValueError):
     """A load description that cannot be used; the message names the field."""
 
+    def for_command_line(self) -> str:
+        """The message naming the command-line option of its field (`promptTokens: …` is
+        `--prompt-tokens: …`), as the emulator and simulate take the load."""
+        field, _, problem = str(self).partition(": ")
+        if not problem or not field.isalpha():
+            return str(self)
+        option = "--" + "".join(f"-{c.lower()}" if c.isupper() else c for c in field)
+        return f"{option}: {problem.removesuffix(' or null')}"
+
 
 @dataclass(frozen=True)
 class LoadSpec:
