@@ -190,6 +190,11 @@ def test_demo_checks_the_gpu_and_the_binaries_before_starting(
     monkeypatch.setenv("BATCHKNEE_TOOLS_BIN", str(tmp_path))  # no control-plane binaries there
     _refused(capsys, ["demo", "--out", str(out)], "make tools")
     assert not out.exists()
+    # (was: a FileExistsError traceback once the cluster had started)
+    taken = tmp_path / "a-file"
+    taken.write_text("")
+    _refused(capsys, ["demo", "--out", str(taken)], "--out: ")
+    _refused(capsys, ["demo", "--out", str(tmp_path / "no" / "such")], "--out: folder")
 
 
 def test_operator_without_a_cluster_configuration(tmp_path: Path) -> None:

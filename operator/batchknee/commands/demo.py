@@ -37,6 +37,11 @@ def check_before_starting(args: argparse.Namespace) -> None:
         find_gpu(args.gpu)
     except CatalogError as error:
         raise UsageError(f"--gpu: {error.args[0]}") from None
+    out = args.out
+    if out.exists() and not out.is_dir():  # it was found only after the cluster had started
+        raise UsageError(f"--out: {out} is a file, not a folder; give a folder for the timeline")
+    if not out.exists() and not out.parent.is_dir():
+        raise UsageError(f"--out: folder {out.parent} does not exist; create it or give another folder")
     try:
         tools_bin()
         prometheus_binary()
