@@ -459,3 +459,12 @@ def test_the_default_engine_images_are_the_releases_the_contracts_are_pinned_to(
         default = defaults[field].default
         assert default.rsplit(":", 1)[1].removeprefix("v") == pinned[engine], default
         assert chart[engine] == default, f"charts/batchknee/values.yaml operator.engineImages.{engine}"
+
+
+def test_a_flag_that_cannot_work_is_named_as_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    """(was: `peering_priority: … (BATCHKNEE_PEERING_PRIORITY or its flag)` for --priority)"""
+    assert main(["operator", "--priority", "99999999999"]) == 2
+    err = capsys.readouterr().err
+    assert "operator: error: --priority: " in err and "BATCHKNEE_" not in err, err
+    assert main(["operator", "--metrics-port", "70000"]) == 2
+    assert "error: --metrics-port: " in capsys.readouterr().err

@@ -64,14 +64,31 @@ def settings_from(args: argparse.Namespace) -> Any:
         "peering_priority": args.priority,
         "verbose": args.verbose or None,
     }
+    given = {field: value for field, value in overrides.items() if value is not None}
     try:
-        return OperatorSettings(**{k: v for k, v in overrides.items() if v is not None})
+        return OperatorSettings(**given)
     except ValidationError as error:
         first = error.errors(include_url=False)[0]
         field = ".".join(str(part) for part in first["loc"])
         message = str(first["msg"]).removeprefix("Value error, ")
-        flag = " or its flag" if field in overrides else ""
-        raise UsageError(f"{field}: {message} (BATCHKNEE_{field.upper()}{flag})") from None
+        if field in given:  # the flag's value, which wins over the variable
+            raise UsageError(f"{FLAGS.get(field, field)}: {message} ({field})") from None
+        raise UsageError(f"{field}: {message} (BATCHKNEE_{field.upper()})") from None
+
+
+# The settings the flags above set, by the flag's name (--priority is peering_priority's).
+FLAGS = {
+    "namespaces": "--namespace",
+    "prometheus_url": "--prometheus-url",
+    "metrics_address": "--metrics-address",
+    "metrics_port": "--metrics-port",
+    "health_address": "--health-address",
+    "health_port": "--health-port",
+    "peering": "--peering",
+    "peering_name": "--peering-name",
+    "peering_priority": "--priority",
+    "verbose": "--verbose",
+}
 
 
 def warn_of_unknown_variables(environ: Mapping[str, str]) -> None:
