@@ -57,8 +57,11 @@ class KubernetesPort(Protocol):
         """A Deployment, StatefulSet, Service or ConfigMap as stored, or None when it does not exist."""
         ...
 
-    def list_pods(self, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
-        """The pods matching every label (the engine pods of one LLMServing)."""
+    def list_pods(
+        self, namespace: str, labels: dict[str, str], *, fresh: bool = False
+    ) -> list[dict[str, Any]]:
+        """The pods matching every label (the engine pods of one LLMServing); `fresh`: as stored now
+        (a consistent read), not as a cache last saw them."""
         ...
 
     def apply(self, obj: dict[str, Any]) -> None:

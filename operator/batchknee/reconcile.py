@@ -461,6 +461,11 @@ def _ready_address(pod: dict[str, Any]) -> str | None:
     return f"{host}:{port}"
 
 
+def _pod_places(pods: list[dict[str, Any]]) -> dict[str, tuple[str | None, str | None]]:
+    """Each pod's uid and ready address, by name."""
+    return {pod["metadata"]["name"]: (pod["metadata"].get("uid"), _ready_address(pod)) for pod in pods}
+
+
 def window_figures(figures: Figures) -> WindowFigures | None:
     """The window's figures for status; None when one it needs is not finite (no check compares
     against it), and an optional one that is not finite is left out."""
@@ -1234,10 +1239,11 @@ class _Reconcile:
                 f"{len(below)} started below {value} wait for the rollout that replaces them",
             )
         if due:
-            # The pods again, just before their caps are set: one deleted since they were read (Prometheus
-            # and the apply came between) may have left its address to another team's pod by now.
-            now_at = {pod["metadata"]["name"]: _ready_address(pod) for pod in self.list_pods()}
-            due = [(name, address, cap) for name, address, cap in due if now_at.get(name) == address]
+            # The pods again, as stored now, just before their caps are set: one deleted since they
+            # were read (Prometheus and the apply came between) may have left its address to another
+            # team's pod by now; a cache's list could still show it.
+            read, now = _pod_places(self.pods), _pod_places(self.list_pods(fresh=True))
+            due = [(name, address, cap) for name, address, cap in due if now.get(name) == read[name]]
         sets = [functools.partial(_set_cap, runtime, address, cap.api, value) for _, address, cap in due]
         answers = on_engines(sets)
         failed = [
@@ -1514,8 +1520,9 @@ class _Reconcile:
         """The engine pods: the adopted workload's own selector, else the managed Deployment's."""
         return self.list_pods()
 
-    def list_pods(self) -> list[dict[str, Any]]:
-        return self.ports.kube.list_pods(self.namespace, dict(self.pod_labels or selector_labels(self.name)))
+    def list_pods(self, *, fresh: bool = False) -> list[dict[str, Any]]:
+        labels = dict(self.pod_labels or selector_labels(self.name))
+        return self.ports.kube.list_pods(self.namespace, labels, fresh=fresh)
 
     pod_labels: Mapping[str, str] | None = None
 

@@ -77,7 +77,9 @@ class MemoryKube:
 
     watched = get_object  # the watches deliver every object here at once
 
-    def list_pods(self, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
+    def list_pods(
+        self, namespace: str, labels: dict[str, str], *, fresh: bool = False
+    ) -> list[dict[str, Any]]:
         return [
             copy.deepcopy(obj)
             for (kind, ns, _), obj in self.objects.items()

@@ -93,8 +93,17 @@ def test_a_pod_gone_between_its_read_and_its_set_is_not_called(world: World) -> 
         return found
 
     runtime.read_cap = read_then_deleted  # type: ignore[method-assign]
+    listed = world.kube.list_pods("default", {"batchknee.io/llmserving": "chat"})
+    stored_list = world.kube.list_pods
+
+    def cached_unless_fresh(namespace: str, labels: dict[str, str], *, fresh: bool = False) -> Any:
+        # an apiserver's watch cache that has not seen the delete yet; a consistent read has
+        return stored_list(namespace, labels) if fresh else listed
+
+    world.kube.list_pods = cached_unless_fresh  # type: ignore[method-assign]
     world.reconcile()
     assert runtime.sets == [("127.0.9.1:8000", 64)]
+    world.kube.list_pods = stored_list  # type: ignore[method-assign]
     # a pod whose phase has ended is not one to call at all, Ready or not
     world.kube.objects[("Pod", "default", "chat-abc-0")]["status"]["phase"] = "Failed"
     runtime.pods["127.0.9.1:8000"]["cap"] = 224  # type: ignore[index]

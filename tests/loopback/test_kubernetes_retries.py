@@ -29,6 +29,7 @@ class Script:
         self.answers: list[tuple[int, dict[str, Any]]] = []
         self.requests: list[str] = []
         self.bodies: list[Any] = []
+        self.queries: list[str] = []
 
 
 @pytest.fixture
@@ -41,6 +42,7 @@ def apiserver() -> Iterator[tuple[Script, KubernetesAdapter]]:
             sent = self.rfile.read(length)
             script.bodies.append(json.loads(sent) if sent else None)
             script.requests.append(f"{self.command} {self.path.split('?')[0]}")
+            script.queries.append(self.path.partition("?")[2])
             status, body = script.answers.pop(0) if script.answers else (500, {"message": "no script"})
             data = json.dumps(body).encode()
             self.send_response(status)
@@ -244,6 +246,19 @@ def test_the_reads_of_children_and_pods_are_retried_too(apiserver: tuple[Script,
         adapter.list_pods("ml", {"app": "chat"})
     script.answers = [status(404, "NotFound")]
     assert adapter.get_object("Service", "ml", "gone") is None
+
+
+def test_pods_are_listed_from_the_watch_cache_unless_asked_fresh(
+    apiserver: tuple[Script, KubernetesAdapter],
+) -> None:
+    """A fresh list (before Live caps are set) is a consistent read: no resourceVersion, so not an
+    apiserver's watch cache that may not have seen a pod's delete yet."""
+    script, adapter = apiserver
+    script.answers = [(200, {"kind": "PodList", "items": []})] * 2
+    adapter.list_pods("ml", {"app": "chat"})
+    adapter.list_pods("ml", {"app": "chat"}, fresh=True)
+    cached, fresh = script.queries
+    assert "resourceVersion=0" in cached and "resourceVersion" not in fresh
 
 
 def test_a_taking_back_refused_while_the_object_met_is_still_there_is_still_to_do(

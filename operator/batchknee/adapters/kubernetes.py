@@ -336,16 +336,19 @@ class KubernetesAdapter:
         found: dict[str, Any] = json.loads(response.data)
         return found
 
-    def list_pods(self, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
+    def list_pods(
+        self, namespace: str, labels: dict[str, str], *, fresh: bool = False
+    ) -> list[dict[str, Any]]:
         selector = ",".join(f"{key}={value}" for key, value in sorted(labels.items()))
         # resourceVersion "0": served from the apiserver's watch cache as it stands, without the wait
         # for etcd's latest revision that a consistent list makes (most of a reconcile's time when
-        # every Deployment of a thousand reports unready pods); a pod's crash loop is no less seen
+        # every Deployment of a thousand reports unready pods); a pod's crash loop is no less seen.
+        # `fresh` (no resourceVersion): the latest, where a cache that lags would not do.
         response: Any = with_retries(
             lambda: self.core.list_namespaced_pod(
                 namespace,
                 label_selector=selector,
-                resource_version="0",
+                resource_version=None if fresh else "0",  # None: not sent
                 _preload_content=False,
                 _request_timeout=self.timeout_s,
             ),
