@@ -113,6 +113,9 @@ def _target(body: Any) -> ObservationTarget | None:
         return None
 
 
+REFUSED = ("invalid-spec", "forbidden")  # the holds of a spec reconcile refuses
+
+
 @dataclass(frozen=True)
 class Peering:
     """This replica in kopf's peering: what the scheduler needs to pause when kopf does."""
@@ -191,6 +194,10 @@ class Runtime:
             loop = asyncio.get_running_loop()
             executor = self.engine_executor if live else self.executor
             outcome = await loop.run_in_executor(executor, self.reconcile, namespace, name, live)
+            if outcome.status is not None and outcome.status.hold_reason in REFUSED:
+                # refused past parsing (an admission rule, a Prometheus URL not allowed, a model that
+                # does not fit): its scope would be refreshed, and laned, for nothing until it changes
+                self.targets.pop(key, None)
         # gone, unless another object of the name was noted meanwhile (deleted and created again
         # while this evaluation read it): that one's state stays (none noted: its delete was seen)
         if (not outcome.found or outcome.deleting) and self.spec_versions.get(key) in (noted, None):

@@ -450,6 +450,40 @@ def test_the_refresh_before_a_reconcile_reads_at_the_runtimes_clock() -> None:
     assert asked == [NOW]
 
 
+def test_a_spec_refused_past_parsing_drops_its_target_until_it_changes() -> None:
+    """A spec that parses but is refused (a Prometheus URL not allowed, an admission rule, a model
+    that does not fit) kept its scope refreshed, and its object laned, at every evaluation."""
+    import asyncio
+
+    from batchknee import handlers
+    from batchknee.adapters.prometheus import CachedObserver
+    from batchknee.reconcile import Ports
+
+    router = RoutedObserver(CachedObserver(SlowPrometheus, ttl_s=60), "http://prometheus:9090")
+    rt = handlers.Runtime(Ports(kube=None, observer=router), router, OperatorMetrics(), clock=lambda: NOW)  # type: ignore[arg-type]
+    body = {
+        "apiVersion": "batchknee.io/v1alpha1",
+        "kind": "LLMServing",
+        "metadata": {"namespace": "team-a", "name": "llama", "uid": "u1", "generation": 1},
+        "spec": {
+            "engine": "VLLM",
+            "model": {"name": "llama-3-8b"},
+            "gpu": {"type": "a100-80gb"},
+            "tuning": {"windowSeconds": 120},
+            "prometheus": {"url": "http://prometheus.elsewhere:9090"},  # not allowed: refused
+        },
+    }
+    rt.cache.seen("Deployment", {"metadata": {"namespace": "team-a", "name": "llama"}})
+    refused = LLMServingStatus(hold_reason="invalid-spec")
+    rt.reconcile = lambda namespace, name, engine_calls=True: Outcome(namespace, name, status=refused)  # type: ignore[method-assign]
+    asyncio.run(rt.run("team-a", "llama", body))
+    assert rt.prepared_target(("team-a", "llama")) is None and not rt.in_lane(("team-a", "llama"))
+    del body["spec"]["prometheus"]  # fixed: observed again
+    rt.reconcile = lambda namespace, name, engine_calls=True: Outcome(namespace, name)  # type: ignore[method-assign]
+    asyncio.run(rt.run("team-a", "llama", body))
+    assert rt.prepared_target(("team-a", "llama")) is not None
+
+
 def test_whether_an_evaluation_may_call_engines_is_decided_with_its_lane() -> None:
     """A tenant flips spec.tuning.actuation between Restart and Live. An evaluation launched as
     Restart (no lane, the shared worker) stays there without engine calls though the spec says
