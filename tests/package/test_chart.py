@@ -850,6 +850,8 @@ def test_the_schema_knows_every_value_and_rejects_unknown_ones(helm: Helm) -> No
         ({"operator": {"prometheusUrl": "http://prom:9090/?x=1"}}, "prometheusUrl"),
         ({"operator": {"prometheusUrl": "http://prom 9090"}}, "prometheusUrl"),
         ({"operator": {"prometheusAllowedUrls": ["http://prom:abc"]}}, "prometheusAllowedUrls"),
+        ({"operator": {"prometheusUrl": "http://prom:99999"}}, "prometheusUrl"),
+        ({"operator": {"prometheusUrl": "http://prom:0"}}, "prometheusUrl"),
         ({"operator": {"prometheusMinSamples": 99999}}, "prometheusMinSamples"),
         ({"operator": {"engineImages": {"vllm": "not an image"}}}, "vllm"),
     ):

@@ -74,6 +74,20 @@ def _refused(capsys: pytest.CaptureFixture[str], argv: list[str], option: str) -
         # blamed for a prompt the user gave)
         ([*SIMULATE, "--max-model-len", "10"], "--max-model-len: ", "not longer than --prompt-tokens 512"),
         ([*SIMULATE, "--prompt-tokens", "600000"], "--prompt-tokens/--output-tokens: ", "fewer than one"),
+        # the default 8,192 does not fit, the prompt and output would: --max-model-len is the fix
+        (
+            [
+                *SIMULATE,
+                "--gpu-memory-utilization",
+                "0.205",
+                "--prompt-tokens",
+                "100",
+                "--output-tokens",
+                "100",
+            ],
+            "--max-model-len: ",
+            "8192",
+        ),
         (
             [*SIMULATE, "--max-num-batched-tokens", "99999999999"],
             "argument --max-num-batched-tokens",
@@ -106,9 +120,9 @@ def _refused(capsys: pytest.CaptureFixture[str], argv: list[str], option: str) -
         ([*SIMULATE, "--benchmark", "--goal", "knee"], "--goal: ", "drop it"),
         # (was: ignored, the plan of no sharing)
         (
-            [*PLAN, "--context", "512", "--prefix-sharing", "0.5", "--output-tokens", "5000"],
+            [*PLAN, "--context", "512,2048", "--prefix-sharing", "0.5", "--output-tokens", "5000"],
             "--output-tokens: ",
-            "no prompt",
+            "no prompt at any context",
         ),
         ([*PLAN, "--output-tokens", "500"], "--output-tokens: ", "only with --prefix-sharing"),
         # (was: a row of 2e18-ms TPOT; `--peering` silently dropped)

@@ -129,6 +129,7 @@ def test_defaults_follow_vllm_per_gpu() -> None:
             "--num-gpu-blocks-override",
         ),
         (["llama-3-8b", "--block-size", "10000000000"], "--block-size: one block"),
+        (["llama-3-8b", "--kv-cache-memory-bytes", "200G"], "^--kv-cache-memory-bytes/"),
     ],
 )
 def test_errors_name_the_option(argv: list[str], names: str) -> None:

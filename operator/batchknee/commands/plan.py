@@ -113,10 +113,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(
             "--output-tokens: used only with --prefix-sharing (to find the prompt it shares); add it or drop this"
         )
-    if args.prefix_sharing and args.output_tokens >= 2 * min(args.context):
+    if args.prefix_sharing and args.output_tokens >= 2 * max(args.context):
         raise UsageError(
-            f"--output-tokens: {args.output_tokens:g} leaves no prompt at context {min(args.context):,} (the "
-            f"prompt is the context less half the output), so nothing to share; give less than {2 * min(args.context):,}"
+            f"--output-tokens: {args.output_tokens:g} leaves no prompt at any context (the prompt is the "
+            f"context less half the output), so nothing to share; give less than {2 * max(args.context):,}"
         )
     step_budget = args.max_num_batched_tokens or engine_step_tokens(args.engine)
     plans = build_plan(

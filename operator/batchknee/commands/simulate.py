@@ -191,8 +191,9 @@ def _engine_config(args: argparse.Namespace, roofline: DecodeRoofline, max_num_s
             step_noise=args.step_noise,
         )
     except EngineConfigError as error:
-        # max_model_len is the user's, or made of the prompt and output they gave
-        option = "--max-model-len" if args.max_model_len is not None else "--prompt-tokens/--output-tokens"
+        # max_model_len is the user's, or 8192, or the prompt and output they gave when longer
+        derived = args.max_model_len is None and args.prompt_tokens + args.output_tokens > 8192
+        option = "--prompt-tokens/--output-tokens" if derived else "--max-model-len"
         raise UsageError(f"{option}: {error}") from None
 
 

@@ -599,8 +599,15 @@ def _vllm(
         raise EngineArgsError(f"--gpu-memory-utilization: {no_kv_memory(roof, args.gpu_memory_utilization)}")
     pool_bytes = blocks * args.block_size * roof.kv_bytes_per_token
     if pool_bytes > roof.gpu.memory_bytes:  # the emulator holds a count per block and per block slot
+        sized_by = (
+            "--num-gpu-blocks-override"
+            if args.num_gpu_blocks_override
+            else "--kv-cache-memory-bytes"
+            if args.kv_cache_memory_bytes is not None
+            else "--gpu-memory-utilization"
+        )
         raise EngineArgsError(
-            f"--num-gpu-blocks-override/--block-size: {blocks:,} blocks of {args.block_size:,} tokens need "
+            f"{sized_by}/--block-size: {blocks:,} blocks of {args.block_size:,} tokens need "
             f"{pool_bytes / 1e9:,.0f} GB of KV cache per GPU, more than the GPU's {roof.gpu.memory_bytes / 1e9:,.0f} GB"
         )
     try:
