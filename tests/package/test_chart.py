@@ -726,6 +726,19 @@ def test_the_grafana_dashboard(render: Render) -> None:
     # the running batch and the engines' TPOT histogram of every engine (SGLang's panels were empty)
     for family in families:
         assert family.running[0] in engine_seen and set(family.tpot) & engine_seen, family
+    # a gauge read as the adapter reads it: SGLang's per-priority breakdown and its ranks' copies
+    # of one batch are not summed into it
+    gauges = [
+        target["expr"]
+        for panel in board["panels"]
+        for target in panel["targets"]
+        if SGLANG_METRICS.running[0] in target["expr"]
+    ]
+    assert gauges and all(
+        SGLANG_METRICS.gauge_matchers in expr
+        and f"max without ({', '.join(SGLANG_METRICS.rank_labels)})" in expr
+        for expr in gauges
+    ), gauges
     assert {
         "batchknee_b_knee",
         "batchknee_max_num_seqs",
