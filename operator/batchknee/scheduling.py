@@ -14,7 +14,8 @@ object must carry and every delete must wait on), one loop keeps a heap of due t
 - at most `lane_limit` of them in one lane (`lane(key)`: a Live LLMServing's namespace, whose
   evaluations wait on the tenant's own engine pods): the rest of that lane is parked outside the
   heap until one of its evaluations ends, so a tenant whose engines answer slowly holds neither the
-  others' slots nor a busy loop;
+  others' slots nor a busy loop; and at most half the slots for all lanes together, parked alike,
+  so as many slow tenants as half the slots over two still leave the other half to the unlaned;
 - an object that leaves `known()` (deleted, deleting, no longer watched) has its state freed;
 - a failing evaluation is logged and the object is scheduled again; nothing stops the loop but
   `stop()`;
@@ -61,11 +62,13 @@ class Scheduler:
     resync_s: float = 1.0  # how often known() is compared with the schedule
     lane: Callable[[Key], Hashable | None] = lambda key: None  # None: no lane, only max_in_flight
     lane_limit: int = 2  # evaluations of one lane at once
+    laned_share: float = 0.5  # of max_in_flight, for every lane together
     due: dict[Key, tuple[float, float]] = field(default_factory=dict)  # key → (due, interval)
     urgent: set[Key] = field(default_factory=set)  # evaluate when a slot frees, whatever the grid says
     in_flight: dict[Key, asyncio.Task[None]] = field(default_factory=dict)
     _lanes: dict[Key, Hashable] = field(default_factory=dict)  # in flight → its lane at launch
     _parked: dict[Hashable, list[tuple[float, Key]]] = field(default_factory=dict)  # due, lane full
+    _parked_laned: list[tuple[float, Key]] = field(default_factory=list)  # due, the lanes' share full
     _heap: list[tuple[float, Key]] = field(default_factory=list)
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
     _stopped: bool = False
@@ -86,8 +89,10 @@ class Scheduler:
         self.urgent.add(key)
         if key not in self.in_flight:
             now = asyncio.get_running_loop().time()
-            self.due[key] = (now, self.known().get(key, 30.0))
-            heapq.heappush(self._heap, (now, key))
+            # an earlier turn is kept: events faster than the queue drains must not keep it at the back
+            when = min(now, self.due.get(key, (now, 0.0))[0])
+            self.due[key] = (when, self.known().get(key, 30.0))
+            heapq.heappush(self._heap, (when, key))
         self._wake.set()
 
     def _resync(self, now: float) -> None:
@@ -120,8 +125,10 @@ class Scheduler:
     def _done(self, key: Key) -> None:
         self.in_flight.pop(key, None)
         lane = self._lanes.pop(key, None)
-        for entry in self._parked.pop(lane, []) if lane is not None else []:
-            heapq.heappush(self._heap, entry)  # their turn again, in due order
+        if lane is not None:
+            for entry in [*self._parked.pop(lane, []), *self._parked_laned]:
+                heapq.heappush(self._heap, entry)  # their turn again, in due order
+            self._parked_laned.clear()
         interval = self.known().get(key)
         if interval is None:
             self.urgent.discard(key)
@@ -152,6 +159,9 @@ class Scheduler:
             lane = self._lane_of(key)
             if lane is not None and list(self._lanes.values()).count(lane) >= self.lane_limit:
                 self._parked.setdefault(lane, []).append((when, key))
+                continue
+            if lane is not None and len(self._lanes) >= max(1, int(self.max_in_flight * self.laned_share)):
+                self._parked_laned.append((when, key))
                 continue
             del self.due[key]
             interval = scheduled[1]

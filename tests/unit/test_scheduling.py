@@ -218,12 +218,12 @@ def test_one_lane_holds_at_most_its_limit_and_its_waiting_objects_hold_no_slot()
 
         fleet.evaluate = evaluate  # type: ignore[method-assign]
         live = {*wedged, ("tenant-b", "live")}
-        scheduler = fleet.scheduler(max_in_flight=4, lane=lambda key: key[0] if key in live else None)
+        scheduler = fleet.scheduler(max_in_flight=6, lane=lambda key: key[0] if key in live else None)
         task = asyncio.create_task(scheduler.run())
         for key in wedged + others:  # the wedged tenant's objects are due first
             scheduler.soon(key)
         await until(lambda: all(fleet.evaluated[key] == 1 for key in others))
-        assert all(fleet.evaluated[key] == 1 for key in others)  # though four slots, ten wedged
+        assert all(fleet.evaluated[key] == 1 for key in others)  # though six slots, ten wedged
         assert running["tenant-a"] == 2 and not any(fleet.evaluated[key] for key in wedged)
         released.set()
         await until(lambda: all(fleet.evaluated[key] == 1 for key in wedged))
@@ -231,6 +231,79 @@ def test_one_lane_holds_at_most_its_limit_and_its_waiting_objects_hold_no_slot()
         assert most["tenant-a"] == 2
         await scheduler.stop()
         await task
+
+    asyncio.run(scenario())
+
+
+def test_the_lanes_together_hold_at_most_half_the_slots() -> None:
+    """Eight tenants whose Live engines answer slowly, two evaluations each, held all sixteen slots:
+    a lane's parked objects came back due before anyone else, so the objects of no lane (the
+    operator's own Prometheus, restarts) were not evaluated again while the tenants' backlog lasted.
+    The lanes together now hold at most half the slots; the rest keep their interval."""
+
+    async def scenario() -> None:
+        slow = [(f"tenant-{t}", f"live-{i}") for t in range(8) for i in range(5)]
+        plain = [("team-z", f"plain-{i}") for i in range(8)]
+        fleet = Fleet(dict.fromkeys(slow + plain, 0.2))
+        running_laned = 0
+        most_laned = 0
+        quick = fleet.evaluate
+
+        async def evaluate(namespace: str, name: str) -> None:
+            nonlocal running_laned, most_laned
+            if namespace.startswith("tenant-"):
+                running_laned += 1
+                most_laned = max(most_laned, running_laned)
+                try:
+                    await asyncio.sleep(0.3)  # longer than the interval: their backlog only grows
+                    await quick(namespace, name)
+                finally:
+                    running_laned -= 1
+            else:
+                await quick(namespace, name)
+
+        fleet.evaluate = evaluate  # type: ignore[method-assign]
+        scheduler = fleet.scheduler(max_in_flight=16, lane=lambda key: key[0] if key in slow else None)
+        task = asyncio.create_task(scheduler.run())
+        for key in slow + plain:  # the slow tenants' objects are due first
+            scheduler.soon(key)
+        await asyncio.sleep(3.0)
+        await scheduler.stop()
+        await task
+        assert most_laned == 8
+        # every 0.2-s object of no lane, about once per interval (0.1–0.3 s apart) over 3 s
+        assert min(fleet.evaluated[key] for key in plain) >= 8, fleet.evaluated
+
+    asyncio.run(scenario())
+
+
+def test_an_object_triggered_faster_than_the_queue_drains_keeps_its_turn() -> None:
+    """`soon()` moved a waiting object's turn to now at every trigger: one whose Deployment sent an
+    event more often than a growing backlog drained went behind it each time and was not evaluated
+    while the backlog lasted."""
+
+    async def scenario() -> None:
+        stream = [("team-a", f"x{i}") for i in range(100)]
+        busy = ("team-b", "rolling")
+        fleet = Fleet(dict.fromkeys([*stream, busy], 3600.0))
+        quick = fleet.evaluate
+
+        async def evaluate(namespace: str, name: str) -> None:
+            await asyncio.sleep(0.02)
+            await quick(namespace, name)
+
+        fleet.evaluate = evaluate  # type: ignore[method-assign]
+        scheduler = fleet.scheduler(max_in_flight=1)
+        task = asyncio.create_task(scheduler.run())
+        for i, key in enumerate(stream):  # new objects twice as fast as they are evaluated
+            scheduler.soon(key)
+            if i >= 10 and busy not in scheduler.in_flight:  # and an event of busy's at each
+                scheduler.soon(busy)
+            await asyncio.sleep(0.01)
+        evaluated_while_it_lasted = fleet.evaluated[busy]
+        await scheduler.stop()
+        await task
+        assert evaluated_while_it_lasted >= 1
 
     asyncio.run(scenario())
 
