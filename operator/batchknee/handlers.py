@@ -623,7 +623,8 @@ async def on_deployment(**kwargs: Any) -> None:
     if not owner:
         return
     if rt.scheduler is not None:  # in turn with the others; events while it waits count once
-        rt.scheduler.soon((namespace, owner))
+        if (namespace, owner) in rt.scheduler.known():  # not a Deployment labelled for no LLMServing
+            rt.scheduler.soon((namespace, owner))
         return
     try:
         await rt.run(namespace, owner)

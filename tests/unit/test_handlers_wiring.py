@@ -574,3 +574,33 @@ def wire_index(kube: Any, index: Any) -> None:
             pass
 
     asyncio.run(scenario())
+
+
+def test_a_deployment_change_reconciles_its_llmserving_only_when_there_is_one() -> None:
+    """A Deployment carrying the engine label for no LLMServing (a tenant may write Deployments
+    in its namespace) queued an evaluation, and an apiserver read, at each of its changes."""
+    import asyncio
+
+    from batchknee import handlers
+    from batchknee.reconcile import Ports
+    from batchknee.scheduling import Scheduler
+
+    router = RoutedObserver(Recording(), "http://127.0.0.1:9090", [])
+    rt = handlers.Runtime(Ports(kube=None, observer=router), router, OperatorMetrics())  # type: ignore[arg-type]
+    queued: list[tuple[str, str]] = []
+    scheduler = Scheduler(
+        evaluate=lambda namespace, name: asyncio.sleep(0),
+        known=lambda: {("ml", "chat"): 30.0},
+        last_evaluated=lambda key: None,
+        forget=lambda namespace, name: None,
+    )
+    scheduler.soon = queued.append  # type: ignore[method-assign]
+    rt.scheduler = scheduler
+    handlers.RUNTIME = rt
+    try:
+        for owner in ("chat", "nobody"):
+            event = {"type": "MODIFIED", "object": {"metadata": {"namespace": "ml", "name": owner}}}
+            asyncio.run(handlers.on_deployment(event=event, namespace="ml", labels={handlers.LABEL: owner}))
+    finally:
+        handlers.RUNTIME = None
+    assert queued == [("ml", "chat")]
