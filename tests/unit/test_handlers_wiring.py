@@ -384,6 +384,34 @@ def test_a_url_whose_objects_went_while_its_refresh_waited_keeps_no_cache() -> N
     assert cache.urls() == []
 
 
+def test_a_refresh_of_a_url_a_spec_chose_takes_one_deadline_however_many_scopes_are_due() -> None:
+    """Twenty scopes of one tenant's Prometheus (adopted workloads, selectors), each answered just
+    inside the deadline: a refresh read them all in turn and held the calling thread — the shared
+    reconcile worker, for an adopted workload — for twenty deadlines. It stops once it has taken
+    one; those left are the oldest next time."""
+    from batchknee.adapters.prometheus import CachedObserver, scope_for
+
+    class TenantPrometheus(SlowPrometheus):
+        paced, timeout_s, min_samples, shown_url = True, 0.2, 3, "http://prometheus.team-a:9090"
+
+        def fetch(self, scope: Any, now: datetime) -> Any:
+            from batchknee.adapters.prometheus import ScopeData
+
+            time.sleep(0.45 * self.timeout_s)  # in time, every one
+            self.fetched += 1
+            return ScopeData(scope, now, 3)
+
+    url = "http://prometheus.team-a:9090"
+    cache = CachedObserver(TenantPrometheus, ttl_s=5)
+    targets = [ObservationTarget("team-a", f"w{i}", "VLLM", 300, pods=(f"w{i}-0",)) for i in range(20)]
+    for target in targets:
+        cache._cache(url).ask(scope_for(target))
+    cache.refresh(url, targets[0], NOW)
+    fetched = cache._cache(url).observer.fetched  # type: ignore[attr-defined]
+    assert 1 <= fetched <= 3  # 0.09 s each: stopped past 0.2 s (was 20)
+    cache.drop_url(url)
+
+
 def test_objects_with_a_stale_scope_of_their_own_share_their_namespaces_lane() -> None:
     """A scope of the object's own making (a window other than the default, a selector) that needs
     a refresh puts its evaluation in the namespace's lane (two at once); once fresh, or with the

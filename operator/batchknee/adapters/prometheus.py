@@ -1353,14 +1353,15 @@ class CachedObserver:
     def _refresh_paced(self, cache: _UrlCache, scope: _Scope, now: datetime) -> _Entry | None:
         """Every scope of the URL that is due, `scope` among them, oldest read first, each within
         its own deadline, none after one the URL let run out (it would cost every one of them a
-        deadline); then the URL is paced by the time that took. Oldest first, a scope the URL
-        never answers goes to the back: it cannot keep the URL's other scopes (another object's
-        selector, maybe another team's) unread. `scope`'s entry, unless its turn did not come."""
+        deadline) nor once the refresh has taken a deadline in all (twenty scopes answered just
+        in time held the calling thread for twenty deadlines); then the URL is paced by the time
+        that took. Oldest first, a scope the URL never answers goes to the back: it cannot keep the
+        URL's other scopes (another object's selector, maybe another team's) unread, and those left
+        are the first read next time. `scope`'s entry, unless its turn did not come."""
         started = time.monotonic()
         for due in cache.due(self.ttl_s):
-            began = time.monotonic()
             cache.store(due, cache.observer.fetch(due, now), self.ttl_s)
-            if time.monotonic() - began >= cache.observer.timeout_s:
+            if time.monotonic() - started >= cache.observer.timeout_s:
                 break
         cache.pace(started)
         return cache.fresh(scope, self.ttl_s)
