@@ -585,7 +585,11 @@ async def watch_peers(rt: Runtime) -> None:
                 paused = outranked(statuses, rt.peering.identity, rt.peering.priority, datetime.now(UTC))
             if paused != rt.outranked:
                 log.info("scheduled evaluations %s (kopf peering)", "paused" if paused else "resumed")
-                rt.cache.clear()  # kopf's watches pause too: what they brought before may be old
+            if paused and not rt.outranked:
+                # kopf's watches pause too: what they brought before may be old by the resume. Not
+                # at the resume (or the first look): kopf has listed everything again by then, and
+                # what does not change sends no other event — it would be read from the apiserver.
+                rt.cache.clear()
             rt.outranked = paused
         except Exception as error:  # keep the last decision; look again
             log.warning("could not read the peering objects: %s", error)

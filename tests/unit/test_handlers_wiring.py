@@ -632,3 +632,40 @@ def test_a_deployment_change_reconciles_its_llmserving_only_when_there_is_one() 
     finally:
         handlers.RUNTIME = None
     assert queued == [("ml", "chat")]
+
+
+def test_the_watch_cache_is_cleared_at_a_pause_not_at_the_resume(monkeypatch: Any) -> None:
+    """kopf lists everything again at the resume (and at the start), before the peers are next
+    looked at: clearing then emptied what had just been listed, and an unchanged object sends no
+    other event — every read went to the apiserver for good."""
+    import asyncio
+
+    from batchknee import handlers
+    from batchknee.reconcile import Ports
+
+    router = RoutedObserver(Recording(), "http://127.0.0.1:9090", [])
+    rt = handlers.Runtime(Ports(kube=None, observer=router), router, OperatorMetrics())  # type: ignore[arg-type]
+    peers: list[list[dict[str, Any]]] = []
+
+    def statuses() -> list[dict[str, Any]]:
+        return peers[-1]
+
+    rt.peering = handlers.Peering("batchknee", "me", 0, False, statuses)
+    rt.outranked = True  # until the first look
+    monkeypatch.setattr(handlers, "PEERS_CHECK_S", 0.01)
+    higher = [{"other": {"priority": 100, "lastseen": datetime.now(UTC).isoformat(), "lifetime": 60}}]
+    deployment = {"metadata": {"namespace": "ml", "name": "chat", "resourceVersion": "1"}}
+
+    async def scenario() -> list[bool]:
+        seen = []
+        watching = asyncio.create_task(handlers.watch_peers(rt))
+        for look in ([{}], higher, [{}]):  # alone (the start), outranked (a pause), alone (the resume)
+            peers.append(look)
+            rt.cache.seen("Deployment", deployment)  # what kopf's listing brings
+            await asyncio.sleep(0.1)
+            seen.append(rt.cache.has("Deployment", "ml", "chat"))
+        watching.cancel()
+        return seen
+
+    assert asyncio.run(scenario()) == [True, False, True]
+    assert not rt.outranked
