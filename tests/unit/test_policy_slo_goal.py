@@ -121,15 +121,16 @@ def test_uncalibrated_it_holds_or_steps_down(p99_ms: float, running: float, mean
     assert d.value == value
 
 
+@pytest.mark.parametrize("dead_band", [10, 30])  # a step of ×3/4 lies inside a 30 % band: it goes still
 @pytest.mark.parametrize("goal", ["SLO", "Knee"])
 @pytest.mark.parametrize("calibrated", [False, True])
 def test_a_p99_past_any_bucket_of_the_target_steps_down_whatever_the_mean_says(
-    goal: str, calibrated: bool
+    goal: str, calibrated: bool, dead_band: int
 ) -> None:
     """A p99 of 200 ms against a 30-ms target cannot come from a true p99 under it (the
     interpolation stays within the bucket, and no bucket spans 2.5×): the limit steps down ×3/4 at
     once — before, a healthy mean let goal SLO climb and goal Knee hold at 200 ms or 1 s."""
-    rules = replace(SLO, goal=goal)
+    rules = replace(SLO, goal=goal, dead_band_percent=dead_band)
     points = calibration_points() if calibrated else ()
     settled = Applied(64, settled_since=T0 - timedelta(seconds=rules.window_s))
     for p99_ms in (200.0, 1000.0):
@@ -146,6 +147,19 @@ def test_a_p99_past_any_bucket_of_the_target_steps_down_whatever_the_mean_says(
         rules, NAIVE, POOL, seen(2048, 49.0, running=64, mean_ms=real_mean_ms(64)), Applied(64), points, T0
     )
     assert "over 2.5×" not in d.reason
+
+
+@pytest.mark.parametrize(("holds", "to"), [(40.5, 40), (60.5, 56)])
+def test_a_kv_pool_that_cannot_hold_the_limit_lowers_it_at_once_even_inside_the_dead_band(
+    holds: float, to: int
+) -> None:
+    """A KV pool that holds fewer sequences than the limit preempts every step: the decrease goes at
+    the first window, unsteady traffic or not, and inside the dead band too (60 of 64)."""
+    rules = TuningRules(cooldown_s=0)
+    settled = Applied(64, settled_since=T0 - timedelta(hours=2))
+    pool = holds * NAIVE.kv_bytes_per_seq(1024)
+    d = decide(rules, NAIVE, pool, seen(1024, 20.0, running=64, mean_ms=15.0), settled, (), T0)
+    assert d.rolls and d.value == to and d.limited_by == "kv-capacity", d.reason
 
 
 def test_a_definite_break_is_kept_where_traffic_is_going() -> None:
