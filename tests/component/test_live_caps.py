@@ -15,11 +15,17 @@ from batchknee.render import deployment_state
 
 
 def live_world(
-    world: World, *, supported: bool = True, pods: int = 2, tuning: dict[str, Any] | None = None
+    world: World,
+    *,
+    supported: bool = True,
+    pods: int = 2,
+    tuning: dict[str, Any] | None = None,
+    rollout: dict[str, Any] | None = None,
 ) -> MemoryRuntime:
     runtime = MemoryRuntime()
     world.ports.runtime = runtime
-    world.kube.create(llmserving(tuning={"cooldownSeconds": 0, "actuation": "Live", **(tuning or {})}))
+    tuning = {"cooldownSeconds": 0, "actuation": "Live", **(tuning or {})}
+    world.kube.create(llmserving(tuning=tuning, **({"rollout": rollout} if rollout else {})))
     world.reconcile()  # creates the Deployment at the ceiling
     ceiling = deployment_state(world.kube.get_deployment("default", "chat")).max_num_seqs  # type: ignore[union-attr]
     for i in range(pods):
@@ -104,12 +110,45 @@ def test_a_pod_gone_between_its_read_and_its_set_is_not_called(world: World) -> 
     world.reconcile()
     assert runtime.sets == [("127.0.9.1:8000", 64)]
     world.kube.list_pods = stored_list  # type: ignore[method-assign]
+    # replaced under the same name (a StatefulSet's pod): a new uid, maybe a new address
+    stored = world.kube.objects[("Pod", "default", "chat-abc-0")]
+    runtime.pods["127.0.9.1:8000"]["cap"] = 224  # type: ignore[index]
+
+    def read_then_replaced(address: str) -> Any:
+        found = read_cap(address)
+        stored["metadata"]["uid"] = "another"
+        return found
+
+    runtime.read_cap = read_then_replaced  # type: ignore[method-assign]
+    world.clock.advance(30)
+    world.reconcile()
+    assert runtime.sets == [("127.0.9.1:8000", 64)]
+    runtime.read_cap = read_cap  # type: ignore[method-assign]
+    # terminating: no call, Ready or not
+    stored["metadata"]["deletionTimestamp"] = "2026-03-01T12:00:00Z"
+    world.clock.advance(30)
+    world.reconcile()
+    assert runtime.sets == [("127.0.9.1:8000", 64)]
     # a pod whose phase has ended is not one to call at all, Ready or not
     world.kube.objects[("Pod", "default", "chat-abc-0")]["status"]["phase"] = "Failed"
     runtime.pods["127.0.9.1:8000"]["cap"] = 224  # type: ignore[index]
     world.clock.advance(30)
     world.reconcile()
     assert runtime.sets == [("127.0.9.1:8000", 64)]
+
+
+def test_one_replica_takes_caps_live_but_is_not_restarted_above_its_ceiling(world: World) -> None:
+    """A single replica without a surge or a serving gap: a cap under its ceiling is set live (no
+    restart, nothing stops serving), a value above it would restart the only replica — held."""
+    runtime = live_world(world, pods=1, rollout={"allowServingGap": False})
+    world.reconcile()
+    assert runtime.pods["127.0.9.1:8000"]["cap"] == 64  # type: ignore[index]
+    before = generation(world)
+    world.clock.advance(121)
+    shift(world, 512)  # the knee at 512 tokens is 240, above the pod's ceiling of 224
+    assert generation(world) == before
+    status = world.kube.status("default", "chat")
+    assert status["holdReason"] == "single-replica" and status["maxNumSeqs"] == 64, status["reason"]
 
 
 def test_a_pod_that_does_not_answer_is_named_and_the_others_get_their_cap(world: World) -> None:
