@@ -427,3 +427,40 @@ def test_recommend_mode_quarantines_nothing_its_writer_sets(world: World) -> Non
         world.kube.finish_rollout("default", "chat")
         assert applied(world) == limit
     assert not world.kube.status("default", "chat").get("quarantine")
+
+
+def test_a_revert_that_stalls_is_not_rolled_back_again(world: World) -> None:
+    """The revert's value ran before: its rollout stalling is the node's or the template's, and
+    rolling it back would put the reverted value back and flip the limit at every deadline."""
+    started(world)
+    steady_traffic(world, 512, tpot_p99_ms=20, tokens_per_s=3000)
+    settled_window(world, 512, tpot_p99_ms=60, tokens_per_s=2000)
+    assert applied(world) == 64  # reverted 240 → 64
+    world.clock.advance(60)
+    stall(world)  # the revert's pods are not Ready by the deadline
+    world.observer.set("default", "chat", observation(world.clock.now, ctx=512))
+    world.reconcile()
+    assert applied(world) == 64
+    history = world.kube.status("default", "chat")["history"]
+    assert history[-1]["reason"].startswith("revert 240→64") and [h["to"] for h in history] == [64, 240, 64]
+
+
+def test_a_stall_of_the_writers_own_value_in_recommend_mode_is_not_rolled_back(world: World) -> None:
+    """In Recommend mode the limit is the writer's --max-num-seqs: its stall is reported, never
+    rolled back over them, and nothing is quarantined."""
+    world.kube.create(
+        llmserving(tuning={"mode": "Recommend", "cooldownSeconds": 0}, args=["--max-num-seqs", "64"])
+    )
+    world.reconcile()
+    world.kube.finish_rollout("default", "chat")
+    world.reconcile()
+    world.clock.advance(121)
+    world.kube.edit_spec("default", "chat", {"args": ["--max-num-seqs", "240"]})
+    world.reconcile()
+    assert applied(world) == 240
+    world.clock.advance(60)
+    stall(world)
+    world.observer.set("default", "chat", observation(world.clock.now, ctx=512))
+    world.reconcile()
+    assert applied(world) == 240
+    assert not world.kube.status("default", "chat").get("quarantine")
