@@ -304,6 +304,7 @@ class MemoryObserver:
     readings: dict[tuple[str, str], Observation] = field(default_factory=dict)
     down: bool = False
     calls: int = 0
+    asked: list[ObservationTarget] = field(default_factory=list)  # what each reading was asked of
     lag_s: float = 0.0  # a cached reading: sampled this long before it is asked for
 
     def set(self, namespace: str, name: str, value: Observation) -> None:
@@ -311,6 +312,7 @@ class MemoryObserver:
 
     def observation(self, target: ObservationTarget, now: datetime) -> Observation:
         self.calls += 1
+        self.asked = [*self.asked[-15:], target]  # the real observer reads by scope: tests check it
         if self.down or target.key not in self.readings:
             return Observation.unavailable(
                 now, "Prometheus at http://127.0.0.1:9090 unreachable (connection refused)"

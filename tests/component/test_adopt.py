@@ -109,7 +109,13 @@ def test_a_wired_workload_gets_one_env_value_and_nothing_else(world: World) -> N
     # traffic moves to 8k tokens: the env value follows, still nothing else
     finish(world)
     world.kube.objects[("Pod", "default", "vllm-0")] = pod("vllm-0")
+    leaving = pod("vllm-old")
+    leaving["metadata"]["deletionTimestamp"] = "2026-03-01T12:00:00Z"
+    world.kube.objects[("Pod", "default", "vllm-old")] = leaving
     world.reconcile("tuner")
+    # read by its own pods (the default scope, by the llmserving label, matches none of them), not
+    # the one terminating
+    assert world.observer.asked[-1].pods == ("vllm-0",)
     world.clock.advance(121)
     for _ in range(6):  # a window for the average to take the change in, then it rolls
         world.observer.set("default", "tuner", observation(world.clock.now, ctx=8192))

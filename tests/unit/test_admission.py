@@ -165,6 +165,11 @@ HOSTILE: list[tuple[dict[str, Any], str, str]] = [
         "spec.template.annotations[seccomp.security.alpha.kubernetes.io/pod]",
         "allowUnrestricted",
     ),
+    (  # a node's own profile, whatever it allows: not the runtime's default
+        {"annotations": {"container.apparmor.security.beta.kubernetes.io/engine": "localhost/permissive"}},
+        "spec.template.annotations[container.apparmor.security.beta.kubernetes.io/engine]",
+        "allowUnrestricted",
+    ),
     (  # NVIDIA's toolkit mounts every GPU it names, other teams' too, whatever the pod requested
         {"env": [{"name": "HF_HOME", "value": "/cache"}, {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]},
         "spec.template.env[1].name",

@@ -88,3 +88,13 @@ def test_an_engine_read_through_two_scrape_targets_is_no_observation() -> None:
         "would count it 2 times, so the observation waits for one"
     )
     assert seen([1, 1]) == ""  # one target each: read
+
+
+def test_an_adopted_workloads_pods_are_matched_by_their_exact_names() -> None:
+    """Pod names go into a regex: a dot left bare in `a.b-0` matched `axb-0`, another workload's
+    pod in the namespace."""
+    scope = scope_for(ObservationTarget("prod", "t", "VLLM", 60, pods=("a.b-0", "c-1")))
+    assert scope.matcher == 'namespace="prod",pod=~"a\\\\.b\\\\-0|c\\\\-1"'
+    assert scope.owner_key == ("prod", "t")
+    nothing = scope_for(ObservationTarget("prod", "t", "VLLM", 60, pods=()))
+    assert nothing.matcher == 'namespace="prod",pod=~"$^"'  # no pod yet: matches none, not every one
