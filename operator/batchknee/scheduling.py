@@ -17,8 +17,8 @@ object must carry and every delete must wait on), one loop keeps a heap of due t
   others' slots nor a busy loop; and at most half the slots for all lanes together, parked alike,
   so as many slow tenants as half the slots over two still leave the other half to the unlaned;
 - an object that leaves `known()` (deleted, deleting, no longer watched) has its state freed;
-- a failing evaluation is logged and the object is scheduled again; nothing stops the loop but
-  `stop()`;
+- a failing evaluation is logged and the object is scheduled again, and so is a failing turn of
+  the loop itself; nothing stops the loop but `stop()`;
 - while `paused()` (another replica outranks this one) nothing is evaluated;
 - `settled()` is called once, the first time every object known at a resync has been evaluated
   (the fleet found at startup is in memory: its long-lived state can be frozen out of the
@@ -183,15 +183,20 @@ class Scheduler:
         next_resync = 0.0
         while not self._stopped:
             now = loop.time()
-            if now >= next_resync:
-                self._resync(now)
+            soonest = now + self.resync_s
+            try:
+                if now >= next_resync:
+                    self._resync(now)
+                    next_resync = now + self.resync_s
+                paused = self.paused()
+                if not paused:
+                    self._launch_due(now)
+                soonest = next_resync
+                if self._heap and len(self.in_flight) < self.max_in_flight and not paused:
+                    soonest = min(soonest, self._heap[0][0])
+            except Exception:  # (kopf's index, a state callback): the loop is every object's evaluations
+                log.exception("scheduler: this turn failed; trying again in %.0f s", self.resync_s)
                 next_resync = now + self.resync_s
-            paused = self.paused()
-            if not paused:
-                self._launch_due(now)
-            soonest = next_resync
-            if self._heap and len(self.in_flight) < self.max_in_flight and not paused:
-                soonest = min(soonest, self._heap[0][0])
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=max(soonest - loop.time(), 0.001))

@@ -332,3 +332,29 @@ def test_a_lane_that_cannot_be_told_stops_no_other_evaluation() -> None:
         await task
 
     asyncio.run(scenario())
+
+
+def test_a_turn_that_fails_does_not_end_the_loop() -> None:
+    """An error in the loop's own bookkeeping (kopf's index read mid-change, a state callback)
+    ended the scheduler task silently: no object was evaluated again until a restart."""
+
+    async def scenario() -> None:
+        fleet = Fleet({("ml", "a"): 0.1})
+        failing = [True]
+        intervals = fleet.intervals
+
+        def known() -> dict[Key, float]:
+            if failing and failing.pop():
+                raise RuntimeError("dictionary changed size during iteration")
+            return intervals
+
+        scheduler = fleet.scheduler()
+        scheduler.soon(("ml", "a"))
+        scheduler.known = known  # type: ignore[method-assign]
+        task = asyncio.create_task(scheduler.run())
+        await until(lambda: fleet.evaluated[("ml", "a")] >= 3)
+        assert fleet.evaluated[("ml", "a")] >= 3 and not task.done()
+        await scheduler.stop()
+        await task
+
+    asyncio.run(scenario())
