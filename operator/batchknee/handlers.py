@@ -576,9 +576,12 @@ async def watch_peers(rt: Runtime) -> None:
     """Keep rt.outranked as kopf's own pause decision would be, from the same peering objects."""
     assert rt.peering is not None
     loop = asyncio.get_running_loop()
+    # its own thread: behind the reconcile workers' queue, a pause was seen only once up to sixteen
+    # evaluations had run, each of them writing while another replica acted
+    reader = ThreadPoolExecutor(1, thread_name_prefix="peers")
     while True:
         try:
-            statuses = await loop.run_in_executor(rt.executor, rt.peering.statuses)
+            statuses = await loop.run_in_executor(reader, rt.peering.statuses)
             if statuses is None:  # no peering object (or CRD): kopf runs alone unless peering is mandatory
                 paused = rt.peering.mandatory
             else:

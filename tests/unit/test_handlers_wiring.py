@@ -669,3 +669,33 @@ def test_the_watch_cache_is_cleared_at_a_pause_not_at_the_resume(monkeypatch: An
 
     assert asyncio.run(scenario()) == [True, False, True]
     assert not rt.outranked
+
+
+def test_the_peers_are_looked_at_while_every_reconcile_worker_is_busy(monkeypatch: Any) -> None:
+    """The peering objects were read on the reconcile worker: behind a queue of evaluations, a
+    higher-priority replica's arrival was seen only after them, each writing meanwhile."""
+    import asyncio
+    import threading
+
+    from batchknee import handlers
+    from batchknee.reconcile import Ports
+
+    router = RoutedObserver(Recording(), "http://127.0.0.1:9090", [])
+    rt = handlers.Runtime(Ports(kube=None, observer=router), router, OperatorMetrics())  # type: ignore[arg-type]
+    higher = [{"other": {"priority": 100, "lastseen": datetime.now(UTC).isoformat(), "lifetime": 60}}]
+    rt.peering = handlers.Peering("batchknee", "me", 0, False, lambda: higher)
+    monkeypatch.setattr(handlers, "PEERS_CHECK_S", 0.01)
+    released = threading.Event()
+    rt.executor.submit(released.wait, 10)  # a reconcile that takes long
+
+    async def scenario() -> bool:
+        watching = asyncio.create_task(handlers.watch_peers(rt))
+        await asyncio.sleep(0.3)
+        seen = rt.outranked
+        watching.cancel()
+        return seen
+
+    try:
+        assert asyncio.run(scenario())
+    finally:
+        released.set()
