@@ -388,28 +388,39 @@ def test_a_refresh_of_a_url_a_spec_chose_takes_one_deadline_however_many_scopes_
     """Twenty scopes of one tenant's Prometheus (adopted workloads, selectors), each answered just
     inside the deadline: a refresh read them all in turn and held the calling thread — the shared
     reconcile worker, for an adopted workload — for twenty deadlines. It stops once it has taken
-    one; those left are the oldest next time."""
-    from batchknee.adapters.prometheus import CachedObserver, scope_for
+    one, paced by the share it read (paced in full, the rest waited ten times as long for their
+    turn); a silent URL is still paced in full."""
+    from batchknee.adapters.prometheus import PACED_REUSE, CachedObserver, scope_for
 
     class TenantPrometheus(SlowPrometheus):
         paced, timeout_s, min_samples, shown_url = True, 0.2, 3, "http://prometheus.team-a:9090"
+        answers_after = 0.45  # of the deadline: in time, every one
 
         def fetch(self, scope: Any, now: datetime) -> Any:
             from batchknee.adapters.prometheus import ScopeData
 
-            time.sleep(0.45 * self.timeout_s)  # in time, every one
+            time.sleep(self.answers_after * self.timeout_s)
             self.fetched += 1
             return ScopeData(scope, now, 3)
 
     url = "http://prometheus.team-a:9090"
-    cache = CachedObserver(TenantPrometheus, ttl_s=5)
     targets = [ObservationTarget("team-a", f"w{i}", "VLLM", 300, pods=(f"w{i}-0",)) for i in range(20)]
-    for target in targets:
-        cache._cache(url).ask(scope_for(target))
-    cache.refresh(url, targets[0], NOW)
-    fetched = cache._cache(url).observer.fetched  # type: ignore[attr-defined]
-    assert 1 <= fetched <= 3  # 0.09 s each: stopped past 0.2 s (was 20)
-    cache.drop_url(url)
+    for answers_after in (0.45, 1.0):
+        TenantPrometheus.answers_after = answers_after
+        cache = CachedObserver(TenantPrometheus, ttl_s=5)
+        for target in targets:
+            cache._cache(url).ask(scope_for(target))
+        started = time.monotonic()
+        cache.refresh(url, targets[0], NOW)
+        took = time.monotonic() - started
+        fetched = cache._cache(url).observer.fetched  # type: ignore[attr-defined]
+        paced_s = cache._cache(url).paced_until - time.monotonic()
+        if answers_after < 1:
+            assert 1 <= fetched <= 3  # 0.09 s each: stopped past 0.2 s (was 20)
+            assert 0 < paced_s <= PACED_REUSE * took * fetched / 20 + 0.05
+        else:
+            assert fetched == 1 and paced_s >= PACED_REUSE * 0.2 * 0.9  # silent: paced in full
+        cache.drop_url(url)
 
 
 def test_objects_with_a_stale_scope_of_their_own_share_their_namespaces_lane() -> None:
@@ -656,10 +667,11 @@ def test_the_watch_cache_is_cleared_at_a_pause_not_at_the_resume(monkeypatch: An
     higher = [{"other": {"priority": 100, "lastseen": datetime.now(UTC).isoformat(), "lifetime": 60}}]
     deployment = {"metadata": {"namespace": "ml", "name": "chat", "resourceVersion": "1"}}
 
-    async def scenario() -> list[bool]:
+    async def scenario(looks: list[list[dict[str, Any]]]) -> list[bool]:
         seen = []
+        rt.outranked = True  # until the first look
         watching = asyncio.create_task(handlers.watch_peers(rt))
-        for look in ([{}], higher, [{}]):  # alone (the start), outranked (a pause), alone (the resume)
+        for look in looks:
             peers.append(look)
             rt.cache.seen("Deployment", deployment)  # what kopf's listing brings
             await asyncio.sleep(0.1)
@@ -667,8 +679,12 @@ def test_the_watch_cache_is_cleared_at_a_pause_not_at_the_resume(monkeypatch: An
         watching.cancel()
         return seen
 
-    assert asyncio.run(scenario()) == [True, False, True]
+    # alone (the start), outranked (a pause), alone (the resume)
+    assert asyncio.run(scenario([[{}], higher, [{}]])) == [True, False, True]
     assert not rt.outranked
+    # a standby: kopf (not started paused) listed before the first look outranked it; what it
+    # listed may be gone by the resume, which sends no DELETED
+    assert asyncio.run(scenario([higher]))[0] is False
 
 
 def test_the_peers_are_looked_at_while_every_reconcile_worker_is_busy(monkeypatch: Any) -> None:

@@ -1288,9 +1288,11 @@ class _UrlCache:
             self.entries[scope] = entry
         return entry
 
-    def pace(self, started: float) -> None:
+    def pace(self, started: float, share: float = 1.0) -> None:
+        """Ask the URL nothing for PACED_REUSE times as long as its refresh took (at most
+        PACED_MAX_S), × the `share` of its due scopes that refresh read."""
         took_s = time.monotonic() - started
-        self.paced_until = time.monotonic() + min(PACED_REUSE * took_s, PACED_MAX_S)
+        self.paced_until = time.monotonic() + min(PACED_REUSE * took_s, PACED_MAX_S) * share
 
     def not_yet(self, scope: _Scope, now: datetime) -> ScopeData:
         return ScopeData(
@@ -1353,16 +1355,22 @@ class CachedObserver:
     def _refresh_paced(self, cache: _UrlCache, scope: _Scope, now: datetime) -> _Entry | None:
         """Every scope of the URL that is due, `scope` among them, oldest read first, each within
         its own deadline, none after one the URL let run out (it would cost every one of them a
-        deadline) nor once the refresh has taken a deadline in all (twenty scopes answered just
-        in time held the calling thread for twenty deadlines); then the URL is paced by the time
-        that took. Oldest first, a scope the URL never answers goes to the back: it cannot keep the
-        URL's other scopes (another object's selector, maybe another team's) unread, and those left
-        are the first read next time. `scope`'s entry, unless its turn did not come."""
+        deadline); then the URL is paced by the time that took. A URL that answers, slowly, is read
+        one deadline at a time (twenty scopes answered just in time held the calling thread for
+        twenty deadlines), paced by the share it read: the rest, the oldest, go first next time, at
+        the pace a whole refresh had. Oldest first, a scope the URL never answers goes to the back:
+        it cannot keep the URL's other scopes (another object's selector, maybe another team's)
+        unread. `scope`'s entry, unless its turn did not come."""
         started = time.monotonic()
-        for due in cache.due(self.ttl_s):
-            cache.store(due, cache.observer.fetch(due, now), self.ttl_s)
-            if time.monotonic() - started >= cache.observer.timeout_s:
-                break
+        due = cache.due(self.ttl_s)
+        for read, next_scope in enumerate(due, 1):
+            began = time.monotonic()
+            cache.store(next_scope, cache.observer.fetch(next_scope, now), self.ttl_s)
+            if time.monotonic() - began >= cache.observer.timeout_s:
+                break  # silent: paced in full
+            if read < len(due) and time.monotonic() - started >= cache.observer.timeout_s:
+                cache.pace(started, share=read / len(due))
+                return cache.fresh(scope, self.ttl_s)
         cache.pace(started)
         return cache.fresh(scope, self.ttl_s)
 
