@@ -579,6 +579,7 @@ async def watch_peers(rt: Runtime) -> None:
     # its own thread: behind the reconcile workers' queue, a pause was seen only once up to sixteen
     # evaluations had run, each of them writing while another replica acted
     reader = ThreadPoolExecutor(1, thread_name_prefix="peers")
+    first = True
     while True:
         try:
             statuses = await loop.run_in_executor(reader, rt.peering.statuses)
@@ -588,12 +589,14 @@ async def watch_peers(rt: Runtime) -> None:
                 paused = outranked(statuses, rt.peering.identity, rt.peering.priority, datetime.now(UTC))
             if paused != rt.outranked:
                 log.info("scheduled evaluations %s (kopf peering)", "paused" if paused else "resumed")
-            if paused and not rt.outranked:
-                # kopf's watches pause too: what they brought before may be old by the resume. Not
-                # at the resume (or the first look): kopf has listed everything again by then, and
-                # what does not change sends no other event — it would be read from the apiserver.
+            if paused and (first or not rt.outranked):
+                # kopf's watches pause too: what they brought before (before the pause, or at the
+                # start of a standby that kopf did not start paused) may be old by the resume, and
+                # its listing then sends no DELETED. Not at the resume: kopf has listed everything
+                # again by then, and what does not change sends no other event.
                 rt.cache.clear()
             rt.outranked = paused
+            first = False
         except Exception as error:  # keep the last decision; look again
             log.warning("could not read the peering objects: %s", error)
         await asyncio.sleep(PEERS_CHECK_S)
