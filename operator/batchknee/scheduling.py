@@ -111,7 +111,12 @@ class Scheduler:
             self.forget(*key)
         for key, interval in known.items():
             scheduled = self.due.get(key)
-            if key in self.in_flight or key in self.urgent:
+            if key in self.in_flight:
+                continue
+            if key in self.urgent:
+                if scheduled is None:  # its turn was lost (a failure between its run and its next)
+                    self.due[key] = (now, interval)
+                    heapq.heappush(self._heap, (now, key))
                 continue
             if scheduled is None or scheduled[1] != interval:
                 self._schedule(key, interval, now)

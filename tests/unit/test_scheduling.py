@@ -358,3 +358,39 @@ def test_a_turn_that_fails_does_not_end_the_loop() -> None:
         await task
 
     asyncio.run(scenario())
+
+
+def test_an_object_changed_while_evaluated_keeps_its_turn_through_a_failing_callback() -> None:
+    """An object whose spec changed during its evaluation is queued again when it ends; an error
+    there (kopf's index read mid-change) left it neither due nor running, and the resync skipped
+    objects waiting for an urgent turn: it was never evaluated again."""
+
+    async def scenario() -> None:
+        key = ("ml", "a")
+        fleet = Fleet({key: 0.1})
+        scheduler = fleet.scheduler()
+        intervals = fleet.intervals
+        plain = fleet.evaluate
+        failing = [True]
+
+        async def evaluate(namespace: str, name: str) -> None:
+            await plain(namespace, name)
+            scheduler.urgent.add(key)  # its spec changed meanwhile
+
+        def known() -> dict[Key, float]:
+            # raised where the run has ended: neither running nor due (in its done callback)
+            if key not in scheduler.in_flight and key not in scheduler.due and failing and failing.pop():
+                raise RuntimeError("dictionary changed size during iteration")
+            return intervals
+
+        fleet.evaluate = evaluate  # type: ignore[method-assign]
+        scheduler.evaluate = evaluate
+        scheduler.soon(key)
+        scheduler.known = known  # type: ignore[method-assign]
+        task = asyncio.create_task(scheduler.run())
+        await until(lambda: fleet.evaluated[key] >= 3, limit_s=5)
+        assert fleet.evaluated[key] >= 3
+        await scheduler.stop()
+        await task
+
+    asyncio.run(scenario())
