@@ -123,12 +123,19 @@ def test_a_pod_gone_between_its_read_and_its_set_is_not_called(world: World) -> 
     world.clock.advance(30)
     world.reconcile()
     assert runtime.sets == [("127.0.9.1:8000", 64)]
-    runtime.read_cap = read_cap  # type: ignore[method-assign]
-    # terminating: no call, Ready or not
-    stored["metadata"]["deletionTimestamp"] = "2026-03-01T12:00:00Z"
+
+    # terminating after its read (same uid and address): no call
+    def read_then_terminating(address: str) -> Any:
+        found = read_cap(address)
+        stored["metadata"]["deletionTimestamp"] = "2026-03-01T12:00:00Z"
+        return found
+
+    runtime.read_cap = read_then_terminating  # type: ignore[method-assign]
     world.clock.advance(30)
     world.reconcile()
     assert runtime.sets == [("127.0.9.1:8000", 64)]
+    runtime.read_cap = read_cap  # type: ignore[method-assign]
+    del stored["metadata"]["deletionTimestamp"]
     # a pod whose phase has ended is not one to call at all, Ready or not
     world.kube.objects[("Pod", "default", "chat-abc-0")]["status"]["phase"] = "Failed"
     runtime.pods["127.0.9.1:8000"]["cap"] = 224  # type: ignore[index]
