@@ -72,6 +72,21 @@ APP_NAME = {engine: module.APP_NAME for engine, module in ENGINE_MODULES.items()
 GPU_RESOURCE = "nvidia.com/gpu"
 # The engine images run as root by default; the restricted profile wants a non-root user (1000 is
 # the first ordinary user of the Debian/Ubuntu bases the engine images build on).
+# That user has no entry in the images' /etc/passwd, so the runtime gives it HOME=/, where it may
+# write nothing: Hugging Face downloads, vLLM's compile cache, Triton's and FlashInfer's kernels all
+# go under HOME. A pod-lifetime folder is its home (HF_HOME on a volume of yours keeps downloads).
+ENGINE_HOME = "/home/engine"
+HOME_VOLUME = "batchknee-home"
+# Tensor parallelism's workers and NCCL share memory through /dev/shm, which a container gets at
+# 64 MiB: far too little (a bus error at the first all-reduce); a memory-backed folder takes its place.
+SHM_VOLUME = "batchknee-shm"
+SHM_PATH = "/dev/shm"
+# What vLLM is given to finish requests in flight after SIGTERM: the grace period left after the
+# preStop drain, less a margin for its own exit before the kubelet's SIGKILL.
+SHUTDOWN_MARGIN_S = 5
+# SGLang's /health generates a token and waits for the scheduler (at least a second, longer behind a
+# long prefill): a 2-s probe timeout took busy pods out of their Service.
+PROBE_TIMEOUT_S = {Engine.VLLM: 2, Engine.TensorRTLLM: 2, Engine.SGLang: 10}
 RESTRICTED_POD_SECURITY_CONTEXT: dict[str, Any] = {
     "runAsNonRoot": True,
     "runAsUser": 1000,
@@ -405,6 +420,23 @@ def deployment(obj: LLMServing, desired: Desired, defaults: RenderDefaults) -> d
 
     volume_mounts = [mount.dump() for mount in template.volume_mounts or []]
     volumes = [volume.dump() for volume in template.volumes or []]
+    env = [entry.dump() for entry in template.env or []]
+    grace = max(template.termination_grace_period_seconds, template.drain_seconds)
+    taken_names = {volume["name"] for volume in volumes}
+    taken_paths = {mount["mountPath"].rstrip("/") for mount in volume_mounts}
+    runs_as = pod_security_context(obj).get("runAsUser")
+    if (
+        runs_as == RESTRICTED_POD_SECURITY_CONTEXT["runAsUser"]
+        and HOME_VOLUME not in taken_names
+        and ENGINE_HOME not in taken_paths
+        and not any(entry["name"] == "HOME" for entry in env)
+    ):
+        volumes.append({"name": HOME_VOLUME, "emptyDir": {}})
+        volume_mounts.append({"name": HOME_VOLUME, "mountPath": ENGINE_HOME})
+        env.insert(0, {"name": "HOME", "value": ENGINE_HOME})
+    if spec.gpu.count > 1 and SHM_VOLUME not in taken_names and SHM_PATH not in taken_paths:
+        volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}})
+        volume_mounts.append({"name": SHM_VOLUME, "mountPath": SHM_PATH})
     if spec.engine == Engine.VLLM:
         command = vllm_command(spec.model.name)
         args = vllm_args(
@@ -413,6 +445,7 @@ def deployment(obj: LLMServing, desired: Desired, defaults: RenderDefaults) -> d
             tensor_parallel=spec.gpu.count,
             max_num_seqs=desired.max_num_seqs,
             kv_cache_dtype=spec.model.kv_cache_dtype,
+            shutdown_timeout=max(0, grace - template.drain_seconds - SHUTDOWN_MARGIN_S),
         )
     elif spec.engine == Engine.SGLang:
         command = sglang_command()
@@ -443,7 +476,7 @@ def deployment(obj: LLMServing, desired: Desired, defaults: RenderDefaults) -> d
         "readinessProbe": {
             "httpGet": {"path": HEALTH_PATH[spec.engine], "port": "http"},
             "periodSeconds": 5,
-            "timeoutSeconds": 2,
+            "timeoutSeconds": PROBE_TIMEOUT_S[spec.engine],
             "failureThreshold": 3,
         },
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(template.drain_seconds)]}}},
@@ -451,7 +484,7 @@ def deployment(obj: LLMServing, desired: Desired, defaults: RenderDefaults) -> d
         "securityContext": container_security_context(obj),
     }
     for key, value in (
-        ("env", [env.dump() for env in template.env or []]),
+        ("env", env),
         ("envFrom", [source.dump() for source in template.env_from or []]),
         ("volumeMounts", volume_mounts),
     ):
@@ -460,9 +493,7 @@ def deployment(obj: LLMServing, desired: Desired, defaults: RenderDefaults) -> d
 
     pod_spec: dict[str, Any] = {
         "containers": [container],
-        "terminationGracePeriodSeconds": max(
-            template.termination_grace_period_seconds, template.drain_seconds
-        ),
+        "terminationGracePeriodSeconds": grace,
         "securityContext": pod_security_context(obj),
         # the engine needs no API access; a token is mounted only for a ServiceAccount the admin allowed
         "automountServiceAccountToken": template.service_account_name is not None,

@@ -60,7 +60,7 @@ def test_vllm_deployment() -> None:
     assert c["command"] == ["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct"]
     assert c["args"] == [
         "--served-model-name", "meta-llama/Llama-3.1-8B-Instruct", "--tensor-parallel-size", "2",
-        "--port", "8000", "--max-num-seqs", "64", "--enable-prefix-caching",
+        "--port", "8000", "--max-num-seqs", "64", "--shutdown-timeout", "100", "--enable-prefix-caching",
     ]  # fmt: skip
     assert c["resources"]["limits"]["nvidia.com/gpu"] == "2"
     assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
@@ -114,8 +114,12 @@ def test_template_overrides_are_merged_in() -> None:
     )
     c, pod = container(dep), dep["spec"]["template"]
     assert c["resources"] == {"limits": {"nvidia.com/gpu": "2", "memory": "64Gi"}, "requests": {"cpu": "8"}}
-    assert c["env"] == [{"name": "HF_HOME", "value": "/cache"}]
-    assert c["volumeMounts"] == [{"name": "shm", "mountPath": "/dev/shm"}]
+    assert c["env"] == [{"name": "HOME", "value": "/home/engine"}, {"name": "HF_HOME", "value": "/cache"}]
+    # their own /dev/shm, not a second one; a home of the operator's
+    assert c["volumeMounts"] == [
+        {"name": "shm", "mountPath": "/dev/shm"},
+        {"name": "batchknee-home", "mountPath": "/home/engine"},
+    ]
     assert pod["spec"]["nodeSelector"] == {"gpu": "h100"}
     assert pod["spec"]["tolerations"][0]["key"] == "nvidia.com/gpu"
     assert pod["spec"]["volumes"][0]["name"] == "shm"
@@ -125,6 +129,47 @@ def test_template_overrides_are_merged_in() -> None:
     assert pod["metadata"]["annotations"]["prometheus.io/port"] == "9999"
     assert pod["spec"]["terminationGracePeriodSeconds"] == 30  # never shorter than the drain
     assert dep["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+
+
+def test_the_engine_gets_a_writable_home_shared_memory_and_time_to_finish(tmp_path: Any) -> None:
+    """What a real engine needs of the restricted pod: its user (1000) has no home in the images, so
+    HOME was / and every cache (Hugging Face, vLLM's compile cache, Triton) failed to write; tensor
+    parallelism's workers share memory through /dev/shm (64 MiB in a container); and vLLM aborts the
+    requests in flight at SIGTERM unless --shutdown-timeout gives them the grace period left."""
+    dep = deployment(obj(), Desired(64, 0), RenderDefaults())
+    c, pod = container(dep), dep["spec"]["template"]["spec"]
+    assert {"name": "HOME", "value": "/home/engine"} in c["env"]
+    assert {"name": "batchknee-home", "mountPath": "/home/engine"} in c["volumeMounts"]
+    assert {"name": "batchknee-shm", "mountPath": "/dev/shm"} in c["volumeMounts"]
+    assert {"name": "batchknee-shm", "emptyDir": {"medium": "Memory"}} in pod["volumes"]
+    assert c["args"][c["args"].index("--shutdown-timeout") + 1] == "100"  # 120 s grace − 15 s drain − 5
+    # one GPU: no shared memory of its own; a HOME of the user's, or a user of theirs, is theirs
+    own = deployment(
+        obj(
+            gpu={"type": "h100", "count": 1},
+            template={
+                "env": [{"name": "HOME", "value": "/models"}],
+                "drainSeconds": 30,
+                "terminationGracePeriodSeconds": 300,
+            },
+            args=["--shutdown-timeout", "600"],
+        ),
+        Desired(64, 0),
+        RenderDefaults(),
+    )
+    c = container(own)
+    assert c["env"] == [{"name": "HOME", "value": "/models"}] and "volumeMounts" not in c
+    assert c["args"].count("--shutdown-timeout") == 1 and c["args"][-1] == "600"
+    rooted = deployment(
+        obj(template={"securityContext": {"runAsUser": 0, "runAsNonRoot": False}}),
+        Desired(64, 0),
+        RenderDefaults(),
+    )
+    assert not any(e["name"] == "HOME" for e in container(rooted).get("env", []))
+    # SGLang's /health generates a token behind whatever the scheduler runs: a longer probe timeout
+    sglang = deployment(obj(engine="SGLang"), Desired(64, 0), RenderDefaults())
+    assert container(sglang)["readinessProbe"]["timeoutSeconds"] == 10
+    assert container(dep)["readinessProbe"]["timeoutSeconds"] == 2
 
 
 def test_tensorrt_llm_objects() -> None:

@@ -322,7 +322,8 @@ class ModelSpec(_Model):
             {
                 "rule": "has(self.architecture) || " + _cel_in("self.name", catalog_model_names()),
                 "message": "spec.model.name is not in the built-in catalog: set spec.model.architecture "
-                "(layers, attentionHeads, kvHeads, headDim, params) or use a catalog name such as llama-3-8b",
+                "(layers, attentionHeads, kvHeads, headDim, params) or name a catalog model by the Hugging Face "
+                "id the engine loads, such as meta-llama/Llama-3.1-8B-Instruct",
                 "fieldPath": ".name",
                 "reason": "FieldValueInvalid",
             }

@@ -211,11 +211,13 @@ def vllm_args(
     max_num_seqs: int,
     kv_cache_dtype: str = "auto",
     port: int = VLLM_PORT,
+    shutdown_timeout: int | None = None,
 ) -> list[str]:
     """The managed flags first, then the user's args without any of them. `--kv-cache-dtype` is
     managed only when the spec asks for a non-default KV dtype (the math assumes it). A user
     `--max-num-batched-tokens` below the batch limit is raised to it (vLLM refuses to start), and a
-    `--max-num-active-seqs` is removed: the batch limit is `--max-num-seqs` alone."""
+    `--max-num-active-seqs` is removed: the batch limit is `--max-num-seqs` alone. `shutdown_timeout`
+    goes as `--shutdown-timeout` unless the user's args say how long themselves."""
     managed = [*VLLM_MANAGED, *vllm.STRIPPED]
     if kv_cache_dtype != "auto":
         managed.append("--kv-cache-dtype")
@@ -239,6 +241,8 @@ def vllm_args(
     ]
     if kv_cache_dtype != "auto":
         rendered += ["--kv-cache-dtype", kv_cache_dtype]
+    if shutdown_timeout is not None and flag_value(kept, vllm.SHUTDOWN_TIMEOUT_FLAG) is None:
+        rendered += [vllm.SHUTDOWN_TIMEOUT_FLAG, str(shutdown_timeout)]
     return rendered + kept
 
 

@@ -43,7 +43,15 @@ SHORT_ALIASES: dict[str, tuple[str, ...]] = {
 # memory or its size, the KV dtype) and the one it removes: vLLM 0.34's `--max-num-active-seqs` caps the running
 # batch under `--max-num-seqs` (and vLLM refuses to start when it is above it), a second batch limit.
 KV_MEMORY_FLAG = "--kv-cache-memory-bytes"  # the KV pool per GPU, in place of the memory share
-READ_FLAGS = ("--max-num-batched-tokens", "--gpu-memory-utilization", KV_MEMORY_FLAG, "--kv-cache-dtype")
+# vLLM ≥ 0.18 aborts every request in flight at SIGTERM unless this says how long to wait (default 0)
+SHUTDOWN_TIMEOUT_FLAG = "--shutdown-timeout"
+READ_FLAGS = (
+    "--max-num-batched-tokens",
+    "--gpu-memory-utilization",
+    KV_MEMORY_FLAG,
+    "--kv-cache-dtype",
+    SHUTDOWN_TIMEOUT_FLAG,
+)
 STRIPPED = ("--max-num-active-seqs",)
 # Every `vllm serve` long option sharing its first two letters with a flag the operator manages,
 # reads or removes: argparse expands a prefix that starts one option only, so an abbreviation is one
@@ -89,6 +97,9 @@ NEIGHBOURS = (
     "--port",
     "--seed",
     "--served-model-name",
+    "--show-hidden-metrics-for-version",
+    "--shuffle-safetensors-files",
+    "--shutdown-timeout",
     "--tensor-parallel-size",
 )
 COMMAND_LINE = CommandLine(managed=MANAGED, aliases=SHORT_ALIASES, abbreviable=frozenset(NEIGHBOURS))
