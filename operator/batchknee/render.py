@@ -267,6 +267,7 @@ def engine_config(obj: LLMServing, desired: Desired) -> str:
         kv["dtype"] = memory.dtype
     options["kv_cache_config"] = kv
     options["max_batch_size"] = desired.max_num_seqs
+    options[trtllm.TP_OPTION] = obj.spec.gpu.count  # the pod holds that many GPUs
     options.update(trtllm.metrics_options(trtllm_backend(obj.spec)))
     try:
         text = json.dumps(options, sort_keys=True)
@@ -597,10 +598,12 @@ def overridden_args(obj: LLMServing, desired: Desired) -> list[str]:
         rendered = trtllm_args(user, tensor_parallel=spec.gpu.count)
         flags = [*TRTLLM_MANAGED, trtllm.KNOB_FLAG]
         rendered += [trtllm.KNOB_FLAG, str(desired.max_num_seqs)]  # it lives in the options file
+        rendered += ["--tensor_parallel_size", str(spec.gpu.count)]  # --tp_size's other name
         cli = trtllm.COMMAND_LINE
         options = spec.extra_llm_api_options if isinstance(spec.extra_llm_api_options, dict) else {}
         managed_options = {
             trtllm.KNOB_OPTION: desired.max_num_seqs,
+            trtllm.TP_OPTION: spec.gpu.count,
             **trtllm.metrics_options(trtllm_backend(spec)),
         }
         return [

@@ -191,6 +191,7 @@ def test_tensorrt_llm_objects() -> None:
     assert options == {
         "backend": "pytorch",
         "max_batch_size": 16,
+        "tensor_parallel_size": 2,
         "kv_cache_config": {"enable_block_reuse": True, "free_gpu_memory_fraction": 0.9},
         "return_perf_metrics": True,
         "enable_iter_perf_stats": True,
@@ -379,11 +380,14 @@ def test_the_template_change_time_goes_with_the_deployment_and_a_damaged_one_rea
 def test_overridden_args_name_the_users_spelling_and_the_value_run() -> None:
     vllm = obj(args=["-tp", "4", "--max-num-seqs=999", "--port", "8000", "--seed", "3"])
     assert overridden_args(vllm, Desired(64, 0)) == ["--max-num-seqs=999 → 64", "-tp 4 → 2"]
+    # the tensor-parallel size under its other name too, and in the options file (which overrides
+    # the flag: the pod held 2 GPUs and ran on 8, or on 1)
     trt = obj(
         engine="TensorRTLLM",
-        args=["--tp_size", "1", "--max_batch_size", "512"],
+        args=["--tp_size", "1", "--max_batch_size", "512", "--tensor_parallel_size", "8"],
         extraLlmApiOptions={
             "max_batch_size": 300,
+            "tensor_parallel_size": 1,
             "return_perf_metrics": False,
             "enable_iter_perf_stats": True,
         },
@@ -391,9 +395,14 @@ def test_overridden_args_name_the_users_spelling_and_the_value_run() -> None:
     assert overridden_args(trt, Desired(16, 0)) == [
         "--max_batch_size 512 → 16",
         "--tp_size 1 → 2",
+        "--tensor_parallel_size 8 → 2",
         "extraLlmApiOptions.max_batch_size 300 → 16",
+        "extraLlmApiOptions.tensor_parallel_size 1 → 2",
         "extraLlmApiOptions.return_perf_metrics false → true",
     ]
+    config_map, *_, dep = render(trt, Desired(16, 0))
+    assert yaml.safe_load(config_map["data"]["engine.yaml"])["tensor_parallel_size"] == 2
+    assert "--tensor_parallel_size" not in container(dep)["args"]
     assert overridden_args(obj(args=["--seed", "3"]), Desired(64, 0)) == []
 
 

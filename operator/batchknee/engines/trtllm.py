@@ -28,9 +28,12 @@ DEFAULT_TOKENS_PER_BLOCK = 32
 DEFAULT_FREE_GPU_MEMORY_FRACTION = 0.9
 
 OPTIONS_FILE_FLAGS = ("--extra_llm_api_options", "--config")  # the LLM API options file: overrides flags
+# The tensor-parallel size in the options file, which overrides the flag: forced to the pod's GPUs
+TP_OPTION = "tensor_parallel_size"
 MANAGED = (
     "--max_batch_size",
     "--tp_size",
+    "--tensor_parallel_size",  # the option's other name (trtllm-serve takes both)
     "--port",
     "--host",
     "--extra_llm_api_options",
