@@ -22,7 +22,10 @@ SGLANG_FLAGS = (
     *(a for aliases in sglang.ALIASES.values() for a in aliases),
     *sglang.READ_FLAGS,
 )
-SWITCHES = {"vllm": (vllm.MFU_METRICS_SWITCH,), "sglang": (sglang.METRICS_SWITCH, sglang.MFU_METRICS_SWITCH)}
+SWITCHES = {
+    "vllm": (vllm.MFU_METRICS_SWITCH,),
+    "sglang": (sglang.METRICS_SWITCH, sglang.MFU_METRICS_SWITCH, sglang.DP_ATTENTION_SWITCH),
+}
 ENGINES = [
     pytest.param("vllm", VLLM_FLAGS, vllm.COMMAND_LINE, id="vllm"),
     pytest.param("sglang", SGLANG_FLAGS, sglang.COMMAND_LINE, id="sglang"),

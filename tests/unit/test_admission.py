@@ -1034,3 +1034,27 @@ def test_the_requester_policy_is_generated_and_checks_every_gated_field() -> Non
     assert "resource('configmaps')" in expression and ".name(n).check('get')" in expression
     # an adopted workload: its writer may patch it
     assert "object.spec.targetRef.name).check('patch')" in target["expression"]
+
+
+@pytest.mark.parametrize(
+    ("engine", "args", "flag"),
+    [
+        ("VLLM", ["-pp", "2"], "--pipeline-parallel-size 2"),
+        ("VLLM", ["--data-parallel-size=4"], "--data-parallel-size 4"),
+        ("VLLM", ["--pipeline", "2"], "--pipeline-parallel-size 2"),  # argparse's abbreviation
+        ("SGLang", ["--dp-size", "2"], "--dp-size 2"),
+        ("SGLang", ["--pipeline-parallel-size", "2"], "--pp-size 2"),
+    ],
+)
+def test_parallelism_past_the_pods_gpus_is_refused_naming_the_flag(
+    engine: str, args: list[str], flag: str
+) -> None:
+    """Tensor parallelism takes the pod's spec.gpu.count GPUs: pipeline or data parallelism on top
+    asked the engine for more GPUs than the pod holds, and it never started (a crash loop, not a
+    spec error)."""
+    obj = parse(engine=engine, args=args)
+    with pytest.raises(SpecError, match=f"spec.args.*{flag}: the operator runs one engine per pod"):
+        resolve_roofline(obj.spec)
+    assert resolve_roofline(parse(engine=engine, args=[args[0].split("=")[0], "1"]).spec)  # one is fine
+    if engine == "SGLang":  # data-parallel attention groups share the tensor-parallel GPUs
+        assert resolve_roofline(parse(engine=engine, args=["--enable-dp-attention", "--dp-size", "2"]).spec)

@@ -164,9 +164,30 @@ def _check_tensor_parallel(model: ModelArchitecture, tensor_parallel: int) -> No
         )
 
 
+def _check_tensor_parallel_only(spec: LLMServingSpec) -> None:
+    """The pod holds spec.gpu.count GPUs and tensor parallelism takes them all: pipeline or data
+    parallelism on top asks the engine for more GPUs than the pod has (it would not start), and
+    the knee is one engine's. More engines are more replicas."""
+    module = vllm if spec.engine == Engine.VLLM else sglang if spec.engine == Engine.SGLang else None
+    if module is None:
+        return
+    for flag in module.PARALLEL_FLAGS:
+        size = int_flag(spec.args, flag, module.COMMAND_LINE)
+        if flag == "--dp-size" and sglang.DP_ATTENTION_SWITCH in spec.args:
+            continue  # SGLang's data-parallel attention runs within the tensor-parallel GPUs
+        if size is not None and size > 1:
+            raise SpecError(
+                "spec.args",
+                f"{flag} {size}: the operator runs one engine per pod by tensor parallelism over "
+                "spec.gpu.count GPUs (the pod holds no more); remove it — spec.gpu.count sets the "
+                "tensor parallelism, spec.replicas the number of engines",
+            )
+
+
 def resolve_roofline(spec: LLMServingSpec) -> DecodeRoofline:
     roofline = _roofline(spec)
     _check_tensor_parallel(roofline.model, spec.gpu.count)
+    _check_tensor_parallel_only(spec)
     return roofline
 
 

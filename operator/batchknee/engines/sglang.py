@@ -46,9 +46,15 @@ MANAGED = ("--max-running-requests", "--tp-size", "--port", "--model-path", "--h
 ALIASES: dict[str, tuple[str, ...]] = {
     "--tp-size": ("--tensor-parallel-size",),
     "--model-path": ("--model",),
+    "--pp-size": ("--pipeline-parallel-size",),
+    "--dp-size": ("--data-parallel-size",),
 }
+# Parallelism other than tensor parallelism over the pod's GPUs: refused, as for vLLM — but for
+# data-parallel attention, whose groups share the tensor-parallel GPUs (their pools add up).
+PARALLEL_FLAGS = ("--pp-size", "--dp-size")
+DP_ATTENTION_SWITCH = "--enable-dp-attention"
 # Flags of the user's args the operator reads (the step token budget, the KV pool's share of memory).
-READ_FLAGS = ("--chunked-prefill-size", "--mem-fraction-static")
+READ_FLAGS = (*PARALLEL_FLAGS, "--chunked-prefill-size", "--mem-fraction-static")
 # Every SGLang long option sharing its first two letters with a flag the operator manages (or an
 # alias) or reads: an abbreviation is one of those flags only when it is unambiguous among these
 # (tests/contract holds this to the release).
@@ -56,6 +62,8 @@ NEIGHBOURS = (
     "--chat-template",
     "--checkpoint-engine-wait-weights-before-ready",
     "--chunked-prefill-size",
+    "--data-parallel-size",
+    "--dp-size",
     "--host",
     "--mamba-backend",
     "--mamba-cache-philox-rounds",
@@ -94,7 +102,11 @@ NEIGHBOURS = (
     "--moe-runner-backend",
     "--monokernel-backend",
     "--mooncake-ib-device",
+    "--pipeline-parallel-size",
     "--port",
+    "--pp-async-batch-depth",
+    "--pp-max-micro-batch-size",
+    "--pp-size",
     "--tensor-parallel-size",
     "--tp-size",
 )

@@ -45,7 +45,11 @@ SHORT_ALIASES: dict[str, tuple[str, ...]] = {
 KV_MEMORY_FLAG = "--kv-cache-memory-bytes"  # the KV pool per GPU, in place of the memory share
 # vLLM ≥ 0.18 aborts every request in flight at SIGTERM unless this says how long to wait (default 0)
 SHUTDOWN_TIMEOUT_FLAG = "--shutdown-timeout"
+# Parallelism other than tensor parallelism over the pod's GPUs: refused (the pod holds
+# spec.gpu.count GPUs, tensor parallelism takes them all, and the knee math assumes one engine)
+PARALLEL_FLAGS = ("--pipeline-parallel-size", "--data-parallel-size")
 READ_FLAGS = (
+    *PARALLEL_FLAGS,
     "--max-num-batched-tokens",
     "--gpu-memory-utilization",
     KV_MEMORY_FLAG,
@@ -57,6 +61,17 @@ STRIPPED = ("--max-num-active-seqs",)
 # reads or removes: argparse expands a prefix that starts one option only, so an abbreviation is one
 # of those flags only when it is unambiguous among these (tests/contract holds this to the release).
 NEIGHBOURS = (
+    "--data-parallel-address",
+    "--data-parallel-backend",
+    "--data-parallel-external-lb",
+    "--data-parallel-hybrid-lb",
+    "--data-parallel-multi-port-external-lb",
+    "--data-parallel-rank",
+    "--data-parallel-rpc-port",
+    "--data-parallel-size",
+    "--data-parallel-size-local",
+    "--data-parallel-start-rank",
+    "--data-parallel-supervisor-port",
     "--gpu-memory-utilization",
     "--kv-cache-dtype",
     "--kv-cache-dtype-skip-layers",
@@ -93,6 +108,7 @@ NEIGHBOURS = (
     "--max-num-scheduled-tokens",
     "--max-num-seqs",
     "--max-parallel-loading-workers",
+    "--pipeline-parallel-size",
     "--pooler-config",
     "--port",
     "--seed",
