@@ -83,7 +83,8 @@ def test_queries_are_posted_and_their_size_does_not_grow_with_the_fleet() -> Non
         assert request.method == "POST" and request.path == "/api/v1/query"
         assert request.headers["Content-Type"] == "application/x-www-form-urlencoded"
         form = urllib.parse.parse_qs(request.body.decode())
-        assert set(form) == {"query", "time"} and "x" * 59 not in form["query"][0]
+        assert set(form) == {"query", "time", "partial_response"} and "x" * 59 not in form["query"][0]
+        assert form["partial_response"] == ["false"]  # a Thanos querier's partial answer: an error
         assert len(request.body) < 8 * 1024
     assert many.largest_query_bytes == max(len(r.body) for r in prom.requests)
 

@@ -870,7 +870,11 @@ class PrometheusObserver:
     def _query(self, promql: str, now: datetime, deadline: float, take: Callable[[int], None]) -> bytes:
         """One instant query, POSTed, its whole answer read before `deadline` (time.monotonic),
         each piece taken from the budget (`take` raises _OverBudget)."""
-        body = urllib.parse.urlencode({"query": promql, "time": f"{now.timestamp():.3f}"})
+        # partial_response=false: a Thanos querier answers without a store that timed out, as a
+        # success (half the pods' tokens, all their samples: a revert of a good change); this way it
+        # fails. Prometheus and Mimir ignore the parameter.
+        form = {"query": promql, "time": f"{now.timestamp():.3f}", "partial_response": "false"}
+        body = urllib.parse.urlencode(form)
         with self._counter_lock:
             self.queries_sent += 1
             self.largest_query_bytes = max(self.largest_query_bytes, len(body))
