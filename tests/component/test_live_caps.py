@@ -110,30 +110,24 @@ def test_a_pod_gone_between_its_read_and_its_set_is_not_called(world: World) -> 
     world.reconcile()
     assert runtime.sets == [("127.0.9.1:8000", 64)]
     world.kube.list_pods = stored_list  # type: ignore[method-assign]
-    # replaced under the same name (a StatefulSet's pod): a new uid, maybe a new address
     stored = world.kube.objects[("Pod", "default", "chat-abc-0")]
     runtime.pods["127.0.9.1:8000"]["cap"] = 224  # type: ignore[index]
 
-    def read_then_replaced(address: str) -> Any:
-        found = read_cap(address)
-        stored["metadata"]["uid"] = "another"
-        return found
+    def changed_after_its_read(field: str, value: str) -> None:
+        def read_then_changed(address: str) -> Any:
+            found = read_cap(address)
+            stored["metadata"][field] = value
+            return found
 
-    runtime.read_cap = read_then_replaced  # type: ignore[method-assign]
-    world.clock.advance(30)
-    world.reconcile()
-    assert runtime.sets == [("127.0.9.1:8000", 64)]
+        runtime.read_cap = read_then_changed  # type: ignore[method-assign]
+        world.clock.advance(30)
+        world.reconcile()
+        assert runtime.sets == [("127.0.9.1:8000", 64)], field
 
-    # terminating after its read (same uid and address): no call
-    def read_then_terminating(address: str) -> Any:
-        found = read_cap(address)
-        stored["metadata"]["deletionTimestamp"] = "2026-03-01T12:00:00Z"
-        return found
-
-    runtime.read_cap = read_then_terminating  # type: ignore[method-assign]
-    world.clock.advance(30)
-    world.reconcile()
-    assert runtime.sets == [("127.0.9.1:8000", 64)]
+    # replaced under the same name (a StatefulSet's pod): a new uid, maybe a new address
+    changed_after_its_read("uid", "another")
+    # terminating after its read (same uid and address)
+    changed_after_its_read("deletionTimestamp", "2026-03-01T12:00:00Z")
     runtime.read_cap = read_cap  # type: ignore[method-assign]
     del stored["metadata"]["deletionTimestamp"]
     # a pod whose phase has ended is not one to call at all, Ready or not
