@@ -72,6 +72,13 @@ APP_NAME = {engine: module.APP_NAME for engine, module in ENGINE_MODULES.items()
 GPU_RESOURCE = "nvidia.com/gpu"
 # The engine images run as root by default; the restricted profile wants a non-root user (1000 is
 # the first ordinary user of the Debian/Ubuntu bases the engine images build on).
+RESTRICTED_POD_SECURITY_CONTEXT: dict[str, Any] = {
+    "runAsNonRoot": True,
+    "runAsUser": 1000,
+    "runAsGroup": 1000,
+    "fsGroup": 1000,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
 # That user has no entry in the images' /etc/passwd, so the runtime gives it HOME=/, where it may
 # write nothing: Hugging Face downloads, vLLM's compile cache, Triton's and FlashInfer's kernels all
 # go under HOME. A pod-lifetime folder is its home (HF_HOME on a volume of yours keeps downloads).
@@ -87,13 +94,6 @@ SHUTDOWN_MARGIN_S = 5
 # SGLang's /health generates a token and waits for the scheduler (at least a second, longer behind a
 # long prefill): a 2-s probe timeout took busy pods out of their Service.
 PROBE_TIMEOUT_S = {Engine.VLLM: 2, Engine.TensorRTLLM: 2, Engine.SGLang: 10}
-RESTRICTED_POD_SECURITY_CONTEXT: dict[str, Any] = {
-    "runAsNonRoot": True,
-    "runAsUser": 1000,
-    "runAsGroup": 1000,
-    "fsGroup": 1000,
-    "seccompProfile": {"type": "RuntimeDefault"},
-}
 
 
 @dataclass(frozen=True)

@@ -171,10 +171,10 @@ def _check_tensor_parallel_only(spec: LLMServingSpec) -> None:
     module = vllm if spec.engine == Engine.VLLM else sglang if spec.engine == Engine.SGLang else None
     if module is None:
         return
-    for flag in module.PARALLEL_FLAGS:
+    for flag, sharing in module.PARALLEL_FLAGS.items():
+        if sharing is not None and sharing in spec.args:
+            continue  # (SGLang's data-parallel attention runs within the tensor-parallel GPUs)
         size = int_flag(spec.args, flag, module.COMMAND_LINE)
-        if flag == "--dp-size" and sglang.DP_ATTENTION_SWITCH in spec.args:
-            continue  # SGLang's data-parallel attention runs within the tensor-parallel GPUs
         if size is not None and size > 1:
             raise SpecError(
                 "spec.args",

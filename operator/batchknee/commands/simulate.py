@@ -42,7 +42,7 @@ from batchknee.emulator.engine import (
     no_kv_memory,
     vllm_num_gpu_blocks,
 )
-from batchknee.emulator.engine_args import load_from_args
+from batchknee.emulator.engine_args import DEFAULT_MAX_MODEL_LEN, load_from_args
 from batchknee.emulator.sweep import SweepResult, default_duration_s, request_lifetime_s, sweep
 from batchknee.emulator.workload import DISTRIBUTIONS, MAX_REQUEST_RATE, LoadError, LoadSpec
 from batchknee.engines import sglang, trtllm, vllm
@@ -124,7 +124,9 @@ def register(subparsers: Any) -> None:
         f"tokens_per_block {trtllm.DEFAULT_TOKENS_PER_BLOCK})",
     )
     parser.add_argument(
-        "--max-model-len", type=positive_int, help="default: 8192, or prompt + output if longer"
+        "--max-model-len",
+        type=positive_int,
+        help=f"default: {DEFAULT_MAX_MODEL_LEN}, or prompt + output if longer",
     )
     parser.add_argument(
         "--no-prefix-caching", action="store_true", help="do not cache the shared prefix (--prefix-sharing)"
@@ -158,7 +160,7 @@ def _engine_config(args: argparse.Namespace, roofline: DecodeRoofline, max_num_s
     _engine_defaults(args, roofline)
     if args.gpu_memory_utilization > 1.0:
         raise UsageError("--gpu-memory-utilization: must be in (0, 1]")
-    max_model_len = args.max_model_len or max(8192, args.prompt_tokens + args.output_tokens)
+    max_model_len = args.max_model_len or max(DEFAULT_MAX_MODEL_LEN, args.prompt_tokens + args.output_tokens)
     if args.max_model_len is not None and args.max_model_len <= args.prompt_tokens:
         raise UsageError(
             f"--max-model-len: {args.max_model_len:,} is not longer than --prompt-tokens {args.prompt_tokens:,}: "
@@ -191,8 +193,8 @@ def _engine_config(args: argparse.Namespace, roofline: DecodeRoofline, max_num_s
             step_noise=args.step_noise,
         )
     except EngineConfigError as error:
-        # max_model_len is the user's, or 8192, or the prompt and output they gave when longer
-        derived = args.max_model_len is None and args.prompt_tokens + args.output_tokens > 8192
+        # max_model_len is the user's, or the default, or the prompt and output they gave when longer
+        derived = args.max_model_len is None and max_model_len > DEFAULT_MAX_MODEL_LEN
         option = "--prompt-tokens/--output-tokens" if derived else "--max-model-len"
         raise UsageError(f"{option}: {error}") from None
 

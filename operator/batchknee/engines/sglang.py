@@ -51,8 +51,8 @@ ALIASES: dict[str, tuple[str, ...]] = {
 }
 # Parallelism other than tensor parallelism over the pod's GPUs: refused, as for vLLM — but for
 # data-parallel attention, whose groups share the tensor-parallel GPUs (their pools add up).
-PARALLEL_FLAGS = ("--pp-size", "--dp-size")
 DP_ATTENTION_SWITCH = "--enable-dp-attention"
+PARALLEL_FLAGS: dict[str, str | None] = {"--pp-size": None, "--dp-size": DP_ATTENTION_SWITCH}
 # Flags of the user's args the operator reads (the step token budget, the KV pool's share of memory).
 READ_FLAGS = (*PARALLEL_FLAGS, "--chunked-prefill-size", "--mem-fraction-static")
 # Every SGLang long option sharing its first two letters with a flag the operator manages (or an

@@ -47,7 +47,8 @@ KV_MEMORY_FLAG = "--kv-cache-memory-bytes"  # the KV pool per GPU, in place of t
 SHUTDOWN_TIMEOUT_FLAG = "--shutdown-timeout"
 # Parallelism other than tensor parallelism over the pod's GPUs: refused (the pod holds
 # spec.gpu.count GPUs, tensor parallelism takes them all, and the knee math assumes one engine)
-PARALLEL_FLAGS = ("--pipeline-parallel-size", "--data-parallel-size")
+# (flag → the switch under which it shares the tensor-parallel GPUs instead: none for vLLM)
+PARALLEL_FLAGS: dict[str, str | None] = {"--pipeline-parallel-size": None, "--data-parallel-size": None}
 READ_FLAGS = (
     *PARALLEL_FLAGS,
     "--max-num-batched-tokens",
