@@ -808,7 +808,7 @@ def main() -> int:
         for crd in CRDS:
             cluster.kubectl("apply", "-f", str(crd))
         cluster.kubectl(
-            "wait", "--for=condition=Established", "crd/llmservings.batchknee.io", "--timeout=60s"
+            "wait", "--for=condition=Established", "crd/llmservings.batchknee.io", "--timeout=180s"
         )
         fleet_job = {
             "job_name": "fleet",

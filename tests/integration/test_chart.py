@@ -287,7 +287,7 @@ def monitoring_crds(cluster: DevCluster) -> None:
         }
         cluster.kubectl("apply", "--server-side", "-f", "-", input=json.dumps(crd))
         cluster.kubectl(
-            "wait", "--for=condition=Established", f"crd/{plural}.monitoring.coreos.com", "--timeout=60s"
+            "wait", "--for=condition=Established", f"crd/{plural}.monitoring.coreos.com", "--timeout=180s"
         )
 
 
@@ -321,7 +321,7 @@ def test_the_chart_installs_and_its_service_account_runs_the_operator_through_a_
     assert crd["spec"]["versions"] == committed["spec"]["versions"]
     assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
     cluster.kubectl(
-        "wait", "--for=condition=Established", "crd/clusterkopfpeerings.kopf.dev", "--timeout=60s"
+        "wait", "--for=condition=Established", "crd/clusterkopfpeerings.kopf.dev", "--timeout=180s"
     )
     role = json.loads(cluster.kubectl("get", "clusterrole", FULLNAME, "-o", "json").stdout)
     assert wildcards(role["rules"]) == []

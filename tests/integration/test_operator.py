@@ -207,7 +207,7 @@ class Harness:
 def crds(cluster: DevCluster) -> None:
     done = cluster.kubectl("apply", "--server-side", "-f", str(CRD), "-f", str(PEERING_CRD), check=False)
     assert done.returncode == 0, done.stderr
-    cluster.kubectl("wait", "--for=condition=Established", "crd/llmservings.batchknee.io", "--timeout=60s")
+    cluster.kubectl("wait", "--for=condition=Established", "crd/llmservings.batchknee.io", "--timeout=180s")
 
 
 @pytest.fixture

@@ -86,7 +86,7 @@ class DemoWorld:
         (crds / "batchknee.io_llmservings.yaml").write_text(crd_yaml())
         (crds / "kopf.dev_peerings.yaml").write_text(peering_crd_yaml())
         self.cluster.kubectl("apply", "-f", str(crds))
-        self.cluster.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL_GROUP}", "--timeout=60s")
+        self.cluster.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL_GROUP}", "--timeout=180s")
         self.cluster.kubectl("create", "namespace", NAMESPACE)
         wait_until(
             lambda: (
