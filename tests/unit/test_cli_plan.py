@@ -347,3 +347,17 @@ def test_trtllm_plans_with_its_own_defaults(capsys: pytest.CaptureFixture[str]) 
     assert plans["trtllm"]["kvCapacityBatch"] != plans["vllm"]["kvCapacityBatch"]
     status, out, _ = run(capsys, *SEED, "--context", "2048", "--engine", "trtllm")
     assert "recommended --max_batch_size 64" in out and "--max-num-seqs" not in out
+
+
+def test_rows_the_kv_pool_cannot_hold_are_marked(capsys: pytest.CaptureFixture[str]) -> None:
+    # Llama-3-8B at 8,192 tokens on an A100-80GB: the pool holds 56 sequences, so 64 and above would preempt
+    status, out, _ = run(capsys, *SEED, "--context", "8192")
+    assert status == 0
+    rows = {
+        line.split()[0]: line for line in out.splitlines() if line.split()[:1] in (["32"], ["64"], ["256"])
+    }
+    assert not rows["32"].endswith("> KV pool")
+    assert rows["64"].endswith("> KV pool") and rows["256"].endswith("> KV pool")
+    assert "(> KV pool: the KV pool holds 56 sequences; the engine preempts)" in out
+    status, out, _ = run(capsys, *SEED, "--context", "512")  # every row fits: no mark, no note
+    assert "KV pool" not in out.replace("(KV pool holds", "")

@@ -214,6 +214,9 @@ def why_unrunnable(
     return None
 
 
+ABOVE_KV_POOL = "> KV pool"
+
+
 def _change(current: float, previous: float | None) -> str:
     return "" if previous is None else f"{(current / previous - 1) * 100:+.0f}%"
 
@@ -238,12 +241,19 @@ def render_table(roofline: DecodeRoofline, plans: list[ContextPlan], knob: str =
             f"   ({rec.explain()})",
             f"  {'batch':>6} {'TPOT ms':>9} {'ΔTPOT':>7} {'tok/s':>9} {'Δtok/s':>7} {'p99 ms':>7}",
         ]
+        over_pool = any(row.batch > rec.capacity_batch for row in plan.rows)
         for previous, row in zip((None, *plan.rows), plan.rows, strict=False):
             tpot_change = _change(row.tpot_s, previous.tpot_s if previous else None)
             tokens_change = _change(row.tokens_per_s, previous.tokens_per_s if previous else None)
             lines.append(
                 f"  {row.batch:>6} {row.tpot_s * 1e3:>9.1f} {tpot_change:>7} {row.tokens_per_s:>9,.0f} {tokens_change:>7}"
                 + ("" if row.tpot_p99_s is None else f" {row.tpot_p99_s * 1e3:>7.1f}")
+                + (f"  {ABOVE_KV_POOL}" if row.batch > rec.capacity_batch else "")
             )
         lines.append("  (TPOT: decode steps only; p99: with the prefill chunks interleaved, per request)")
+        if over_pool:
+            # the figures of those rows assume the sequences fit; the engine would preempt instead
+            lines.append(
+                f"  ({ABOVE_KV_POOL}: the KV pool holds {rec.capacity_batch:,} sequences; the engine preempts)"
+            )
     return "\n".join(lines)
