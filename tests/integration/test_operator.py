@@ -254,6 +254,24 @@ def test_a_bad_spec_is_rejected_at_admission_naming_the_field(world: Harness) ->
     assert done.returncode != 0 and "spec.prometheus.selector" in done.stderr
     assert "must be a Prometheus label name" in done.stderr
     assert world.apply("labelled", prometheus={"selector": {"model_name": "llama"}}).returncode == 0
+    # a managed engine and an adopted workload would run side by side: no switching either way
+    adopt = {
+        "args": [],
+        "rollout": None,
+        "targetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "x"},
+    }
+    done = world.apply("labelled", prometheus={"selector": {"model_name": "llama"}}, **adopt)
+    assert done.returncode != 0 and "spec.targetRef cannot be added to or removed from" in done.stderr, (
+        done.stderr
+    )
+    assert world.apply("adopting", **adopt).returncode == 0
+    done = world.apply("adopting")
+    assert done.returncode != 0 and "spec.targetRef cannot be added to or removed from" in done.stderr, (
+        done.stderr
+    )
+    assert (
+        world.apply("adopting", **adopt, tuning={"deadBandPercent": 20}).returncode == 0
+    )  # other changes stand
 
 
 def test_retune_follows_the_context_and_explains_itself(world: Harness) -> None:

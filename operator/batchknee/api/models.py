@@ -1462,6 +1462,18 @@ def _adopted_rules() -> list[dict[str, str]]:
             "reason": "FieldValueForbidden",
         }
     )
+    rules.append(
+        {
+            # added, the operator's own Deployment would run on beside the adopted workload (the GPUs
+            # taken twice); removed, a managed one would start beside the user's
+            "rule": "has(self.targetRef) == has(oldSelf.targetRef)",
+            "message": "spec.targetRef cannot be added to or removed from an existing LLMServing (a managed "
+            "engine and an adopted workload would run side by side): delete the LLMServing and create it "
+            "again with or without spec.targetRef",
+            "fieldPath": ".targetRef",
+            "reason": "FieldValueForbidden",
+        }
+    )
     return rules
 
 
