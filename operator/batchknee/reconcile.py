@@ -176,6 +176,20 @@ def _set_cap(runtime: EngineRuntime, address: str, api: str, value: int) -> Live
     return None
 
 
+WORKLOAD_KINDS = frozenset({"Deployment", "StatefulSet"})  # the objects whose write rolls the engine pods
+
+
+def _refusal(apply: Callable[[dict[str, Any]], None], item: dict[str, Any]) -> str | None:
+    """Why the apiserver refused `item` (None: written); a conflict is raised (decide again)."""
+    try:
+        apply(item)
+    except ApplyConflict:
+        raise
+    except ApplyError as error:
+        return str(error)
+    return None
+
+
 def apply_stages(objects: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     """The order of the applies: ConfigMaps first (the pods mount them: a pod that finds none waits
     in ContainerCreating), then the rest together. The workload's pods come two controllers later
@@ -841,21 +855,33 @@ class _Reconcile:
             pending = objects
         apply_error: str | None = None
         conflict = False
+        went_through: list[dict[str, Any]] = []
         try:
             for stage in apply_stages(pending):
-                together([functools.partial(self.ports.kube.apply, item) for item in stage])
+                refusals = together(
+                    [functools.partial(_refusal, self.ports.kube.apply, item) for item in stage]
+                )
+                went_through += [
+                    item for item, refusal in zip(stage, refusals, strict=True) if refusal is None
+                ]
+                apply_error = next((refusal for refusal in refusals if refusal is not None), None)
+                if apply_error is not None:
+                    break  # a later stage needs this one (the pods mount its ConfigMaps)
         except ApplyConflict as error:
             conflict, apply_error = True, str(error)
-        except ApplyError as error:
-            apply_error = str(error)
-        if apply_error is not None and paced is not None and paced.took_place:
+        # The workload (its pods) went through, or had nothing to write: a Service or budget refused
+        # beside it (a quota, a policy) is Degraded, but the pods roll all the same
+        workload_written = all(
+            any(done is item for done in went_through) for item in pending if item["kind"] in WORKLOAD_KINDS
+        )
+        if not workload_written and paced is not None and paced.took_place:
             self.ports.pacer.done((self.namespace, self.name))  # nothing rolls: another may
         if conflict:
             # Transient, not Degraded: the Deployment moved after it was read. Nothing more is
             # written from this (stale) decision; reconcile() decides again from a fresh read.
             log.info("%s/%s: %s; deciding again", self.namespace, self.name, apply_error)
             return Outcome(self.namespace, self.name, decision=decision, error=apply_error, conflict=True)
-        rolled = decision.rolls and apply_error is None and bool(objects)
+        rolled = decision.rolls and workload_written and bool(objects)
         if (
             apply_error is None
             and target is None
@@ -863,7 +889,7 @@ class _Reconcile:
             and not queued(paced)
         ):
             self.prune_engine_configs(obj, desired)
-        if live is not None and apply_error is None:
+        if live is not None and workload_written:
             enforced = decision.value if rolled else applied.max_num_seqs
             if enforced is not None and state is not None and enforced <= (state.max_num_seqs or 0):
                 self.set_live_caps(live, enforced, rolling=state.rolling)
@@ -940,7 +966,7 @@ class _Reconcile:
             )
         if target is not None and rules.mode == "Recommend":
             status = status.model_copy(update={"action": "recommend"})
-        if apply_error is not None:
+        if apply_error is not None and not rolled:
             status = status.model_copy(
                 update={
                     "reason": f"apply failed — {apply_error}; holding {applied.max_num_seqs}",

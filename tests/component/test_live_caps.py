@@ -270,3 +270,17 @@ def test_an_evaluation_launched_without_engine_calls_leaves_a_live_spec_to_the_n
     assert (generation(world), world.kube.status("default", "chat")) == before
     world.reconcile()
     assert len(reads) == 2 and {cap["cap"] for cap in runtime.pods.values() if cap} == {64}
+
+
+def test_a_budget_refused_beside_does_not_keep_the_caps_from_the_pods(world: World) -> None:
+    # the Deployment is not written for a live cap; a refused PodDisruptionBudget (a quota) used
+    # to leave the caps at 64 for good while status said 16
+    runtime = live_world(world)
+    world.reconcile()
+    del world.kube.objects[("PodDisruptionBudget", "default", "chat")]
+    world.kube.fail_apply = {"PodDisruptionBudget"}
+    world.clock.advance(121)
+    shift(world, 8192)
+    assert {cap["cap"] for cap in runtime.pods.values() if cap} == {16}
+    assert world.kube.status("default", "chat")["maxNumSeqs"] == 16
+    assert world.kube.condition("default", "chat", "Degraded")["reason"] == "ApplyFailed"

@@ -356,6 +356,29 @@ def test_apply_refused_is_degraded_and_not_recorded(world: World) -> None:
     assert status.get("history", []) == [] and "maxNumSeqs" not in status
 
 
+def test_a_budget_refused_beside_the_deployment_does_not_hide_the_rollout(world: World) -> None:
+    """A quota refusing the PodDisruptionBudget while the Deployment is written: the pods roll, so the
+    rollout is recorded as one (its before-figures for the check after it, its Event, the pods' new
+    limit in status) and the refusal is Degraded; it used to read "apply failed; holding 64"."""
+    world.kube.create(llmserving())
+    world.reconcile()
+    world.observer.set("default", "chat", observation(world.clock.now, ctx=2048, tpot_p99_ms=31))
+    settle(world)
+    world.reconcile()
+    del world.kube.objects[("PodDisruptionBudget", "default", "chat")]
+    world.kube.fail_apply = {"PodDisruptionBudget"}
+    world.clock.advance(600)
+    shift_context(world, 8192)
+    outcome = world.reconcile()
+    assert max_num_seqs(world) == 16 and outcome.rolled
+    status = world.kube.status("default", "chat")
+    assert status["maxNumSeqs"] == 16 and status["reason"].startswith("max-num-seqs 64→16")
+    assert [(h.get("from"), h["to"], "before" in h) for h in status["history"]][-1] == (64, 16, True)
+    degraded = world.kube.condition("default", "chat", "Degraded")
+    assert degraded["reason"] == "ApplyFailed" and "PodDisruptionBudget" in degraded["message"]
+    assert [e["reason"] for e in world.kube.events][-2:] == ["ApplyFailed", "Retuned"]
+
+
 def engine_configs(world: World) -> list[dict[str, Any]]:
     return [obj for (kind, _, _), obj in world.kube.objects.items() if kind == "ConfigMap"]
 
