@@ -357,13 +357,40 @@ def report_api_errors(
 # --- status pieces ---------------------------------------------------------------------------------
 
 
+UNPARSABLE = (ValidationError, ValueError, TypeError, RecursionError)
+
+
 def _old_status(raw: dict[str, Any]) -> LLMServingStatus:
-    """The stored status, or an empty one if it does not parse (it is ours: rebuild it)."""
+    """The stored status; where it does not parse (written by another version of the operator, say,
+    then rolled back; or edited by hand), what does: each field, and each entry of a list, that
+    parses is kept (a condition of an unknown type must not take the quarantines and the rollout
+    history with it), the rest rebuilt."""
+    stored = raw.get("status") or {}
     try:
-        return LLMServingStatus.model_validate(raw.get("status") or {})
-    except ValidationError:
-        log.warning("%s/%s: stored status does not parse; rebuilding it", *_key(raw))
-        return LLMServingStatus()
+        return LLMServingStatus.model_validate(stored)
+    except UNPARSABLE:
+        pass
+    kept: dict[str, Any] = {}
+    for key, value in stored.items() if isinstance(stored, dict) else ():
+        entries = [item for item in value if _parses({key: [item]})] if isinstance(value, list) else value
+        if _parses({**kept, key: entries}):
+            kept[key] = entries
+    log.warning(
+        "%s/%s: stored status does not parse in full; kept %d of its %d fields (and their entries "
+        "that parse), rebuilding the rest",
+        *_key(raw),
+        len(kept),
+        len(stored) if isinstance(stored, dict) else 0,
+    )
+    return LLMServingStatus.model_validate(kept)
+
+
+def _parses(status: dict[str, Any]) -> bool:
+    try:
+        LLMServingStatus.model_validate(status)
+    except UNPARSABLE:
+        return False
+    return True
 
 
 def _key(raw: dict[str, Any]) -> tuple[str, str]:

@@ -305,6 +305,32 @@ def test_a_change_that_lost_throughput_is_reverted_and_not_retried(world: World)
     assert world.kube.status("default", "chat")["holdReason"] == "quarantined"
 
 
+def test_a_status_entry_this_version_cannot_read_keeps_the_quarantine_and_the_history(world: World) -> None:
+    """A newer operator (then rolled back) or a hand edit left one condition of a type this version
+    does not know: the rest of the stored status still counts. It used to be dropped whole: the
+    quarantined 240 was rolled straight back into its progress deadline."""
+    started(world)
+    shift(world, 512)
+    stall(world)
+    world.observer.set("default", "chat", observation(world.clock.now, ctx=512))
+    world.reconcile()
+    world.kube.finish_rollout("default", "chat")
+    world.reconcile()
+    assert applied(world) == 64
+    stored = world.kube.status("default", "chat")
+    stored["conditions"].append(
+        {"type": "Scaled", "status": "True", "lastTransitionTime": "2026-03-01T12:00:00Z", "reason": "X"}
+    )
+    stored["history"].append({"time": "not a time", "to": 8})  # one bad entry, not the whole list
+    world.clock.advance(121)
+    shift(world, 512, evaluations=8)
+    assert applied(world) == 64
+    status = world.kube.status("default", "chat")
+    assert status["holdReason"] == "quarantined" and [q["maxNumSeqs"] for q in status["quarantine"]] == [240]
+    assert [h["to"] for h in status["history"]] == [64, 240, 64]
+    assert "Scaled" not in {c["type"] for c in status["conditions"]}
+
+
 def test_a_quarantine_holds_where_the_context_grew_and_lifts_where_it_shrank(world: World) -> None:
     """A larger limit that did worse at 512 tokens is no better at 600, where each sequence holds
     more KV: bounded by maxMaxNumSeqs, the wanted value stays the failed one as the context grows
