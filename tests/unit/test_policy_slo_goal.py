@@ -461,3 +461,39 @@ def test_a_window_with_almost_nothing_running_per_pod_is_no_sample_and_a_stored_
     points = [window_at(64, 512, 0), window_at(176, 512, 5), window_at(80, 2048, 10)]
     fit, text = calibrate(NAIVE, [replace(points[0], batch=0.0), *points])
     assert fit is not None and "calibrated on 3 samples" in text, text
+
+
+def tuned_at(value: int, hours_ago: float = 2) -> Applied:
+    """`value` running, tuned to traffic `hours_ago` and settled since."""
+    retune = Rollout(T0 - timedelta(hours=hours_ago), 64, value, "retune")
+    return Applied(value, settled_since=T0 - timedelta(hours=1), rollouts=(retune,))
+
+
+def test_a_limit_breaking_the_target_goes_down_at_once_to_a_minimum_over_the_slo_bound() -> None:
+    # calibrated: 96 breaks the 30-ms target (p99 30.5 ms) and the bound (77) is under the minimum,
+    # 80: the decrease is as urgent as one to the bound (it used to wait 1.5 windows as "minimum")
+    mix = PrefillMix(1024, 2048)
+    p99, mean = (REAL.tpot_with_prefill_s(96, 2048, mix, q) for q in (0.99, None))
+    assert p99 * 1e3 > 30
+    rules = replace(SLO, min_max_num_seqs=80)
+    observed = seen(2048, p99 * 1e3, running=96, mean_ms=mean * 1e3)
+    d = decide(rules, NAIVE, POOL, observed, tuned_at(96), calibration_points(), T0)
+    assert d.rolls and d.value == 80 and d.limited_by == "tpot-target", d.reason
+    assert "(minimum bound)" in d.reason
+
+
+def test_uncalibrated_a_p99_over_the_target_itself_steps_down_at_once() -> None:
+    # no TPOT mean: the observed p99 (45 ms) breaks the 30-ms target itself, not just its margin —
+    # a safety decrease, as goal Knee's guard takes it
+    d = decide(SLO, NAIVE, POOL, seen(2048, 45.0, running=96), tuned_at(96), (), T0)
+    assert d.rolls and d.value == 72 and d.limited_by == "tpot-target", d.reason
+
+
+def test_a_hold_off_the_granularity_stays_where_it_is() -> None:
+    # "stay at 100" rounded down to 96 read as a decrease on no evidence, and rolled with no dead band
+    rules = TuningRules(
+        goal="SLO", tpot_p99_target_ms=100, max_max_num_seqs=100, dead_band_percent=0, cooldown_s=0
+    )
+    unobserved = replace(seen(2048, 1.0, running=20), tpot_p99_s=Reading.unavailable("series empty"))
+    d = steady(rules, NAIVE, POOL, unobserved, tuned_at(100), (), T0)
+    assert not d.rolls and d.value == 100, d.reason

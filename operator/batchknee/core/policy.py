@@ -784,6 +784,7 @@ def _slo_bound(
                 "step-down",
                 f"TPOT p99 {p99 * 1e3:.0f} ms > target {target_ms} ms: step {applied} → {stepped} "
                 f"({calibration_text})",
+                urgent=True,  # over the target itself, not only its margin
             )
         unused = "no TPOT mean observed" if observation.tpot_mean_s.value is None else "no usable TPOT mean"
         return SloBound(applied, "hold", f"{unused}: stay at {applied} ({calibration_text})")
@@ -900,8 +901,9 @@ def _slo_target(
     bound = _slo_bound(
         rules, roofline, bound_context, observation, applied, knee, fit, calibration_text, mix, settled
     )
-    # finer than the granularity at small batches: the bound sits on a TPOT cliff
-    value = round_down_fine(bound.cap, rules.granularity)
+    # finer than the granularity at small batches: the bound sits on a TPOT cliff (a hold stays
+    # where it is: rounded down, "stay at 100" would read as a decrease to 96 on no evidence)
+    value = bound.cap if bound.source == "hold" else round_down_fine(bound.cap, rules.granularity)
     # A bound that only trims the margin is an optimisation (dead band and trend checks apply); one
     # the current limit breaks the target by is a safety decrease, like the Knee goal's TPOT guard.
     limited_by = "knee" if bound.source == "start" else "tpot-target" if bound.urgent else "slo-target"
@@ -910,7 +912,11 @@ def _slo_target(
         value, limited_by = round_down_under_cap(knee.capacity_batch, rules.granularity), "kv-capacity"
         text += f" → {value} (KV pool holds {knee.capacity_batch})"
     if value < rules.min_max_num_seqs:
-        value, limited_by = rules.min_max_num_seqs, "minimum"
+        # a limit that breaks the target goes down to the minimum as urgently as to the bound
+        value, limited_by = (
+            rules.min_max_num_seqs,
+            "tpot-target" if limited_by == "tpot-target" else "minimum",
+        )
         text += f" → {value} (minimum bound)"
     elif value > rules.max_max_num_seqs:
         value, limited_by = rules.max_max_num_seqs, "maximum"
