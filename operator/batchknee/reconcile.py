@@ -120,6 +120,7 @@ log = logging.getLogger(__name__)
 ROLLBACK = "rollback"
 REVERT = "revert"
 QUARANTINE_S = 3600  # a failed value is not retried at that context for an hour (or the cooldown)
+OTHER_SETUP = "the engine, model, GPU, image or engine args changed since: nothing to compare"
 
 T = TypeVar("T")
 # A reconcile's independent requests (the reads of its objects, the applies that do not depend on
@@ -800,6 +801,7 @@ class _Reconcile:
         )
         fingerprint = calibration_fingerprint(obj.spec, image)
         calibration = self.calibration_points(fingerprint)
+        self.forget_other_setup(fingerprint)
         running = state.max_num_seqs if state else None
         if obj.spec.tuning.actuation == Actuation.Live and target is None and state is not None and history:
             # the cap last decided: live, the pods run it under their ceiling; when Live cannot work,
@@ -1034,7 +1036,7 @@ class _Reconcile:
         back, and a settled change that did worse than before is reverted — either way its value is
         quarantined; a quarantined value is not tried again at that context; a single replica without
         a surge pod is not restarted unless the user accepts the gap."""
-        quarantine = [q for q in self.old.quarantine if q.until > self.now]
+        quarantine = [q for q in self.old.quarantine if q.until > self.now and not self.other_setup]
         last = applied.rollouts[-1] if applied.rollouts else None
         until = self.now + timedelta(seconds=max(QUARANTINE_S, rules.cooldown_s))
         # the context a failure is quarantined at (None: none was observed, held at every context)
@@ -1369,6 +1371,27 @@ class _Reconcile:
         message = f"max-num-seqs {last.from_value}→{last.to_value}: {check.verdict.lower()} — {check.reason}"
         self.event("Warning" if check.verdict == "Reverted" else "Normal", f"Change{check.verdict}", message)
         return check
+
+    other_setup = False  # the engine, model, GPU, image or args changed since the last evaluation
+
+    def forget_other_setup(self, fingerprint: str) -> None:
+        """What another setup showed says nothing of this one (its calibration is dropped by the
+        same fingerprint): a change still waiting for its check is Inconclusive, as its window
+        before ran elsewhere, and the quarantines go (`rollout_safety`)."""
+        stored = self.old.calibration.fingerprint if self.old.calibration is not None else None
+        if stored is None or stored == fingerprint:
+            return
+        self.other_setup = True
+        for entry in self.old.history:
+            record = self.verdicts[(entry.time, entry.to)]
+            if record.get("before") is None or record.get("verdict") is not None:
+                continue  # never checked (creation, a rollback or revert), or checked already
+            record.update(verdict="Inconclusive", verdictReason=OTHER_SETUP)
+            self.event(
+                "Normal",
+                "ChangeInconclusive",
+                f"max-num-seqs {entry.from_}→{entry.to}: inconclusive — {OTHER_SETUP}",
+            )
 
     def remember_before(
         self, rolled: bool, decision: Decision, rollouts: Sequence[Rollout], observation: Observation | None

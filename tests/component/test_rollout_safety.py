@@ -392,6 +392,48 @@ def test_traffic_that_moved_is_inconclusive_not_a_revert(world: World) -> None:
     assert world.kube.status("default", "chat").get("quarantine", []) == []
 
 
+def test_a_change_still_unchecked_when_the_model_and_gpus_change_is_inconclusive(world: World) -> None:
+    """64 → 240 on an 8B over one A100, then a 70B on four H100s before the check: the window
+    after runs another model, and its lower throughput is no verdict on 240 (reverting would force
+    the 70B to 64 and quarantine 240 for an hour)."""
+    started(world)
+    steady_traffic(world, 512, tpot_p99_ms=20, tokens_per_s=3000)
+    assert applied(world) == 240
+    world.kube.finish_rollout("default", "chat")
+    world.kube.edit_spec(
+        "default",
+        "chat",
+        {"model": {"name": "meta-llama/Llama-3.1-70B-Instruct"}, "gpu": {"type": "h100-sxm", "count": 4}},
+    )
+    world.reconcile()  # the new model's pods roll out
+    settled_window(world, 512, tpot_p99_ms=30, tokens_per_s=1500)  # −50 % on the bigger model
+
+    status = world.kube.status("default", "chat")
+    [checked] = [h for h in status["history"] if h["to"] == 240]
+    assert checked["verdict"] == "Inconclusive", checked
+    assert checked["verdictReason"].startswith("the engine, model, GPU, image or engine args changed since")
+    assert not status.get("quarantine") and applied(world) != 64
+    assert not any(h["reason"].startswith("revert") for h in status["history"])
+    assert "ChangeReverted" not in [e["reason"] for e in world.kube.events]
+
+
+def test_a_quarantine_does_not_follow_the_object_to_another_engine_and_gpu(world: World) -> None:
+    """240 failed under vLLM on an A100; under SGLang on two H200s it is another setup, and the
+    knee's 240 goes."""
+    started(world)
+    steady_traffic(world, 512, tpot_p99_ms=20, tokens_per_s=3000)
+    settled_window(world, 512, tpot_p99_ms=60, tokens_per_s=2000)
+    assert applied(world) == 64 and world.kube.status("default", "chat")["quarantine"]
+    world.kube.edit_spec("default", "chat", {"engine": "SGLang", "gpu": {"type": "h200", "count": 2}})
+    world.reconcile()
+    assert not world.kube.status("default", "chat").get("quarantine")
+    settled_window(world, 512, tpot_p99_ms=20, tokens_per_s=3000)
+    world.clock.advance(30)
+    steady_traffic(world, 512, tpot_p99_ms=20, tokens_per_s=3000)
+    status = world.kube.status("default", "chat")
+    assert applied(world) == 240 and status["recommendedMaxNumSeqs"] == 240, status["reason"]
+
+
 def test_a_limit_whose_p99_broke_the_target_past_any_bucket_is_not_gone_back_to(world: World) -> None:
     """A TPOT p99 of 200 ms at 64 against a 30-ms target (the window's mean healthy): the limit
     steps down to 48, and 64 is quarantined at that context — the mean that allowed 64 allows it

@@ -1661,7 +1661,9 @@ class HistoryEntry(_Model):
     before: WindowFigures | None = Field(None, description="The metrics window before the change.")
     after: WindowFigures | None = Field(None, description="The settled metrics window after the change.")
     verdict: Literal["Kept", "Reverted", "Inconclusive"] | None = Field(
-        None, description="Kept, Reverted (and quarantined) or Inconclusive (traffic moved meanwhile)."
+        None,
+        description="Kept, Reverted (and quarantined) or Inconclusive (traffic moved meanwhile, or the "
+        "engine, model, GPU, image or engine args changed).",
     )
     verdict_reason: ReasonText | None = Field(
         None, description="The before/after figures behind the verdict."
@@ -1727,7 +1729,8 @@ QUARANTINE_KEPT = 8
 
 
 class QuarantineEntry(_Model):
-    """A batch limit that failed at a context: not tried again there until `until`."""
+    """A batch limit that failed at a context: not tried again there until `until`, nor after a change
+    of the engine, model, GPU, image or engine args (another setup: the entry is dropped)."""
 
     max_num_seqs: int = Field(
         ge=1, description="The batch limit that failed (and any beyond it, in the direction of the change)."
