@@ -803,9 +803,15 @@ class _Reconcile:
         calibration = self.calibration_points(fingerprint)
         self.forget_other_setup(fingerprint)
         running = state.max_num_seqs if state else None
-        if obj.spec.tuning.actuation == Actuation.Live and target is None and state is not None and history:
+        if (
+            target is None
+            and state is not None
+            and history
+            and (obj.spec.tuning.actuation == Actuation.Live or history[-1].live)
+        ):
             # the cap last decided: live, the pods run it under their ceiling; when Live cannot work,
-            # rendering it restarts them with it (the fallback)
+            # or the spec asks for restarts now, rendering it restarts them with it (the fallback) —
+            # never at the ceiling, which no decision chose
             running = history[-1].to_value
         applied = Applied(
             max_num_seqs=running,
@@ -839,10 +845,12 @@ class _Reconcile:
             obj, state, applied, decision, rules, observation, settled_since, live is not None, own_workload
         )
         quarantine = self.quarantine_broken(decision, rules, quarantine)
-        rollouts = record(applied, decision, self.now)
         rendered = decision.value
         if live is not None:
             rendered = self.ceiling(obj, state, decision, roofline, pool, rules)
+        # a cap set in place under an unchanged ceiling: no restart for a cooldown or budget to count
+        set_live = live is not None and state is not None and rendered == state.max_num_seqs
+        rollouts = record(applied, decision, self.now, live=set_live)
         desired = Desired(
             rendered,
             decision.max_tokens,
@@ -983,15 +991,12 @@ class _Reconcile:
         else:
             self.report_overridden_args(overridden_args(obj, desired))
         status = self.status(
-            obj, state, observation, decision, rolled, rollouts, settled_since, calibration, fingerprint
+            obj, applied, observation, decision, rolled, rollouts, settled_since, calibration, fingerprint
         )
         status = status.model_copy(update={**self.scale_status(shown, target), "quarantine": quarantine})
         if live is not None:
             status = status.model_copy(
-                update={
-                    "max_num_seqs": decision.value if rolled else applied.max_num_seqs,
-                    "ceiling_max_num_seqs": rendered if rolled or state is None else state.max_num_seqs,
-                }
+                update={"ceiling_max_num_seqs": rendered if rolled or state is None else state.max_num_seqs}
             )
         if target is not None and rules.mode == "Recommend":
             status = status.model_copy(update={"action": "recommend"})
@@ -1856,7 +1861,7 @@ class _Reconcile:
     def status(
         self,
         obj: LLMServing,
-        state: DeploymentState | None,
+        applied: Applied,
         observation: Observation | None,
         decision: Decision,
         rolled: bool,
@@ -1868,7 +1873,8 @@ class _Reconcile:
         old = self.old
         usable = observation is not None and observation.avg_context_tokens.available
         rec = decision.recommendation
-        applied_value = decision.value if rolled else (state.max_num_seqs if state else None)
+        # what runs: under a live cap, the cap, not the pods' startup ceiling
+        applied_value = decision.value if rolled else applied.max_num_seqs
         fit = decision.calibration
         calibration_status = CalibrationStatus(
             fingerprint=fingerprint,

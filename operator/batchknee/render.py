@@ -210,6 +210,8 @@ def encode_rollouts(rollouts: Sequence[Rollout]) -> str:
         }
         if r.target is not None:
             entry["target"] = round(r.target, 3)
+        if r.live:
+            entry["live"] = True
         entries.append(entry)
     return json.dumps(entries, ensure_ascii=False, separators=(",", ":"))
 
@@ -237,6 +239,7 @@ def decode_rollouts(text: str | None) -> tuple[Rollout, ...]:
                     target_value
                     if target_value is not None and math.isfinite(target_value) and target_value > 0
                     else None,
+                    live=entry.get("live") is True,
                 )
             )
         return tuple(sorted(rollouts, key=lambda r: r.time))

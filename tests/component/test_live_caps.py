@@ -4,6 +4,7 @@ says why."""
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -211,6 +212,40 @@ def test_a_value_above_the_ceiling_restarts_with_a_higher_ceiling(world: World) 
     world.reconcile()  # the rollout is done and they still say 224: named
     actuation = world.kube.condition("default", "chat", "Actuation")
     assert actuation["reason"] == "LiveCapRefused" and "chat-abc-0, chat-abc-1" in actuation["message"]
+
+
+def test_switched_to_restart_the_pods_are_restarted_at_their_live_cap_not_held_at_the_ceiling(
+    world: World,
+) -> None:
+    """Live caps of 16 under a ceiling of 224, then actuation Restart: the Deployment is rendered at
+    16 at once (one restart; a pod restarted meanwhile would come back uncapped at 224), and the live
+    change, which restarted nothing, starts no cooldown for the retune after it."""
+    live_world(world, tuning={"cooldownSeconds": 3600})
+    world.reconcile()
+    world.clock.advance(121)
+    shift(world, 8192)
+    live_change = world.kube.status("default", "chat")["history"][-1]
+    assert live_change["to"] == 16 and live_change["reason"].endswith("(live)")
+    before = generation(world)
+
+    world.kube.edit_spec("default", "chat", {"tuning": {"actuation": "Restart"}})
+    shift(world, 8192, evaluations=1)
+    status = world.kube.status("default", "chat")
+    assert deployment_state(world.kube.get_deployment("default", "chat")).max_num_seqs == 16  # type: ignore[union-attr]
+    assert status["maxNumSeqs"] == 16 and status["holdReason"] != "cooldown", status["reason"]
+    world.kube.finish_rollout("default", "chat")
+    shift(world, 8192, evaluations=4)
+    assert generation(world) == before + 1
+
+    shift(
+        world, 2048, evaluations=10
+    )  # the knee is 64 again, well inside the hour's cooldown of the live change
+    assert deployment_state(world.kube.get_deployment("default", "chat")).max_num_seqs == 64  # type: ignore[union-attr]
+    history = world.kube.status("default", "chat")["history"]
+    assert history[-1]["from"] == 16 and history[-1]["to"] == 64
+    retuned = datetime.fromisoformat(history[-1]["time"]) - datetime.fromisoformat(live_change["time"])
+    assert retuned < timedelta(seconds=3600)
+    assert generation(world) == before + 2
 
 
 def test_tensorrt_llm_live_says_why_not_and_restarts(world: World) -> None:

@@ -142,6 +142,24 @@ def test_cooldown(r: TuningRules, ctx: int, applied: int, since: int) -> None:
             assert d.hold == "cooldown" and "cooldown until" in d.reason
 
 
+@given(rules(), contexts, st.integers(1, 1024), st.integers(0, 3599))
+def test_caps_set_live_start_no_cooldown_and_spend_no_budget(
+    r: TuningRules, ctx: int, applied: int, since: int
+) -> None:
+    """A cap set in place restarted nothing: a restart after it (actuation switched to Restart, or
+    above a Live ceiling) is held neither by the cooldown nor by the rollout budget on its account."""
+    r = replace(r, max_rollouts_per_hour=1)
+    now = T0 + timedelta(seconds=since)
+    live = steady(
+        applied,
+        Rollout(T0 - timedelta(days=1), None, 256, "created"),
+        Rollout(T0, 256, applied, "l", live=True),
+    )
+    d = decide(r, ROOFLINE, POOL, seen(ctx, now=now), live, (), now, recent_targets=held(r, ctx, live, now))
+    assert d.hold not in ("cooldown", "rollout-budget"), d.reason
+    assert rollouts_in_last_hour(live.rollouts, now) == 0
+
+
 @given(rules(), contexts, st.integers(1, 1024), st.none() | st.floats(1.0, 1024.0))
 def test_dead_band(r: TuningRules, ctx: int, applied: int, origin: float | None) -> None:
     # The band is measured between unrounded targets (changed rule: it was between rounded values),

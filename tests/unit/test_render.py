@@ -299,6 +299,7 @@ rollouts = st.lists(
         st.none() | st.integers(1, 4096),
         st.integers(1, 4096),
         st.text(max_size=40),
+        live=st.booleans(),
     ),
     max_size=10,
 ).map(lambda rs: sorted(rs, key=lambda r: r.time))

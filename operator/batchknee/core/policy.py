@@ -15,9 +15,10 @@ Rules, in the order they are checked (the first that applies names the hold):
 - the target: knee factor × B_knee rounded up to the granularity, under the KV-capacity cap, under
   the TPOT guard, clamped to [min, max];
 - already there, inside the dead band, still moving, not yet held long enough, inside the
-  cooldown, or over the rollouts-per-hour budget (both count retunes, not the creation): hold;
-  otherwise roll. Under Live actuation a change under the pods' startup ceiling restarts nothing:
-  the cooldown and the budget (both bound restarts) do not hold it. A safety decrease (the KV pool;
+  cooldown, or over the rollouts-per-hour budget (both count retunes that restarted the engines,
+  not the creation): hold; otherwise roll. Under Live actuation a change under the pods' startup
+  ceiling restarts nothing: the cooldown and the budget (both bound restarts) neither hold it nor
+  count it (`Rollout.live`). A safety decrease (the KV pool;
   a TPOT target the current limit breaks: goal SLO's bound, goal Knee's guard by more than the dead
   band) skips the dead band and the hold time, and goal Knee's TPOT guard waits while the window
   shifts.
@@ -225,13 +226,16 @@ class TuningRules:
 @dataclass(frozen=True)
 class Rollout:
     """One change of the batch limit, recorded together with the change itself. `target` is the
-    unrounded target that produced `to_value` (the dead band's origin; None in older records)."""
+    unrounded target that produced `to_value` (the dead band's origin; None in older records).
+    `live`: set in place under the pods' unchanged startup ceiling — it restarted nothing, so the
+    pods run it as a live cap, and neither the cooldown nor the rollout budget counts it."""
 
     time: datetime
     from_value: int | None
     to_value: int
     reason: str
     target: float | None = None
+    live: bool = False
 
 
 @dataclass(frozen=True)
@@ -281,6 +285,11 @@ class Applied:
         """The last change of a running engine's limit (creation is not a retune: the settle
         window covers it, cooldown and budget do not)."""
         return next((r for r in reversed(self.rollouts) if r.from_value is not None), None)
+
+    @property
+    def last_restart(self) -> Rollout | None:
+        """The last retune that restarted the engines (what the cooldown runs from)."""
+        return next((r for r in reversed(self.rollouts) if r.from_value is not None and not r.live), None)
 
 
 @dataclass(frozen=True)
@@ -1258,7 +1267,7 @@ def decide(
     if rules.live_ceiling is not None and wanted <= rules.live_ceiling:
         # a cap set in place: no restart for the cooldown or the budget to bound
         return decision("roll", wanted, f"max-num-seqs {current}→{wanted}: {explain} (live)")
-    last = applied.last_retune
+    last = applied.last_restart
     if last is not None and now < last.time + timedelta(seconds=rules.cooldown_s):
         return hold("cooldown", f"cooldown until {_z(last.time + timedelta(seconds=rules.cooldown_s))}")
     recent = rollouts_in_last_hour(applied.rollouts, now)
@@ -1281,19 +1290,21 @@ def _unobserved(reading: Reading | None) -> str:
 
 
 def rollouts_in_last_hour(rollouts: Sequence[Rollout], now: datetime) -> int:
-    """Retunes (not the creation) within the hour before `now`."""
-    return sum(1 for r in rollouts if r.from_value is not None and now - HOUR < r.time <= now)
+    """Retunes that restarted the engines (not the creation, not a live cap) within the hour before
+    `now`."""
+    return sum(1 for r in rollouts if r.from_value is not None and not r.live and now - HOUR < r.time <= now)
 
 
 def record(
-    applied: Applied, decision: Decision, now: datetime, keep: int = HISTORY_KEPT
+    applied: Applied, decision: Decision, now: datetime, keep: int = HISTORY_KEPT, *, live: bool = False
 ) -> tuple[Rollout, ...]:
-    """The rollout history after acting on `decision` (unchanged unless it rolls)."""
+    """The rollout history after acting on `decision` (unchanged unless it rolls); `live`: it is set
+    in place, restarting nothing."""
     if not decision.rolls:
         return applied.rollouts
     # the dead band's origin: the unrounded target, when the roll went to it from observed traffic
     # (not the initial context, a pinned value or the user's own)
     tuned = decision.value == decision.recommended and decision.context_source == "observed"
     target = decision.target if tuned else None
-    entry = Rollout(now, applied.max_num_seqs, decision.value, decision.reason, target)
+    entry = Rollout(now, applied.max_num_seqs, decision.value, decision.reason, target, live)
     return (*applied.rollouts, entry)[-keep:]
