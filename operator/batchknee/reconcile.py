@@ -100,6 +100,7 @@ from batchknee.ports import (
     TransientApiError,
 )
 from batchknee.render import (
+    ROLLOUTS_ANNOTATION,
     DeploymentState,
     Desired,
     RenderDefaults,
@@ -776,6 +777,16 @@ class _Reconcile:
             # someone else's Deployment of this name is never read as ours (and claim() refuses it)
             state = deployment_state(found if found is not None and controlled_by(found, uid) else None)
             history = state.rollouts if state else ()
+            if state is not None and state.rollouts_damage is not None:
+                # said once: this evaluation's apply writes the record back from what was read
+                # (again only while a paced template holds the Deployment's apply back)
+                log.warning(
+                    "%s/%s: Deployment annotation %s: %s",
+                    self.namespace,
+                    self.name,
+                    ROLLOUTS_ANNOTATION,
+                    state.rollouts_damage,
+                )
         else:
             target = self.adopted(obj.spec.target_ref, obj.spec.engine)
             # with a problem the workload is not this LLMServing's: its rollouts, stalls and crashes

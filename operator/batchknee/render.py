@@ -17,13 +17,21 @@ import math
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
 import yaml
 
-from batchknee.api.models import API_VERSION, KIND, Engine, LLMServing, LLMServingSpec, format_timestamp
+from batchknee.api.models import (
+    API_VERSION,
+    KIND,
+    REASON_CHARS,
+    Engine,
+    LLMServing,
+    LLMServingSpec,
+    format_timestamp,
+)
 from batchknee.api.resolve import trtllm_kv_cache
 from batchknee.core.engine_args import (
     ENGINE_CONFIG_DIR,
@@ -42,7 +50,7 @@ from batchknee.core.engine_args import (
     vllm_args,
     vllm_command,
 )
-from batchknee.core.policy import Rollout
+from batchknee.core.policy import HISTORY_KEPT, Rollout
 from batchknee.engines import sglang, trtllm, vllm
 
 FIELD_MANAGER = "batchknee"
@@ -217,34 +225,59 @@ def encode_rollouts(rollouts: Sequence[Rollout]) -> str:
 
 
 def decode_rollouts(text: str | None) -> tuple[Rollout, ...]:
-    """The rollout record; a damaged annotation reads as no record (never an exception)."""
+    """The rollout record (`read_rollouts` without its note). Never an exception."""
+    return read_rollouts(text)[0]
+
+
+def read_rollouts(text: Any) -> tuple[tuple[Rollout, ...], str | None]:
+    """The rollout record, its newest `HISTORY_KEPT` readable entries by time, and what was damaged
+    in it (None: nothing). An entry edited by hand into something unreadable (a time without its
+    zone, a limit of 1e999, a nested value) is skipped, not the whole record: the rest still holds
+    the cooldown, the budget and the stall rollback. Never an exception."""
     if not text:
-        return ()
+        return (), None
     try:
         entries = json.loads(text)
-        rollouts = []
-        for entry in entries:
-            moment = parse_timestamp(entry["time"])
-            if moment is None:  # damaged, or without its zone (never compared with an aware time)
-                raise ValueError(entry["time"])
-            before = entry.get("from")
-            target = entry.get("target")
-            target_value = float(target) if target is not None else None
-            rollouts.append(
-                Rollout(
-                    moment,
-                    int(before) if before is not None else None,
-                    int(entry["to"]),
-                    str(entry["reason"]),
-                    target_value
-                    if target_value is not None and math.isfinite(target_value) and target_value > 0
-                    else None,
-                    live=entry.get("live") is True,
-                )
-            )
-        return tuple(sorted(rollouts, key=lambda r: r.time))
-    except (ValueError, TypeError, KeyError):
-        return ()
+    except (TypeError, ValueError, RecursionError):  # RecursionError: a deeply nested value
+        return (), "not JSON: read as no record"
+    if not isinstance(entries, list):
+        return (), "not a JSON list: read as no record"
+    rollouts = [rollout for rollout in map(_rollout, entries) if rollout is not None]
+    note = None
+    if len(rollouts) < len(entries):
+        note = f"{len(entries) - len(rollouts)} of its {len(entries)} entries unreadable: skipped"
+    return tuple(sorted(rollouts, key=lambda r: r.time)[-HISTORY_KEPT:]), note
+
+
+def _rollout(entry: Any) -> Rollout | None:
+    """One entry of the record; None when any field is not what `encode_rollouts` writes."""
+    if not isinstance(entry, dict):
+        return None
+    time, before, reason, target = (entry.get(key) for key in ("time", "from", "reason", "target"))
+    # a time without its zone would make every comparison with an aware time raise
+    moment = parse_timestamp(time) if isinstance(time, str) else None
+    after = _batch_limit(entry.get("to"))
+    if moment is None or after is None or not isinstance(reason, str):
+        return None
+    if before is not None and (before := _batch_limit(before)) is None:
+        return None
+    if not (isinstance(target, int | float) and not isinstance(target, bool) and math.isfinite(target)):
+        target = None
+    return Rollout(
+        moment,
+        before,
+        after,
+        reason[:REASON_CHARS],  # as status holds it (a hand-edited one may be any length)
+        float(target) if target is not None and target > 0 else None,
+        live=entry.get("live") is True,
+    )
+
+
+def _batch_limit(value: Any) -> int | None:
+    """A batch limit as the record writes it: a positive integer, none past `MAX_READ_INT`."""
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_READ_INT:
+        return value
+    return None
 
 
 # --- the engine objects ----------------------------------------------------------------------------
@@ -658,6 +691,7 @@ class DeploymentState:
     template_changed_at: datetime | None = None  # TEMPLATE_CHANGED_ANNOTATION
     spec_generation: int | None = None  # SPEC_GENERATION_ANNOTATION
     paced_template: str | None = None  # PACED_TEMPLATE_ANNOTATION
+    rollouts_damage: str | None = None  # what of ROLLOUTS_ANNOTATION could not be read (None: nothing)
 
     @property
     def available(self) -> bool:
@@ -739,8 +773,8 @@ def deployment_state(deployment: Mapping[str, Any] | None) -> DeploymentState | 
         max_num_seqs = int_flag([*command, *args], vllm.KNOB_FLAG)
         max_tokens = None
 
-    rollouts = decode_rollouts((meta.get("annotations") or {}).get(ROLLOUTS_ANNOTATION))
-    return rollout_state(deployment, max_num_seqs, max_tokens, rollouts)
+    rollouts, damage = read_rollouts((meta.get("annotations") or {}).get(ROLLOUTS_ANNOTATION))
+    return replace(rollout_state(deployment, max_num_seqs, max_tokens, rollouts), rollouts_damage=damage)
 
 
 def rollout_state(

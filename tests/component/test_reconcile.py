@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
+import logging
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -548,6 +550,60 @@ def test_cooldown_and_budget_hold_with_their_reason(world: World) -> None:
     assert status["holdReason"] == "rollout-budget" and "1 rollouts in the last hour" in status["reason"]
     world.clock.advance(3600)
     world.reconcile()
+    assert max_num_seqs(world) == 64
+
+
+def test_a_hand_edited_rollout_record_loses_its_damaged_entry_not_the_cooldown(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One entry of the Deployment's record edited by hand (a time without its zone): the others
+    still hold the cooldown (the whole record read as none rolled at once, budget and stall rollback
+    reset); the operator says so once and writes the record back without it."""
+    world.kube.create(llmserving(tuning={"cooldownSeconds": 3000}))
+    world.reconcile()
+    world.observer.set("default", "chat", observation(world.clock.now, ctx=8192))
+    settle(world)
+    world.reconcile()
+    assert max_num_seqs(world) == 16  # the retune the cooldown runs from
+    annotations = world.kube.deployment("default", "chat")["metadata"]["annotations"]
+    record = json.loads(annotations["batchknee.io/rollouts"])
+    record[0]["time"] = record[0]["time"].rstrip("Z")  # the creation's entry
+    annotations["batchknee.io/rollouts"] = json.dumps(record)
+    world.clock.advance(5)
+    world.observer.set("default", "chat", observation(world.clock.now, ctx=2048))
+    with caplog.at_level(logging.WARNING, logger="batchknee.reconcile"):
+        settle(world)
+        world.reconcile()
+    status = world.kube.status("default", "chat")
+    assert status.get("holdReason") == "cooldown" and max_num_seqs(world) == 16, status["reason"]
+    assert [(h["from"], h["to"]) for h in status["history"]] == [(64, 16)]
+    [said] = [r.getMessage() for r in caplog.records if "batchknee.io/rollouts" in r.getMessage()]
+    assert (
+        said
+        == "default/chat: Deployment annotation batchknee.io/rollouts: 1 of its 2 entries unreadable: skipped"
+    )
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda text: text.replace('"to":64', '"to":1e999'),  # int(inf) raised OverflowError
+        lambda text: "[" * 100_000 + "]" * 100_000,  # json raised RecursionError
+        lambda text: text.replace('"to":64', '"to":' + "[" * 100_000 + "]" * 100_000),
+    ],
+    ids=["infinite", "nested-record", "nested-value"],
+)
+def test_a_rollout_record_no_parser_can_read_does_not_wedge_the_object(world: World, edit: Any) -> None:
+    """Every evaluation raised, the status froze and no condition said why."""
+    world.kube.create(llmserving())
+    world.reconcile()
+    annotations = world.kube.deployment("default", "chat")["metadata"]["annotations"]
+    annotations["batchknee.io/rollouts"] = edit(annotations["batchknee.io/rollouts"])
+    world.observer.set("default", "chat", observation(world.clock.now, ctx=2048))
+    settle(world)
+    world.reconcile()
+    status = world.kube.status("default", "chat")
+    assert status["observedGeneration"] == 1 and status["holdReason"] == "at-target", status["reason"]
     assert max_num_seqs(world) == 64
 
 

@@ -30,6 +30,7 @@ from batchknee.render import (
     deployment_state,
     encode_rollouts,
     overridden_args,
+    read_rollouts,
     render,
     stale_engine_configs,
 )
@@ -317,9 +318,60 @@ def test_the_cluster_reads_back_what_was_rendered(record: list[Rollout], n: int)
 
 def test_a_damaged_record_reads_as_none() -> None:
     assert decode_rollouts("{not json") == ()
+    assert decode_rollouts('{"time": "2026-03-01T12:00:00Z"}') == ()
+    assert decode_rollouts("[" * 100_000 + "]" * 100_000) == ()  # json's RecursionError
     assert decode_rollouts('[{"time": "yesterday"}]') == ()
     # a time without its zone (an edited annotation) would make every comparison with now raise
     assert decode_rollouts('[{"time": "2026-03-01T12:00:00", "from": 64, "to": 16, "reason": "r"}]') == ()
+
+
+GOOD = {"time": "2026-03-01T12:00:00Z", "from": 64, "to": 16, "reason": "r"}
+
+
+@pytest.mark.parametrize(
+    "damaged",
+    [
+        {**GOOD, "time": "2026-03-01T13:00:00"},  # no zone
+        {**GOOD, "time": ["2026-03-01T13:00:00Z"]},
+        {**GOOD, "to": 1e999},  # int(inf) raised OverflowError
+        {**GOOD, "to": 0},
+        {**GOOD, "to": True},
+        {**GOOD, "to": 16.5},
+        {**GOOD, "to": 2**60},
+        {**GOOD, "from": "64"},
+        {**GOOD, "reason": {"r": 1}},
+        "an entry",
+        None,
+    ],
+)
+def test_a_damaged_entry_is_skipped_and_the_rest_kept(damaged: Any) -> None:
+    """The rest of the record still holds the cooldown, the budget and the stall rollback."""
+    later = {**GOOD, "time": "2026-03-01T12:30:00Z", "from": 16, "to": 32, "target": 1e999}
+    text = json.dumps([GOOD, damaged, later])
+    rollouts, note = read_rollouts(text)
+    assert [(r.from_value, r.to_value, r.target) for r in rollouts] == [(64, 16, None), (16, 32, None)]
+    assert note == "1 of its 3 entries unreadable: skipped"
+    nested = text.replace('"to": 32', '"to": ' + "[" * 100_000 + "]" * 100_000)
+    assert read_rollouts(nested) == ((), "not JSON: read as no record")
+
+
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+        lambda inner: st.lists(inner) | st.dictionaries(st.text(), inner),
+    )
+)
+def test_no_record_raises(value: Any) -> None:
+    kept = decode_rollouts(json.dumps([value, GOOD, {**GOOD, "to": value}, {**GOOD, "time": value}]))
+    assert kept[0] == Rollout(datetime(2026, 3, 1, 12, tzinfo=UTC), 64, 16, "r")
+
+
+def test_a_record_keeps_its_newest_entries_and_bounded_reasons() -> None:
+    entries = [{**GOOD, "time": f"2026-03-01T12:{minute:02d}:00Z", "to": minute + 1} for minute in range(30)]
+    entries[-1]["reason"] = "x" * 100_000
+    rollouts = decode_rollouts(json.dumps(entries))
+    assert [r.to_value for r in rollouts] == list(range(21, 31))  # as many as status.history holds
+    assert len(rollouts[-1].reason) == 2048
 
 
 def test_rollout_progress() -> None:

@@ -1569,7 +1569,8 @@ def bounded(limit: int) -> Callable[[Any], Any]:
 
 
 MessageText = Annotated[str, BeforeValidator(bounded(32768)), Field(max_length=32768)]
-ReasonText = Annotated[str, BeforeValidator(bounded(2048)), Field(max_length=2048)]
+REASON_CHARS = 2048  # a reason in status (a rollout record's too)
+ReasonText = Annotated[str, BeforeValidator(bounded(REASON_CHARS)), Field(max_length=REASON_CHARS)]
 KeywordText = Annotated[str, BeforeValidator(bounded(64)), Field(max_length=64)]
 
 
