@@ -121,6 +121,10 @@ log = logging.getLogger(__name__)
 ROLLBACK = "rollback"
 REVERT = "revert"
 QUARANTINE_S = 3600  # a failed value is not retried at that context for an hour (or the cooldown)
+# A time read back (the status, the rollout record) up to this far ahead of the clock is another
+# operator replica's clock running ahead; further ahead it is damage (an edit, a node's clock a day
+# off), and it is dropped or taken as now (it froze retuning until then).
+CLOCK_SKEW = timedelta(minutes=1)
 OTHER_SETUP = "the engine, model, GPU, image or engine args changed since: nothing to compare"
 
 T = TypeVar("T")
@@ -362,14 +366,14 @@ def report_api_errors(
 UNPARSABLE = (ValidationError, ValueError, TypeError, RecursionError)
 
 
-def _old_status(raw: dict[str, Any]) -> LLMServingStatus:
+def _old_status(raw: dict[str, Any], now: datetime) -> LLMServingStatus:
     """The stored status; where it does not parse (written by another version of the operator, say,
     then rolled back; or edited by hand), what does: each field, and each entry of a list, that
     parses is kept (a condition of an unknown type must not take the quarantines and the rollout
     history with it), the rest rebuilt."""
     stored = raw.get("status") or {}
     try:
-        return LLMServingStatus.model_validate(stored)
+        return _not_ahead(LLMServingStatus.model_validate(stored), now)
     except UNPARSABLE:
         pass
     kept: dict[str, Any] = {}
@@ -384,7 +388,7 @@ def _old_status(raw: dict[str, Any]) -> LLMServingStatus:
         len(kept),
         len(stored) if isinstance(stored, dict) else 0,
     )
-    return LLMServingStatus.model_validate(kept)
+    return _not_ahead(LLMServingStatus.model_validate(kept), now)
 
 
 def _parses(status: dict[str, Any]) -> bool:
@@ -393,6 +397,33 @@ def _parses(status: dict[str, Any]) -> bool:
     except UNPARSABLE:
         return False
     return True
+
+
+def _not_ahead(status: LLMServingStatus, now: datetime) -> LLMServingStatus:
+    """The stored status without the times it holds from the future (past `CLOCK_SKEW`): a recent
+    target from tomorrow kept any newer one from being remembered, a rollout completed tomorrow kept
+    the object settling, a calibration sample from tomorrow outlived the samples' horizon."""
+    latest = now + CLOCK_SKEW
+    update: dict[str, Any] = {}
+    targets = status.recent_targets or []
+    if any(t.time > latest for t in targets):
+        update["recent_targets"] = [t for t in targets if t.time <= latest] or None
+    if status.rollout_complete_time is not None and status.rollout_complete_time > latest:
+        update["rollout_complete_time"] = None  # not known: settled from now on
+    calibration = status.calibration
+    if calibration is not None and any(s.time > latest for s in calibration.samples):
+        samples = [s for s in calibration.samples if s.time <= latest]
+        update["calibration"] = calibration.model_copy(update={"samples": samples})
+    return status.model_copy(update=update) if update else status
+
+
+def _not_ahead_rollouts(rollouts: tuple[Rollout, ...], now: datetime) -> tuple[Rollout, ...]:
+    """The rollout record with a time from the future (past `CLOCK_SKEW`) taken as now: it held the
+    object settling, and in its cooldown, until then. Now is conservative: the cooldown runs from it."""
+    if all(r.time <= now + CLOCK_SKEW for r in rollouts):
+        return rollouts
+    clamped = (replace(r, time=now) if r.time > now + CLOCK_SKEW else r for r in rollouts)
+    return tuple(sorted(clamped, key=lambda r: r.time))
 
 
 def _key(raw: dict[str, Any]) -> tuple[str, str]:
@@ -641,7 +672,7 @@ class _Reconcile:
         self.now = now
         self.namespace, self.name = _key(raw)
         self.generation: int | None = raw.get("metadata", {}).get("generation")
-        self.old = _old_status(raw)
+        self.old = _old_status(raw, now)
         self.conditions = _Conditions(self.old.conditions, self.generation, now)
         self.events: list[str] = []  # the reasons of the Events sent
         # queued, sent with the status write: (type, reason, message, the Event's name or None)
@@ -795,6 +826,7 @@ class _Reconcile:
             history = self.recorded_rollouts()  # nothing but the one env value is kept on the workload
             if target.problem is not None or not target.wired:
                 rules = replace(rules, mode="Recommend")  # report only, write nothing
+        recorded, history = history, _not_ahead_rollouts(history, self.now)
         live = self.live_pods(obj, state, target)
         if live and state is not None:  # pods that take caps in place, under their startup value
             rules = replace(rules, live_ceiling=state.max_num_seqs)
@@ -945,7 +977,7 @@ class _Reconcile:
             rollouts = applied.rollouts
 
         self.remember_before(rolled, decision, rollouts, observation)
-        missed = unannounced(history, self.old.history, self.now) if target is None else None
+        missed = unannounced(recorded, self.old.history, self.now) if target is None else None
         if missed is not None:
             self.announce(missed, rules.mode, missed.reason)
         if rolled:

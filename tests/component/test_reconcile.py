@@ -607,6 +607,47 @@ def test_a_rollout_record_no_parser_can_read_does_not_wedge_the_object(world: Wo
     assert max_num_seqs(world) == 64
 
 
+def _tomorrow_in_recent_targets(world: World) -> None:
+    status = world.kube.status("default", "chat")
+    status["recentTargets"].append({"time": "2026-03-02T12:00:00Z", "batch": 59.8})
+
+
+def _tomorrow_as_rollout_complete_time(world: World) -> None:
+    world.kube.status("default", "chat")["rolloutCompleteTime"] = "2026-03-02T12:00:00Z"
+
+
+def _tomorrow_in_the_rollout_record(world: World) -> None:
+    annotations = world.kube.deployment("default", "chat")["metadata"]["annotations"]
+    record = json.loads(annotations["batchknee.io/rollouts"])
+    record[-1]["time"] = "2026-03-02T12:00:00Z"
+    annotations["batchknee.io/rollouts"] = json.dumps(record)
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [_tomorrow_in_recent_targets, _tomorrow_as_rollout_complete_time, _tomorrow_in_the_rollout_record],
+    ids=["recent-targets", "rollout-complete-time", "rollout-record"],
+)
+def test_a_time_from_tomorrow_read_back_does_not_freeze_retuning(world: World, edit: Any) -> None:
+    """A node's clock a day fast, or an edit: a recent target from tomorrow kept newer ones from
+    being remembered ("unsteady" for good), a rollout completed or recorded tomorrow kept the object
+    settling until then."""
+    world.kube.create(llmserving(tuning={"cooldownSeconds": 0}))
+    world.reconcile()
+    world.observer.set("default", "chat", observation(world.clock.now, ctx=2048))
+    settle(world)
+    world.reconcile()
+    edit(world)
+    for _ in range(12):  # six minutes of traffic that wants 16
+        world.observer.set("default", "chat", observation(world.clock.now, ctx=8192))
+        world.reconcile()
+        world.clock.advance(30)
+    status = world.kube.status("default", "chat")
+    assert max_num_seqs(world) == 16, status["reason"]
+    assert all(t["time"] < "2026-03-02" for t in status.get("recentTargets") or [])
+    assert all(h["time"] < "2026-03-02" for h in status["history"])
+
+
 def test_an_observer_that_raises_is_unavailable_not_a_crash(world: World) -> None:
     class Broken:
         def observation(self, target: object, now: object) -> object:

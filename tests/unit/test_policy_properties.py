@@ -142,6 +142,20 @@ def test_cooldown(r: TuningRules, ctx: int, applied: int, since: int) -> None:
             assert d.hold == "cooldown" and "cooldown until" in d.reason
 
 
+def test_a_moment_not_today_is_named_with_its_date() -> None:
+    """A cooldown past midnight (or a time from a clock far off) read "until 00:00:00Z": passed."""
+    r = TuningRules(cooldown_s=600)
+    for now, until in (
+        (datetime(2026, 3, 1, 23, 55, tzinfo=UTC), "2026-03-02T00:00:00Z"),
+        (datetime(2026, 3, 1, 12, 0, tzinfo=UTC), "12:05:00Z"),
+    ):
+        state = steady(64, Rollout(now - timedelta(minutes=5), 256, 64, "earlier"))
+        d = decide(
+            r, ROOFLINE, POOL, seen(8192, now=now), state, (), now, recent_targets=held(r, 8192, state, now)
+        )
+        assert d.hold == "cooldown" and d.reason.endswith(f"cooldown until {until}"), d.reason
+
+
 @given(rules(), contexts, st.integers(1, 1024), st.integers(0, 3599))
 def test_caps_set_live_start_no_cooldown_and_spend_no_budget(
     r: TuningRules, ctx: int, applied: int, since: int

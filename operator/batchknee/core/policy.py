@@ -137,8 +137,10 @@ HOUR = timedelta(hours=1)
 MIN_CONTEXT_TOKENS = 1.0
 
 
-def _z(moment: datetime) -> str:
-    return moment.strftime("%H:%M:%SZ")
+def _z(moment: datetime, now: datetime) -> str:
+    """A moment in a reason: its time of day, with the date when that is not today's (a cooldown
+    past midnight, or a time from a clock far off, would read as one already passed)."""
+    return moment.strftime("%H:%M:%SZ" if moment.date() == now.date() else "%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(frozen=True)
@@ -1192,7 +1194,7 @@ def decide(
     if settling and not follows_live:
         assert settled is not None
         until = settled + timedelta(seconds=rules.window_s)
-        return hold("settling", f"metrics window settling after the rollout until {_z(until)}")
+        return hold("settling", f"metrics window settling after the rollout until {_z(until, now)}")
     if wanted == current:
         return decision("hold", current, f"{explain} — at target", "at-target")
     origin = _origin(rules, roofline, kv_pool_bytes, applied, current)
@@ -1222,7 +1224,7 @@ def decide(
         if earlier is not None and _moves_past(rules, batch, earlier.batch):
             return hold(
                 "unsteady",
-                f"the recommendation is still moving ({earlier.batch:.1f} at {_z(earlier.time)} → "
+                f"the recommendation is still moving ({earlier.batch:.1f} at {_z(earlier.time, now)} → "
                 f"{batch:.1f})",
             )
         since = _outside_since(rules, recent_targets, origin, batch, sampled_at)
@@ -1242,7 +1244,7 @@ def decide(
             return hold(
                 "unsteady",
                 f"{wanted} must hold outside the dead band of {origin:.1f} for {hold_s}s "
-                f"(outside since {_z(since)}; until {_z(until)})",
+                f"(outside since {_z(since, now)}; until {_z(until, now)})",
             )
     if rules.goal == "Knee" and lately is not None and _further(origin, batch, lately.unrounded):
         # Within the band of the window's blend, the last third is where traffic is going: a roll
@@ -1269,7 +1271,7 @@ def decide(
         return decision("roll", wanted, f"max-num-seqs {current}→{wanted}: {explain} (live)")
     last = applied.last_restart
     if last is not None and now < last.time + timedelta(seconds=rules.cooldown_s):
-        return hold("cooldown", f"cooldown until {_z(last.time + timedelta(seconds=rules.cooldown_s))}")
+        return hold("cooldown", f"cooldown until {_z(last.time + timedelta(seconds=rules.cooldown_s), now)}")
     recent = rollouts_in_last_hour(applied.rollouts, now)
     if recent >= rules.max_rollouts_per_hour:
         return hold(
