@@ -503,7 +503,7 @@ def run_policy(
                 value = decision.value
                 set_cap(engine, value)
                 result.values.append((now, value))
-                applied = Applied(value, settled_since=at, rollouts=record(applied, decision, at))
+                applied = Applied(value, settled_since=at, rollouts=record(applied, decision, at, live=True))
                 continue
             if decision.rolls:
                 result.rollouts += 1
