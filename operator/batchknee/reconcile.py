@@ -71,6 +71,7 @@ from batchknee.core.engine_args import int_flag
 from batchknee.core.observation import Observation
 from batchknee.core.policy import (
     DEFINITE_BREAK_FACTOR,
+    HISTORY_KEPT,
     Applied,
     CalibrationPoint,
     Decision,
@@ -823,7 +824,7 @@ class _Reconcile:
             # with a problem the workload is not this LLMServing's: its rollouts, stalls and crashes
             # are not judged here (another LLMServing may tune it); status still shows its pods
             state = target.state if target.problem is None else None
-            history = self.recorded_rollouts()  # nothing but the one env value is kept on the workload
+            history = self.recorded_rollouts(state)  # nothing but the one env value is kept on the workload
             if target.problem is not None or not target.wired:
                 rules = replace(rules, mode="Recommend")  # report only, write nothing
         recorded, history = history, _not_ahead_rollouts(history, self.now)
@@ -1488,8 +1489,23 @@ class _Reconcile:
                 return earlier[1]
         return None
 
-    def recorded_rollouts(self) -> tuple[Rollout, ...]:
-        return tuple(Rollout(h.time, h.from_, h.to, h.reason) for h in self.old.history)
+    def recorded_rollouts(self, state: DeploymentState | None) -> tuple[Rollout, ...]:
+        """An adopted workload's rollouts, as status keeps them. A value the workload runs that the
+        record does not end with was written by a retune whose status write failed (or by hand): it
+        counts as a rollout from now, or the cooldown and the budget would not hold after it."""
+        recorded = tuple(Rollout(h.time, h.from_, h.to, h.reason) for h in self.old.history)
+        running = state.max_num_seqs if state is not None else None
+        if not recorded or running is None or running == recorded[-1].to_value:
+            return recorded
+        last = recorded[-1].to_value
+        unrecorded = Rollout(
+            self.now,
+            last,
+            running,
+            f"the workload runs {running}, not the recorded {last}: a retune whose status write failed, "
+            "or an edit; counted from now",
+        )
+        return (*recorded, unrecorded)[-HISTORY_KEPT:]
 
     def set_wired(self, engine: Engine, target: Target) -> None:
         c = self.conditions

@@ -3,6 +3,7 @@ nothing else; problems become a Wired=False condition and no write."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from typing import Any
 
@@ -585,3 +586,43 @@ def test_a_rollback_that_stalls_too_is_not_rolled_back_again(world: World) -> No
     history = world.kube.status("default", "tuner")["history"]
     assert seen == ["64", "64", "64"] and [h["to"] for h in history][-1] == 64
     assert sum(h["reason"].startswith("rollback") for h in history) == 1
+
+
+def test_a_retune_whose_status_write_failed_still_holds_the_cooldown(world: World) -> None:
+    """An adopted workload keeps its rollout history in status only: the env write went through, the
+    status write after it failed, and the next evaluations knew of no rollout — traffic moving back
+    restarted the pods again inside the cooldown. The value the workload runs now counts."""
+    world.kube.apply(user_workload())
+    spec = adopting()
+    spec["spec"]["tuning"]["cooldownSeconds"] = 1800
+    world.kube.create(spec)
+    world.reconcile("tuner")
+    finish(world)
+    world.kube.objects[("Pod", "default", "vllm-0")] = pod("vllm-0")
+    world.clock.advance(3600)
+    apply = world.kube.apply
+
+    def apply_then_fail_the_status(obj: dict[str, Any]) -> None:
+        apply(obj)
+        world.kube.fail_status = True  # the status write right after the env write fails
+
+    world.kube.apply = apply_then_fail_the_status  # type: ignore[method-assign]
+    for _ in range(8):
+        world.observer.set("default", "tuner", observation(world.clock.now, ctx=8192))
+        with contextlib.suppress(RuntimeError):
+            world.reconcile("tuner")
+        if world.kube.fail_status:
+            break
+        world.clock.advance(30)
+    world.kube.apply, world.kube.fail_status = apply, False  # type: ignore[method-assign]
+    assert env(world)[TARGET_ENV_VAR] == "16"
+    assert [h["to"] for h in world.kube.status("default", "tuner").get("history", [])] == [64]
+    finish(world)
+    world.clock.advance(330)
+    for _ in range(8):  # traffic back at 2k tokens, well inside the 30-minute cooldown
+        world.observer.set("default", "tuner", observation(world.clock.now, ctx=2048))
+        world.reconcile("tuner")
+        world.clock.advance(30)
+    status = world.kube.status("default", "tuner")
+    assert env(world)[TARGET_ENV_VAR] == "16" and status["holdReason"] == "cooldown"
+    assert [(h.get("from"), h["to"]) for h in status["history"]] == [(None, 64), (64, 16)]
