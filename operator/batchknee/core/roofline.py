@@ -266,11 +266,23 @@ class DecodeRoofline:
         plus any prefill chunk), reads `kv_bytes_read` of KV cache and attends over
         `attended_pairs` (query, key) pairs: the larger of the memory and compute roofs, divided by
         the achieved efficiency, plus the fixed per-step overhead."""
+        memory_s, compute_s = self._roofs(tokens, kv_bytes_read, attended_pairs)
+        return max(memory_s, compute_s) / self.bandwidth_efficiency + self.overhead_s
+
+    def _roofs(self, tokens: float, kv_bytes_read: float, attended_pairs: float) -> tuple[float, float]:
+        """A step's memory time and compute time at peak (seconds)."""
         memory_s = (self.weight_bytes_read_per_gpu(tokens) + kv_bytes_read) / self.bandwidth
         flops = 2.0 * self.active_params / self.tensor_parallel * tokens
         flops += self.attention_flops_per_pair() * attended_pairs
-        compute_s = flops / self.gpu.peak_bf16_flops
-        return max(memory_s, compute_s) / self.bandwidth_efficiency + self.overhead_s
+        return memory_s, flops / self.gpu.peak_bf16_flops
+
+    def decode_compute_bound(self, batch: float, context_tokens: float) -> bool:
+        """Whether a decode step of `batch` sequences at `context_tokens` is bound by compute, not by
+        reading memory (its achieved bytes per second then say nothing of the bandwidth efficiency)."""
+        memory_s, compute_s = self._roofs(
+            batch, self.kv_bytes_read(batch, context_tokens), batch * context_tokens
+        )
+        return compute_s >= memory_s
 
     @staticmethod
     def prefill_attended_pairs(computed_tokens: float, chunk_tokens: float) -> float:
