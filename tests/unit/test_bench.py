@@ -17,6 +17,8 @@ from batchknee.emulator.bench import (
     arrivals,
     bench_trace,
     observe,
+    phase_rate,
+    request_lifetime_s,
     run_policy,
     snapshot,
     standard_traces,
@@ -201,8 +203,6 @@ def test_cli_minimum_duration_under_a_short_window_is_one_request_of_the_first_p
 ) -> None:
     """Under a 30 s window the flapping trace's first request binds: 1,024 output tokens at
     vLLM's default limit, about 71 s; a duration that holds it shows figures, not zeros."""
-    from batchknee.emulator.bench import request_lifetime_s
-
     lifetime = request_lifetime_s(SETUP, standard_traces()["flapping"].phases[0])
     needed = math.ceil(lifetime)
     assert 30 < needed < 300
@@ -226,3 +226,46 @@ def test_make_benchs_durations_hold_every_trace() -> None:
     from batchknee.commands.bench import check_duration
 
     check_duration(3600.0, 300, SETUP, standard_traces(3600.0))  # no UsageError
+
+
+class _Captured(Exception):
+    """Raised by a stand-in for bench_trace once it has seen what the command built."""
+
+
+@pytest.mark.parametrize(("gpu", "limits"), [("a100-80gb", (256, 2048)), ("h100-sxm", (1024, 8192))])
+def test_cli_takes_vllms_default_limits_for_the_gpu(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, gpu: str, limits: tuple[int, int]
+) -> None:
+    """(was: vllm-default ran 256 with 2,048 batched tokens whatever --gpu said; vLLM starts 1,024
+    and 8,192 on a GPU of 70 GiB or more that is not an A100) — the emulator's own rule for both."""
+    from batchknee.emulator.engine_args import parse_emulator_args
+
+    seen: dict[str, object] = {}
+
+    def captured(setup: BenchSetup, trace: object, *, knee_rules: TuningRules, **_: object) -> None:
+        seen.update(setup=setup, rules=knee_rules)
+        raise _Captured
+
+    monkeypatch.setattr("batchknee.commands.bench.bench_trace", captured)
+    with pytest.raises(_Captured):
+        run(capsys, "bench", "--model", "llama-3-8b", "--gpu", gpu, "--trace", "flapping")
+    setup, rules = seen["setup"], seen["rules"]
+    assert isinstance(setup, BenchSetup) and isinstance(rules, TuningRules)
+    assert rules.max_num_batched_tokens == limits[1]  # the operator's step budget is the engine's
+    assert (setup.vllm_default, setup.batched_tokens) == limits
+    engine = parse_emulator_args(["--gpu", gpu, "llama-3-8b"], environ={}).config
+    assert (engine.max_num_seqs, engine.max_num_batched_tokens) == limits
+
+
+def test_vllm_default_runs_and_loads_each_phase_at_the_gpus_default_limit() -> None:
+    """On an H100 the default policy is 1,024 and each phase's load is that limit's capacity."""
+    h100 = DecodeRoofline(NAIVE.model, find_gpu("h100-sxm"), bandwidth_efficiency=0.8, overhead_s=0.002)
+    setup = replace(
+        SETUP, roofline=h100, operator_roofline=replace(h100, bandwidth_efficiency=1.0, overhead_s=0.0)
+    )
+    phase = standard_traces()["flapping"].phases[0]
+    assert phase_rate(setup, phase) * request_lifetime_s(setup, phase) == pytest.approx(1024)
+    trace = standard_traces(300.0)["flapping"]
+    result = bench_trace(setup, trace, knee_rules=KNEE, slo_rules=SLO)
+    assert result.policies["vllm-default"].values == "1024"
+    assert (setup.vllm_default, setup.batched_tokens) == (1024, 8192)

@@ -40,6 +40,7 @@ from batchknee.emulator.bench import (
     standard_traces,
 )
 from batchknee.emulator.engine import no_kv_memory
+from batchknee.engines import vllm
 
 # What `make bench` checks (printed, not asserted: benchmarks print figures).
 SLO_TO_ORACLE_TARGET = 0.95
@@ -52,8 +53,9 @@ def register(subparsers: Any) -> None:
         help="batchknee's closed loop against vLLM's default, the best static value and the per-phase oracle",
         description=(
             "Replay Poisson traffic traces on the engine simulation under each policy — vLLM's default "
-            "256, the best static value in hindsight, the best value per phase (oracle), and batchknee's "
-            "goals Knee and SLO through the real decision loop with a restart per rollout — and compare "
+            "limits for the GPU (256 and 2,048 batched tokens; 1,024 and 8,192 on a GPU of 70 GiB or "
+            "more that is not an A100), the best static value in hindsight, the best value per phase "
+            "(oracle), and batchknee's goals Knee and SLO through the real decision loop with a restart per rollout — and compare "
             "their SLO goodput. --overhead-ms and --bandwidth-efficiency describe the simulated engine; "
             "the operator is given the catalog's roofline, as in a cluster."
         ),
@@ -94,7 +96,11 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--cooldown-seconds", type=int, default=600)
     parser.add_argument("--max-rollouts-per-hour", type=int, default=4)
     parser.add_argument("--window-seconds", type=int, default=300)
-    parser.add_argument("--max-num-batched-tokens", type=step_tokens, default=2048)
+    parser.add_argument(
+        "--max-num-batched-tokens",
+        type=step_tokens,
+        help="the engine's step budget (default: vLLM's for the GPU)",
+    )
     parser.add_argument(
         "--candidates",
         type=int_list,
@@ -166,7 +172,7 @@ def _check_against_the_api(args: argparse.Namespace, goal: str) -> None:
         raise UsageError(f"{_RULE_OPTIONS.get(field, field)}: {said}, as spec.tuning.{field} takes") from None
 
 
-def _rules(args: argparse.Namespace, goal: str) -> TuningRules:
+def _rules(args: argparse.Namespace, goal: str, batched_tokens: int) -> TuningRules:
     _check_against_the_api(args, goal)
     try:
         return TuningRules(
@@ -181,7 +187,7 @@ def _rules(args: argparse.Namespace, goal: str) -> TuningRules:
             cooldown_s=args.cooldown_seconds,
             max_rollouts_per_hour=args.max_rollouts_per_hour,
             window_s=args.window_seconds,
-            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_num_batched_tokens=batched_tokens,
         )
     except ValueError as error:
         message = str(error)
@@ -198,13 +204,14 @@ def run(args: argparse.Namespace) -> int:
         check_output_path("--json-file", args.json_file)
     engine_roofline = resolve_roofline(args)
     operator_roofline = replace(engine_roofline, bandwidth_efficiency=1.0, overhead_s=0.0)
-    knee_rules, slo_rules = _rules(args, "Knee"), _rules(args, "SLO")
+    batched_tokens = args.max_num_batched_tokens or vllm.default_limits(engine_roofline.gpu)[1]
+    knee_rules, slo_rules = _rules(args, "Knee", batched_tokens), _rules(args, "SLO", batched_tokens)
     setup = BenchSetup(
         engine_roofline,
         operator_roofline,
         knee_rules,
         restart_s=args.restart_seconds,
-        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_batched_tokens=batched_tokens,
         seed=args.seed,
         live=args.actuation == "live",
     )

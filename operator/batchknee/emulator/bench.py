@@ -11,11 +11,13 @@ rollout budget; a rollout takes the pod down for `restart_s` (requests in flight
 meanwhile are turned away) and starts a fresh engine with the new limit.
 
 Arrivals are open-loop Poisson, drawn once per trace and replayed to every policy. The rate of each
-phase saturates vLLM's default limit (256): it is that limit's modelled request capacity. A
+phase is its load × vLLM's default limit's modelled request capacity (256, or 1,024 on a GPU where
+vLLM defaults to it; a load of 1 saturates that limit). A
 gateway sheds load beyond a queue of max-num-seqs/16 requests (vLLM's `--max-num-queued-reqs`), so a
 limit too small loses the requests it cannot serve instead of queueing them for ever.
 
-Policies: `vllm-default` (256 throughout), `best-static` (the single value that did best over the
+Policies: `vllm-default` (vLLM's default --max-num-seqs and --max-num-batched-tokens for the GPU
+throughout), `best-static` (the single value that did best over the
 whole trace, in hindsight), `oracle` (the best value per phase in hindsight, switched for free),
 `knee` and `slo` (batchknee's goals). SLO goodput counts the output tokens of requests that met
 both the TPOT and the TTFT target, per simulated second. Pure: simulated time only.
@@ -47,8 +49,8 @@ from batchknee.core.roofline import DecodeRoofline, PrefillMix
 from batchknee.emulator.engine import FINISHED, Engine, EngineConfig, Request, vllm_num_gpu_blocks
 from batchknee.emulator.stats import TPOT_BUCKETS, TTFT_BUCKETS, Histogram, percentile
 from batchknee.emulator.workload import LoadGenerator, LoadSpec, Schedule
+from batchknee.engines import vllm
 
-VLLM_DEFAULT = 256
 POLICIES = ("vllm-default", "best-static", "oracle", "knee", "slo")
 CANDIDATES = (16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512)
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)  # simulated time 0, for the policy's datetimes
@@ -150,13 +152,23 @@ class BenchSetup:
     restart_s: float = 120.0
     evaluation_interval_s: float = 30.0
     scrape_interval_s: float = 15.0
-    max_num_batched_tokens: int = 2048
+    max_num_batched_tokens: int | None = None  # vLLM's default for the GPU when None
     gpu_memory_utilization: float = 0.9
     block_size: int = 16
     max_model_len: int = 16384
     seed: int = 0
     candidates: tuple[int, ...] = CANDIDATES
     live: bool = False  # batchknee's actuation: Live caps (no restart under the ceiling), else Restart
+
+    @property
+    def vllm_default(self) -> int:
+        """vLLM's default --max-num-seqs on the GPU: the vllm-default policy's limit."""
+        return vllm.default_limits(self.roofline.gpu)[0]
+
+    @property
+    def batched_tokens(self) -> int:
+        """--max-num-batched-tokens: as given, else vLLM's default on the GPU."""
+        return self.max_num_batched_tokens or vllm.default_limits(self.roofline.gpu)[1]
 
     @property
     def num_gpu_blocks(self) -> int:
@@ -178,7 +190,7 @@ class BenchSetup:
         return EngineConfig(
             roofline=self.roofline,
             max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max(self.max_num_batched_tokens, max_num_seqs),
+            max_num_batched_tokens=max(self.batched_tokens, max_num_seqs),
             num_gpu_blocks=self.num_gpu_blocks,
             block_size=self.block_size,
             max_model_len=self.max_model_len,
@@ -193,16 +205,14 @@ class BenchSetup:
 def request_lifetime_s(setup: BenchSetup, phase: Phase) -> float:
     """How long a request of this phase decodes at the default limit, modelled: output × TPOT."""
     context = phase.prompt_tokens * (1 - phase.prefix_sharing) + phase.output_tokens / 2
-    mix = PrefillMix(
-        phase.prompt_tokens, phase.output_tokens, setup.max_num_batched_tokens, phase.prefix_sharing
-    )
-    return phase.output_tokens * setup.roofline.tpot_with_prefill_s(VLLM_DEFAULT, context, mix)
+    mix = PrefillMix(phase.prompt_tokens, phase.output_tokens, setup.batched_tokens, phase.prefix_sharing)
+    return phase.output_tokens * setup.roofline.tpot_with_prefill_s(setup.vllm_default, context, mix)
 
 
 def phase_rate(setup: BenchSetup, phase: Phase) -> float:
-    """Requests per second that saturate the default limit in this phase: its modelled capacity
-    (Little's law: the limit's running requests, each living a request's lifetime)."""
-    return phase.load * VLLM_DEFAULT / request_lifetime_s(setup, phase)
+    """Requests per second in this phase: its load × the default limit's modelled capacity (Little's
+    law: the limit's running requests, each living a request's lifetime), which a load of 1 saturates."""
+    return phase.load * setup.vllm_default / request_lifetime_s(setup, phase)
 
 
 @dataclass(frozen=True)
@@ -595,7 +605,7 @@ def bench_trace(
     knee = timed("knee", rules=knee_rules)
     slo = timed("slo", rules=slo_rules)
     values = sorted(
-        {*setup.candidates, VLLM_DEFAULT, *(v for _, v in knee.values), *(v for _, v in slo.values)}
+        {*setup.candidates, setup.vllm_default, *(v for _, v in knee.values), *(v for _, v in slo.values)}
     )
     statics = {v: timed(f"static-{v}", static=v) for v in values}
     static_wall = max(walls[f"static-{v}"] for v in values)
@@ -640,13 +650,13 @@ def bench_trace(
             goodput / p99_goodput if p99_goodput > 0 else math.nan,
         )
 
-    default = statics[VLLM_DEFAULT]
+    default = statics[setup.vllm_default]
     best = statics[best_value]
     return TraceResult(
         trace,
         {
             "vllm-default": figures(
-                default, default.good(trace), str(VLLM_DEFAULT), walls[f"static-{VLLM_DEFAULT}"]
+                default, default.good(trace), str(setup.vllm_default), walls[f"static-{setup.vllm_default}"]
             ),
             "best-static": figures(best, best.good(trace), str(best_value), static_wall),
             "oracle": figures(oracle, oracle_goodput, oracle_values, static_wall),

@@ -569,11 +569,11 @@ def _vllm(
     if args.pipeline_parallel_size > 1:
         warnings.append("--pipeline-parallel-size: not modelled; one pipeline stage assumed")
     roof = roofline(args.tensor_parallel_size, dtype, kv_dtype, not args.disable_cascade_attn)
-    big_gpu = roof.gpu.memory_bytes >= 70 * 1024**3 and not roof.gpu.name.startswith("a100")
-    max_num_seqs = args.max_num_seqs or (1024 if big_gpu else 256)
+    default_seqs, default_batched = vllm.default_limits(roof.gpu)
+    max_num_seqs = args.max_num_seqs or default_seqs
     batched = args.max_num_batched_tokens
     if batched is None:
-        batched = max(8192 if big_gpu else 2048, max_num_seqs)
+        batched = max(default_batched, max_num_seqs)
     elif batched < max_num_seqs:
         raise EngineArgsError(
             f"--max-num-batched-tokens: {batched} must be greater than or equal to --max-num-seqs {max_num_seqs}"

@@ -5,6 +5,7 @@ The metric names are pinned to the release in `VERSION` (tests/contract reads th
 
 from __future__ import annotations
 
+from batchknee.core.catalog import GpuSpec
 from batchknee.engines.contract import CommandLine, EngineMetrics, HttpSurface
 
 VERSION = "0.34.0"
@@ -30,6 +31,20 @@ PORT_VARIABLES = (
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 DEFAULT_BLOCK_SIZE = 16
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+# The OpenAI server's defaults on a GPU of 70 GiB or more that is not an A100 (vllm/engine/arg_utils.py)
+LARGE_GPU_BYTES = 70 * 1024**3
+LARGE_GPU_MAX_NUM_SEQS = 1024
+LARGE_GPU_MAX_NUM_BATCHED_TOKENS = 8192
+DEFAULT_MAX_NUM_SEQS = 256
+
+
+def default_limits(gpu: GpuSpec) -> tuple[int, int]:
+    """vLLM's default --max-num-seqs and --max-num-batched-tokens on `gpu`: 1,024 and 8,192 on a GPU
+    of 70 GiB or more that is not an A100, else 256 and 2,048."""
+    if gpu.memory_bytes >= LARGE_GPU_BYTES and not gpu.name.startswith("a100"):
+        return LARGE_GPU_MAX_NUM_SEQS, LARGE_GPU_MAX_NUM_BATCHED_TOKENS
+    return DEFAULT_MAX_NUM_SEQS, DEFAULT_MAX_NUM_BATCHED_TOKENS
+
 
 MANAGED = ("--max-num-seqs", "--tensor-parallel-size", "--port", "--served-model-name")
 # Short aliases from vLLM's own argparse (vllm/engine/arg_utils.py: `-tp`, `-pp`, `-dp`, `-q`).
