@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
 import pytest
 from cli_runner import run
@@ -269,3 +271,30 @@ def test_vllm_default_runs_and_loads_each_phase_at_the_gpus_default_limit() -> N
     result = bench_trace(setup, trace, knee_rules=KNEE, slo_rules=SLO)
     assert result.policies["vllm-default"].values == "1024"
     assert (setup.vllm_default, setup.batched_tokens) == (1024, 8192)
+
+
+def test_cli_json_has_null_where_a_ratio_has_no_value(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """(was: a 1 ms TPOT target leaves the oracle 0 tok/s, and every ratio to it printed as NaN,
+    which is not JSON) — null in the printed object and in --json-file, and `-` in the table."""
+
+    def strict(text: str) -> dict[str, Any]:
+        def refuse(constant: str) -> None:
+            raise ValueError(f"{constant} is not JSON")
+
+        return json.loads(text, parse_constant=refuse)
+
+    argv = [
+        "bench", *CLI_ENGINE, "--trace", "flapping", "--duration", "300", "--tpot-target-ms", "1",
+        "--candidates", "64,256",
+    ]  # fmt: skip
+    status, out, err = run(capsys, *argv, "--output", "json", "--json-file", str(tmp_path / "bench.json"))
+    assert status == 0, err
+    for document in (strict(out.strip().splitlines()[-1]), strict((tmp_path / "bench.json").read_text())):
+        trace = document["traces"]["flapping"]
+        assert trace["policies"]["oracle"]["sloGoodputTokensPerSecond"] == 0
+        for figures in (*trace["policies"].values(), trace["p99Oracle"], trace["marginOracle"]):
+            assert figures["ratioToOracle"] is None and figures["ratioToP99Oracle"] is None
+    status, out, _ = run(capsys, *argv)
+    assert status == 0 and "nan" not in out.lower()

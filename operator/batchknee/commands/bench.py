@@ -246,9 +246,9 @@ def run(args: argparse.Namespace) -> int:
         plot_bench(results, Path(args.plot))
     document = {"traces": {r.trace.name: r.to_json() for r in results}, "wallSeconds": round(wall, 2)}
     if args.json_file:
-        args.json_file.write_text(json.dumps(document, indent=2) + "\n")
+        args.json_file.write_text(json.dumps(document, indent=2, allow_nan=False) + "\n")
     if args.output == "json":
-        print(json.dumps(document))
+        print(json.dumps(document, allow_nan=False))
     return 0
 
 
@@ -270,6 +270,10 @@ def check_duration(duration_s: float, window_s: int, setup: BenchSetup, traces: 
 
 def _ms(value: float) -> str:
     return "-" if math.isnan(value) else f"{value:,.0f}"
+
+
+def _ratio(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.2f}"
 
 
 def render_table(title: str, args: argparse.Namespace, results: list[TraceResult], wall: float) -> str:
@@ -296,7 +300,7 @@ def render_table(title: str, args: argparse.Namespace, results: list[TraceResult
         rows[after:after] = [(name, f) for name, f in oracles if f is not None]
         for name, f in rows:
             lines.append(
-                f"  {name:<13} {f.slo_goodput:>13,.0f} {f.ratio_to_oracle:>7.2f} {f.ratio_to_p99_oracle:>7.2f} "
+                f"  {name:<13} {f.slo_goodput:>13,.0f} {_ratio(f.ratio_to_oracle):>7} {_ratio(f.ratio_to_p99_oracle):>7} "
                 f"{_ms(f.tpot_p99_ms):>9} {_ms(f.ttft_p99_ms):>9} {f.rollouts:>8} {f.restart_gpu_s:>13,.0f} "
                 f"{f.wall_s:>6.1f}  {f.values}"
             )
@@ -320,10 +324,10 @@ def render_targets(results: list[TraceResult], duration_s: float) -> str:
         p = r.policies
         name = r.trace.name
         # what goal SLO could reach at all: each phase's best value within its own bound, for free
-        ceiling = f"; oracle-margin {r.margin_oracle.ratio_to_oracle:.2f}" if r.margin_oracle else ""
+        ceiling = f"; oracle-margin {_ratio(r.margin_oracle.ratio_to_oracle)}" if r.margin_oracle else ""
         line(
             p["slo"].ratio_to_oracle >= SLO_TO_ORACLE_TARGET,
-            f"{name}: slo ≥ {SLO_TO_ORACLE_TARGET} × oracle ({p['slo'].ratio_to_oracle:.2f}{ceiling})",
+            f"{name}: slo ≥ {SLO_TO_ORACLE_TARGET} × oracle ({_ratio(p['slo'].ratio_to_oracle)}{ceiling})",
         )
         line(
             p["knee"].slo_goodput >= p["vllm-default"].slo_goodput,

@@ -544,7 +544,7 @@ class PolicyFigures:
     def to_json(self) -> dict[str, Any]:
         return {
             "sloGoodputTokensPerSecond": round(self.slo_goodput, 2),
-            "ratioToOracle": round(self.ratio_to_oracle, 4),
+            "ratioToOracle": _finite(self.ratio_to_oracle, 4),
             "tpotP99Ms": _finite(self.tpot_p99_ms),
             "ttftP99Ms": _finite(self.ttft_p99_ms),
             "rollouts": self.rollouts,
@@ -554,7 +554,9 @@ class PolicyFigures:
 
 
 def _finite(x: float, digits: int = 3) -> float | None:
-    return None if math.isnan(x) else round(x, digits)
+    """JSON has no NaN or infinity: a figure with no value (a ratio to an oracle that served
+    nothing, a p99 of no requests) is null."""
+    return round(x, digits) if math.isfinite(x) else None
 
 
 @dataclass(frozen=True)
