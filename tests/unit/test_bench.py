@@ -147,8 +147,9 @@ def test_cli_json_contract(capsys: pytest.CaptureFixture[str]) -> None:
     for figures in policies.values():
         assert set(figures) == {
             "sloGoodputTokensPerSecond", "ratioToOracle", "tpotP99Ms", "ttftP99Ms", "rollouts", "restartGpuSeconds",
-            "ratioToP99Oracle",
+            "ratioToP99Oracle", "servedShare",
         }  # fmt: skip
+        assert 0 < figures["servedShare"] <= 1
     assert policies["oracle"]["ratioToOracle"] == 1.0
     p99_oracle = document["traces"]["flapping"]["p99Oracle"]
     assert p99_oracle["ratioToP99Oracle"] == 1.0
@@ -298,3 +299,34 @@ def test_cli_json_has_null_where_a_ratio_has_no_value(
             assert figures["ratioToOracle"] is None and figures["ratioToP99Oracle"] is None
     status, out, _ = run(capsys, *argv)
     assert status == 0 and "nan" not in out.lower()
+
+
+def test_served_share_shows_the_load_a_limit_sheds_behind_its_better_p99s() -> None:
+    """(was: the p99s counted only finished requests, so a limit that sheds load read as a latency
+    win) — 16 on the flapping trace runs lower TPOT and TTFT p99s than vLLM's 256 because its
+    gateway turns most arrivals away: it serves under half the share 256 does."""
+    trace = standard_traces(600.0)["flapping"]
+    stream = arrivals(SETUP, trace)
+    small, default = (run_policy(SETUP, trace, stream, "static", static=v).figures() for v in (16, 256))
+    assert small["tpotP99Ms"] < default["tpotP99Ms"] and small["ttftP99Ms"] < default["ttftP99Ms"]
+    assert 0 < small["servedShare"] < default["servedShare"] / 2 and default["servedShare"] <= 1
+
+
+def test_each_policy_reports_its_served_share_beside_its_p99s(shift: dict) -> None:
+    """A restart loses the requests in flight and turns arrivals away while down: knee (three
+    restarts) serves fewer than vLLM's default; the table prints the share and says the p99s are
+    over the requests served."""
+    from batchknee.cli import build_parser
+    from batchknee.commands.bench import render_table
+
+    result = shift["result"]  # type: ignore[attr-defined]
+    p = result.policies
+    assert all(0 < f.served_share <= 1 for f in p.values())
+    assert p["knee"].rollouts >= 1 and p["knee"].served_share < p["vllm-default"].served_share
+    args = build_parser().parse_args(["bench", *CLI_ENGINE])
+    table = render_table("engine", args, [result], 1.0)
+    header = next(line for line in table.splitlines() if "policy" in line).split()
+    assert header[header.index("served") + 1 : header.index("served") + 3] == ["TPOT", "p99"]
+    knee_row = next(line for line in table.splitlines() if line.strip().startswith("knee"))
+    assert f"{p['knee'].served_share:.0%}" in knee_row.split()
+    assert "the p99s over the requests served" in table

@@ -276,6 +276,10 @@ def _ratio(value: float) -> str:
     return "-" if math.isnan(value) else f"{value:.2f}"
 
 
+def _share(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.0%}"
+
+
 def render_table(title: str, args: argparse.Namespace, results: list[TraceResult], wall: float) -> str:
     lines = [
         f"engine: {title}, {args.overhead_ms:g} ms per step, {args.bandwidth_efficiency:g} of peak bandwidth",
@@ -291,8 +295,8 @@ def render_table(title: str, args: argparse.Namespace, results: list[TraceResult
             f"trace {trace.name}: "
             + " → ".join(p.name for p in trace.phases[:6])
             + (" …" if len(trace.phases) > 6 else ""),
-            f"  {'policy':<13} {'goodput tok/s':>13} {'÷oracle':>7} {'÷p99 or':>7} {'TPOT p99':>9} "
-            f"{'TTFT p99':>9} {'rollouts':>8} {'restart GPU·s':>13} {'wall s':>6}  max-num-seqs",
+            f"  {'policy':<13} {'goodput tok/s':>13} {'÷oracle':>7} {'÷p99 or':>7} {'served':>6} "
+            f"{'TPOT p99':>9} {'TTFT p99':>9} {'rollouts':>8} {'restart GPU·s':>13} {'wall s':>6}  max-num-seqs",
         ]
         rows = [(name, result.policies[name]) for name in POLICIES]
         oracles = [("oracle-p99", result.p99_oracle), ("oracle-margin", result.margin_oracle)]
@@ -300,13 +304,15 @@ def render_table(title: str, args: argparse.Namespace, results: list[TraceResult
         rows[after:after] = [(name, f) for name, f in oracles if f is not None]
         for name, f in rows:
             lines.append(
-                f"  {name:<13} {f.slo_goodput:>13,.0f} {_ratio(f.ratio_to_oracle):>7} {_ratio(f.ratio_to_p99_oracle):>7} "
-                f"{_ms(f.tpot_p99_ms):>9} {_ms(f.ttft_p99_ms):>9} {f.rollouts:>8} {f.restart_gpu_s:>13,.0f} "
-                f"{f.wall_s:>6.1f}  {f.values}"
+                f"  {name:<13} {f.slo_goodput:>13,.0f} {_ratio(f.ratio_to_oracle):>7} "
+                f"{_ratio(f.ratio_to_p99_oracle):>7} {_share(f.served_share):>6} {_ms(f.tpot_p99_ms):>9} "
+                f"{_ms(f.ttft_p99_ms):>9} {f.rollouts:>8} {f.restart_gpu_s:>13,.0f} {f.wall_s:>6.1f}  {f.values}"
             )
     lines.append(
-        "(latencies in ms; oracle: best static value per phase, switched for free; oracle-p99: the "
-        "same among values whose TPOT p99 in the phase meets the target, - where none does; "
+        "(latencies in ms, the p99s over the requests served; served: the share of arrivals that "
+        "finished — the rest were shed by the gateway's queue, lost to a restart, turned away while "
+        "down or still running at the end; oracle: best static value per phase, switched for free; "
+        "oracle-p99: the same among values whose TPOT p99 in the phase meets the target, - where none does; "
         f"oracle-margin: the same under goal SLO's bound, the target less its {args.slo_margin_percent} % "
         f"margin; wall {wall:.0f} s)"
     )
