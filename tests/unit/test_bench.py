@@ -20,8 +20,10 @@ from batchknee.emulator.bench import (
     bench_trace,
     observe,
     phase_rate,
+    refinement,
     request_lifetime_s,
     run_policy,
+    search_statics,
     snapshot,
     standard_traces,
 )
@@ -30,7 +32,9 @@ NAIVE = DecodeRoofline(find_model("llama-3-8b"), find_gpu("a100-80gb"))
 REAL = DecodeRoofline(NAIVE.model, NAIVE.gpu, bandwidth_efficiency=0.8, overhead_s=0.002)
 KNEE = TuningRules(tpot_p99_target_ms=30, max_max_num_seqs=1024, window_s=120, cooldown_s=120)
 SLO = TuningRules(goal="SLO", tpot_p99_target_ms=30, max_max_num_seqs=1024, window_s=120, cooldown_s=120)
-SETUP = BenchSetup(REAL, NAIVE, KNEE, restart_s=60, candidates=(32, 64, 96, 256))
+# a coarse pass dense where the short traces' best values are (the search refines around them)
+SETUP = BenchSetup(REAL, NAIVE, KNEE, restart_s=60, candidates=(16, 24, 32, 64, 96, 192, 256))
+NEAR_THE_FLAPPING_KNEE = (48, 56, 64, 72)  # ditto for tests of the flapping trace's other figures
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +91,8 @@ def test_knee_beats_vllms_default_where_256_breaks_the_tpot_target() -> None:
     """At 2,048–2,300 tokens of context vLLM's 256 runs TPOT p99 past 60 ms: almost no request meets
     30 ms, while the knee (64) meets it."""
     trace = standard_traces(600.0)["flapping"]
-    result = bench_trace(SETUP, trace, knee_rules=KNEE, slo_rules=SLO)
+    setup = replace(SETUP, candidates=NEAR_THE_FLAPPING_KNEE)
+    result = bench_trace(setup, trace, knee_rules=KNEE, slo_rules=SLO)
     p = result.policies
     assert p["vllm-default"].tpot_p99_ms > 50
     assert p["knee"].slo_goodput > 10 * p["vllm-default"].slo_goodput
@@ -138,7 +143,7 @@ def test_cli_json_contract(capsys: pytest.CaptureFixture[str]) -> None:
         capsys,
         "bench",
         "--model", "llama-3-8b", "--gpu", "a100-80gb", "--overhead-ms", "2", "--bandwidth-efficiency", "0.8",
-        "--trace", "flapping", "--duration", "300", "--candidates", "64,256", "--output", "json",
+        "--trace", "flapping", "--duration", "300", "--candidates", "56,64,72", "--output", "json",
     )  # fmt: skip
     assert status == 0
     document = json.loads(out.strip().splitlines()[-1])
@@ -210,7 +215,7 @@ def test_cli_minimum_duration_under_a_short_window_is_one_request_of_the_first_p
     needed = math.ceil(lifetime)
     assert 30 < needed < 300
     argv = [
-        "bench", *CLI_ENGINE, "--trace", "flapping", "--window-seconds", "30", "--candidates", "64,256",
+        "bench", *CLI_ENGINE, "--trace", "flapping", "--window-seconds", "30", "--candidates", "56,64,72",
         "--output", "json",
     ]  # fmt: skip
     status, _, err = run(capsys, *argv, "--duration", str(needed - 1))
@@ -264,7 +269,10 @@ def test_vllm_default_runs_and_loads_each_phase_at_the_gpus_default_limit() -> N
     """On an H100 the default policy is 1,024 and each phase's load is that limit's capacity."""
     h100 = DecodeRoofline(NAIVE.model, find_gpu("h100-sxm"), bandwidth_efficiency=0.8, overhead_s=0.002)
     setup = replace(
-        SETUP, roofline=h100, operator_roofline=replace(h100, bandwidth_efficiency=1.0, overhead_s=0.0)
+        SETUP,
+        roofline=h100,
+        operator_roofline=replace(h100, bandwidth_efficiency=1.0, overhead_s=0.0),
+        candidates=NEAR_THE_FLAPPING_KNEE,
     )
     phase = standard_traces()["flapping"].phases[0]
     assert phase_rate(setup, phase) * request_lifetime_s(setup, phase) == pytest.approx(1024)
@@ -288,7 +296,7 @@ def test_cli_json_has_null_where_a_ratio_has_no_value(
 
     argv = [
         "bench", *CLI_ENGINE, "--trace", "flapping", "--duration", "300", "--tpot-target-ms", "1",
-        "--candidates", "64,256",
+        "--candidates", "56,64,72",
     ]  # fmt: skip
     status, out, err = run(capsys, *argv, "--output", "json", "--json-file", str(tmp_path / "bench.json"))
     assert status == 0, err
@@ -330,3 +338,56 @@ def test_each_policy_reports_its_served_share_beside_its_p99s(shift: dict) -> No
     knee_row = next(line for line in table.splitlines() if line.strip().startswith("knee"))
     assert f"{p['knee'].served_share:.0%}" in knee_row.split()
     assert "the p99s over the requests served" in table
+
+
+def test_the_hindsight_search_refines_between_coarse_candidates_to_the_policies_grid() -> None:
+    """(was: best-static and the oracle took the best of a coarse grid — 96, 112, 128, 160, … —
+    where goodput falls off a cliff between neighbours: on the prefix chat 152 beats 128 by 5 %
+    and 168 collapses) — every value the policies can set between the coarse neighbours of each
+    phase's best: multiples of 8, of 4 under 64 and of 2 under 32, as goal SLO rounds."""
+    # two phases whose goodput rises with the limit up to a cliff just past 52 and 104
+    cliffs = (52, 104)
+    runs: list[int] = []
+
+    def run(value: int) -> list[float]:
+        runs.append(value)
+        return [float(value) if value <= cliff else 0.0 for cliff in cliffs]
+
+    def bests(found: dict[int, list[float]]) -> set[int]:
+        return {max(found, key=lambda v, p=p: found[v][p]) for p in range(len(cliffs))}  # type: ignore[misc]
+
+    coarse = (16, 32, 64, 128, 256)
+    found = search_statics(coarse, 8, run, bests)
+    assert bests(found) == {52, 104}
+    assert sorted(runs) == sorted(found) and len(runs) == len(set(runs))  # each value run once
+    # the coarse bests 32 and 64 refine 16–64 and 32–128 on the policies' grid, nothing else
+    assert sorted(set(found) - set(coarse)) == [
+        *range(18, 32, 2), *range(36, 64, 4), *range(72, 128, 8)
+    ]  # fmt: skip
+    # a wider gap is halved until the best's neighbours are at most 8 values away, then filled
+    assert refinement(coarse, 256, 8) == [192]  # and nothing above the top candidate
+    assert refinement((192, 256), 256, 8) == list(range(200, 256, 8))
+
+
+def test_the_baselines_do_not_depend_on_the_values_the_goals_chose() -> None:
+    """(was: the values knee and slo set joined the static candidates, so a goal that found a value
+    between coarse candidates lifted the oracle it was measured against) — goals pinned at 60, the
+    best of the flapping trace's 2,300-token phases, or at 200 leave every baseline as it is."""
+    trace = standard_traces(300.0)["flapping"]
+    setup = replace(SETUP, candidates=(48, 64, 96, 256))
+
+    def baselines(pinned: int) -> dict[str, tuple[dict[str, Any], str]]:
+        goals = TuningRules(mode="Pinned", pinned_max_num_seqs=pinned, window_s=60)
+        slo = replace(goals, goal="SLO", tpot_p99_target_ms=30)
+        result = bench_trace(setup, trace, knee_rules=goals, slo_rules=slo)
+        assert result.policies["knee"].values == str(pinned)
+        named = {**result.policies, "oracle-p99": result.p99_oracle, "oracle-margin": result.margin_oracle}
+        return {
+            name: (figures.to_json(), figures.values)
+            for name, figures in named.items()
+            if figures is not None and name not in ("knee", "slo")
+        }
+
+    at_the_best = baselines(60)
+    assert "60" in at_the_best["oracle"][1].split(" | ")  # found by the search, not taken from the goals
+    assert at_the_best == baselines(200)

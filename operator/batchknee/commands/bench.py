@@ -1,8 +1,8 @@
 """`batchknee bench`: batchknee's closed loop against static settings, in simulated time.
 
-For each trace the same Poisson arrivals are replayed against vLLM's default limit, every static
-value (the best in hindsight, and the best per phase: the oracle) and batchknee's goals Knee and
-SLO, each driving the engine simulation through the real `decide()` with a restart per rollout.
+For each trace the same Poisson arrivals are replayed against vLLM's default limit, static values
+(searched for the best in hindsight, and the best per phase: the oracle) and batchknee's goals Knee
+and SLO, each driving the engine simulation through the real `decide()` with a restart per rollout.
 `--output json` prints one JSON object on its last line.
 """
 
@@ -104,7 +104,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--candidates",
         type=int_list,
-        help="static values tried for best-static and the oracles (default: every multiple of 8 to 96, then 112 … 512)",
+        help="the coarse pass of static values for best-static and the oracles, vLLM's default always "
+        "among them (default: every multiple of 8 to 96, then 112 … 512); the search then tries the "
+        "values batchknee can set between each best and its neighbours",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", choices=("table", "json"), default="table")

@@ -17,10 +17,12 @@ gateway sheds load beyond a queue of max-num-seqs/16 requests (vLLM's `--max-num
 limit too small loses the requests it cannot serve instead of queueing them for ever.
 
 Policies: `vllm-default` (vLLM's default --max-num-seqs and --max-num-batched-tokens for the GPU
-throughout), `best-static` (the single value that did best over the
-whole trace, in hindsight), `oracle` (the best value per phase in hindsight, switched for free),
-`knee` and `slo` (batchknee's goals). SLO goodput counts the output tokens of requests that met
-both the TPOT and the TTFT target, per simulated second. Pure: simulated time only.
+throughout), `best-static` (the single value that did best over the whole trace, in hindsight),
+`oracle` (the best value per phase in hindsight, switched for free), `knee` and `slo` (batchknee's
+goals). The hindsight baselines search static values whatever the goals chose: a coarse grid, then
+every value the policies could set (their granularity, finer at small batches) between each best
+and the values tried beside it (`search_statics`). SLO goodput counts the output tokens of requests that met both the TPOT
+and the TTFT target, per simulated second. Pure: simulated time only.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import random
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from batchknee.core.observation import Observation, Reading
 from batchknee.core.policy import (
@@ -45,6 +47,7 @@ from batchknee.core.policy import (
     decide,
     record,
 )
+from batchknee.core.recommend import round_down_fine
 from batchknee.core.roofline import DecodeRoofline, PrefillMix
 from batchknee.emulator.engine import FINISHED, Engine, EngineConfig, Request, vllm_num_gpu_blocks
 from batchknee.emulator.stats import TPOT_BUCKETS, TTFT_BUCKETS, Histogram, percentile
@@ -52,6 +55,7 @@ from batchknee.emulator.workload import LoadGenerator, LoadSpec, Schedule
 from batchknee.engines import vllm
 
 POLICIES = ("vllm-default", "best-static", "oracle", "knee", "slo")
+# the hindsight search's coarse pass (refined around its bests: search_statics)
 CANDIDATES = (16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512)
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)  # simulated time 0, for the policy's datetimes
 OUTPUT_SPREAD = 0.5
@@ -534,6 +538,58 @@ def run_policy(
     return result
 
 
+# --- the hindsight search --------------------------------------------------------------------------
+
+Run = TypeVar("Run")
+# a gap of at most this many of the policies' values is tried whole (the default grid's widest,
+# 256–320 … 448–512, holds 7); a wider one (a sparse --candidates, 512–1,024 on a GPU whose
+# default is 1,024) is halved first
+FILL_VALUES = 8
+
+
+def grid_between(low: int, high: int, granularity: int) -> list[int]:
+    """The values the policies can set strictly between `low` and `high`: multiples of the
+    granularity, finer under 8 × it as goal SLO rounds (`round_down_fine`)."""
+    return [v for v in range(low + 1, high) if round_down_fine(v, granularity) == v]
+
+
+def refinement(tried: Iterable[int], best: int, granularity: int) -> list[int]:
+    """What to try beside `best`: on each side, the policies' values between it and the nearest
+    value tried — all of them where they are at most FILL_VALUES, else the middle one."""
+    values = set(tried)
+    below = max((v for v in values if v < best), default=None)
+    above = min((v for v in values if v > best), default=None)
+    out: list[int] = []
+    for low, high in ((below, best), (best, above)):
+        if low is None or high is None:
+            continue  # the grid's edge: the search stays within the candidates
+        between = grid_between(low, high, granularity)
+        out += between if len(between) <= FILL_VALUES else [between[len(between) // 2]]
+    return out
+
+
+def search_statics(
+    coarse: Iterable[int],
+    granularity: int,
+    run: Callable[[int], Run],
+    bests: Callable[[dict[int, Run]], Iterable[int]],
+) -> dict[int, Run]:
+    """Static runs for the hindsight baselines: each coarse value, then the policies' values
+    beside each value `bests` picks from the runs so far (`refinement`), until every pick's
+    neighbours on the policies' grid are run. Goodput falls off a cliff between coarse neighbours
+    (the best value sits just under it), so the coarse grid alone misses the best by up to a step.
+    One run serves every phase, so each round tries the union of the picks' neighbourhoods."""
+    runs = {v: run(v) for v in sorted(set(coarse))}
+    while True:
+        missing = sorted(
+            {v for best in bests(runs) for v in refinement(runs, best, granularity)} - runs.keys()
+        )
+        if not missing:
+            return dict(sorted(runs.items()))
+        for value in missing:
+            runs[value] = run(value)
+
+
 # --- the comparison --------------------------------------------------------------------------------
 
 
@@ -616,22 +672,53 @@ def bench_trace(
 
     knee = timed("knee", rules=knee_rules)
     slo = timed("slo", rules=slo_rules)
-    values = sorted(
-        {*setup.candidates, setup.vllm_default, *(v for _, v in knee.values), *(v for _, v in slo.values)}
-    )
-    statics = {v: timed(f"static-{v}", static=v) for v in values}
-    static_wall = max(walls[f"static-{v}"] for v in values)
     phases = range(len(trace.phases))
-    per_phase = {v: [run.good(trace, p) for p in phases] for v, run in statics.items()}
-    best_value = max(values, key=lambda v: sum(per_phase[v]))
+    per_phase: dict[int, list[float]] = {}  # each static value's goodput per phase
+    phase_p99: dict[int, list[float]] = {}  # and its TPOT p99 per phase
+
+    def static_run(value: int) -> RunResult:
+        run = timed(f"static-{value}", static=value)
+        per_phase[value] = [run.good(trace, p) for p in phases]
+        phase_p99[value] = [_phase_tpot_p99(run, trace, p) for p in phases]
+        return run
+
+    target_s = trace.tpot_target_ms / 1e3
+    margin_s = target_s * (1 - slo_rules.slo_margin_percent / 100)
+
+    def picks_within(values: Iterable[int], limit_s: float) -> list[int | None]:
+        """Per phase, the best of `values` whose TPOT p99 in the phase is at most `limit_s` (None
+        where none is); the smallest of equals."""
+        ordered = sorted(values)
+        picks: list[int | None] = []
+        for p in phases:
+            meeting = [v for v in ordered if phase_p99[v][p] <= limit_s]
+            picks.append(max(meeting, key=lambda v, p=p: per_phase[v][p]) if meeting else None)  # type: ignore[misc]
+        return picks
+
+    def best_static(values: Iterable[int]) -> int:
+        return max(sorted(values), key=lambda v: sum(per_phase[v]))
+
+    def baselines_picks(runs: dict[int, RunResult]) -> set[int]:
+        picks = {best_static(runs)}
+        for limit_s in (math.inf, target_s, margin_s):
+            picks.update(v for v in picks_within(runs, limit_s) if v is not None)
+        return picks
+
+    # independent of what the goals chose: the same arrivals give the same baselines
+    statics = search_statics(
+        (*setup.candidates, setup.vllm_default),
+        min(knee_rules.granularity, slo_rules.granularity),
+        static_run,
+        baselines_picks,
+    )
+    values = list(statics)
+    static_wall = max(walls[f"static-{v}"] for v in values)
+    best_value = best_static(values)
 
     def oracle_within(limit_s: float) -> tuple[RunResult, float, str]:
         """The best value per phase among those whose TPOT p99 in the phase is at most `limit_s`,
         switched for free (a phase where none is counts nothing): its run, goodput and picks."""
-        picks: list[int | None] = []
-        for p in phases:
-            meeting = [v for v in values if _phase_tpot_p99(statics[v], trace, p) <= limit_s]
-            picks.append(max(meeting, key=lambda v, p=p: per_phase[v][p]) if meeting else None)  # type: ignore[misc]
+        picks = picks_within(values, limit_s)
         chosen = [(p, v) for p, v in zip(phases, picks, strict=True) if v is not None]
         served = [row for p, v in chosen for row in statics[v].served if trace.phase_at(row[0]) == p]
         goodput = sum(per_phase[v][p] for p, v in chosen)
@@ -641,12 +728,9 @@ def bench_trace(
             " | ".join("-" if v is None else str(v) for v in picks),
         )
 
-    target_s = trace.tpot_target_ms / 1e3
     oracle, oracle_goodput, oracle_values = oracle_within(math.inf)
     p99_oracle, p99_goodput, p99_values = oracle_within(target_s)
-    margin_oracle, margin_goodput, margin_values = oracle_within(
-        target_s * (1 - slo_rules.slo_margin_percent / 100)
-    )
+    margin_oracle, margin_goodput, margin_values = oracle_within(margin_s)
 
     def figures(run: RunResult, goodput: float, values_text: str, wall: float) -> PolicyFigures:
         f = run.figures()
