@@ -26,15 +26,21 @@ class ApplyConflict(ApplyError):
 
 
 class TransientApiError(Exception):
-    """The apiserver stayed busy or in conflict (409, 429, 5xx) through the adapter's retries: the
-    next reconcile tries again; Degraded says so only once it has lasted
-    (reconcile.API_ERRORS_DEGRADED_AFTER)."""
+    """The apiserver stayed busy or in conflict (409, 429, 5xx), or did not answer (a timeout, a
+    connection refused or lost, a TLS error), through the adapter's retries: the next reconcile
+    tries again; Degraded says so only once it has lasted (reconcile.API_ERRORS_DEGRADED_AFTER)."""
 
     def __init__(self, summary: str, detail: str = "") -> None:
-        # summary: the call and its status code with the standard phrase, nothing the server (or a
-        # proxy in front of it) wrote: for status and Events; detail: what the answer said, for logs
+        # summary: the call and its status code with the standard phrase (or a fixed phrase for no
+        # answer), nothing the server (or a proxy in front of it, or the exception) wrote: for
+        # status and Events; detail: what the answer or the exception said, for logs
         self.summary = summary
         super().__init__(f"{summary}: {detail}" if detail else summary)
+
+
+class ObjectGone(Exception):
+    """The LLMServing was deleted while the reconcile ran (its status write found none): there is
+    nothing to write and nothing to try again."""
 
 
 class KubernetesPort(Protocol):
@@ -78,7 +84,8 @@ class KubernetesPort(Protocol):
         ...
 
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        """Replace the LLMServing's status through the status subresource."""
+        """Replace the LLMServing's status through the status subresource. Raises ObjectGone when
+        the LLMServing is no longer stored."""
         ...
 
     def list_config_maps(self, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:

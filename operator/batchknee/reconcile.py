@@ -97,6 +97,7 @@ from batchknee.ports import (
     KubernetesPort,
     LiveCap,
     LiveCapError,
+    ObjectGone,
     Observer,
     TransientApiError,
 )
@@ -300,7 +301,9 @@ def reconcile(
 ) -> Outcome:
     """Converge one LLMServing. When its Deployment changed between the read and the write (another
     operator, a restart that read an older state, a user's edit), the write is refused by its
-    resourceVersion precondition and the whole decision is made again once from a fresh read.
+    resourceVersion precondition and the whole decision is made again once from a fresh read. An
+    LLMServing deleted while its reconcile ran (its status write finds none) is gone: not found,
+    and nothing else (no error, no retry).
 
     `engine_calls=False`: this evaluation runs where calls to engine pods must not (the shared
     workers, outside its namespace's Live lane); a spec asking for Live actuation is left for the
@@ -323,6 +326,10 @@ def reconcile(
         this = _Reconcile(raw, ports, now)
         try:
             outcome = this.run()
+        except ObjectGone:
+            this.unsent.clear()  # about an object no longer there
+            log.debug("%s/%s: deleted while it was reconciled", namespace, name)
+            return Outcome(namespace, name, found=False)
         finally:
             this.send_events()  # any a reconcile that stopped before its status write queued
         if not outcome.conflict:
@@ -330,9 +337,10 @@ def reconcile(
     return outcome
 
 
-# Busy or failing apiserver answers (409, 429, 5xx) are retried, and the next evaluation tries again;
-# when every reconcile has ended on one for this long it is no passing load spike (an admission
-# webhook that always fails, an apiserver that stays overloaded) and Degraded says so.
+# Busy or failing apiserver answers (409, 429, 5xx), and no answer (a timeout, a connection refused or
+# lost), are retried as the adapter allows, and the next evaluation tries again; when every reconcile
+# has ended on one for this long it is no passing load spike (an admission webhook that always fails
+# or never answers, an apiserver that stays overloaded) and Degraded says so.
 API_ERRORS_DEGRADED_AFTER = timedelta(minutes=5)
 
 
@@ -354,6 +362,9 @@ def report_api_errors(
         this = _Reconcile(raw, ports, now)
         try:
             return this.api_errors(error.summary, since)
+        except ObjectGone:
+            this.unsent.clear()
+            return Outcome(namespace, name, found=False)
         finally:
             this.send_events()
     except TransientApiError as still:  # the status write meets the same apiserver

@@ -6,13 +6,22 @@ from __future__ import annotations
 import copy
 import itertools
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from batchknee.adopt import tuned_workload, tuner
 from batchknee.core.observation import Observation, ObservationTarget, Reading
-from batchknee.ports import ApplyConflict, ApplyError, EventType, LiveCap, LiveCapError, TransientApiError
+from batchknee.ports import (
+    ApplyConflict,
+    ApplyError,
+    EventType,
+    LiveCap,
+    LiveCapError,
+    ObjectGone,
+    TransientApiError,
+)
 
 START = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 
@@ -45,6 +54,12 @@ class MemoryKube:
     fail_status: bool = False
     fail_events: bool = False
     busy_applies: int = 0  # this many applies answer as an apiserver still busy after retries
+    # what such an apply raises, given the call ("apply Deployment chat")
+    busy_error: Callable[[str], TransientApiError] = field(
+        default=lambda what: TransientApiError(
+            f"{what}: 429 Too Many Requests (after 4 tries)", "storage is (re)initializing"
+        )
+    )
     # objects a create met (someone else's) whose taking back keeps failing (KubernetesAdapter)
     not_taken_back: set[Key] = field(default_factory=set)
     _uids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
@@ -109,8 +124,7 @@ class MemoryKube:
             raise ApplyError(f"{kind} {meta['name']}: admission webhook denied the request")
         if self.busy_applies > 0:
             self.busy_applies -= 1
-            summary = f"apply {kind} {meta['name']}: 429 Too Many Requests (after 4 tries)"
-            raise TransientApiError(summary, "storage is (re)initializing")
+            raise self.busy_error(f"apply {kind} {meta['name']}")
         key = (kind, meta["namespace"], meta["name"])
         new = copy.deepcopy(obj)
         old = self.objects.get(key)
@@ -164,7 +178,10 @@ class MemoryKube:
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         if self.fail_status:
             raise RuntimeError("connection reset while writing status")
-        self.objects[("LLMServing", namespace, name)]["status"] = copy.deepcopy(status)
+        stored = self.objects.get(("LLMServing", namespace, name))
+        if stored is None:  # the adapter's 404
+            raise ObjectGone(f"LLMServing {namespace}/{name}")
+        stored["status"] = copy.deepcopy(status)
         self.status_writes += 1
 
     def emit_event(

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import logging
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -12,7 +14,9 @@ import pytest
 from conftest import World, llmserving
 from fakes import MemoryObserver, observation
 from prometheus_client import generate_latest
+from urllib3.exceptions import ReadTimeoutError
 
+from batchknee.adapters.kubernetes import with_retries
 from batchknee.adapters.observing import RoutedObserver
 from batchknee.core.observation import Observation, ObservationTarget
 from batchknee.handlers import Runtime
@@ -81,13 +85,38 @@ def test_a_busy_apiserver_is_retried_later_and_does_not_degrade_at_once(world: W
     assert world.kube.condition("default", "chat", "Degraded")["status"] == "False"
 
 
+def timed_out(what: str) -> TransientApiError:
+    """What the adapter makes of a call that got no answer within its timeout (an admission webhook
+    that hangs): urllib3's ReadTimeoutError through the adapter's retries."""
+
+    def hang() -> None:
+        raise ReadTimeoutError(None, "/apis/apps/v1/namespaces/default/deployments/chat", "Read timed out.")
+
+    try:
+        with_retries(hang, what, timeout_s=10)
+    except TransientApiError as error:
+        return error
+    raise AssertionError("a timeout is transient")
+
+
+BUSY = "apply Deployment chat: 429 Too Many Requests (after 4 tries)"
+HANGING = "apply Deployment chat: no answer in 10 s (after 1 try)"
+
+
+@pytest.mark.parametrize(
+    ("error", "summary", "detail"),
+    [(None, BUSY, "storage is"), (timed_out, HANGING, "Read timed out")],
+    ids=["busy", "no-answer"],
+)
 def test_an_apiserver_that_keeps_failing_is_degraded_after_five_minutes_until_a_write_goes_through(
-    world: World,
+    world: World, error: Callable[[str], TransientApiError] | None, summary: str, detail: str
 ) -> None:
     """A retune's apply meets a busy apiserver at every evaluation (an admission webhook that always
-    fails looks the same): for five minutes each is retried at the next evaluation and nothing is
-    reported; from then on Degraded says so, once as an Event, and nothing else changes; the first
-    reconcile that goes through clears it and rolls."""
+    fails, or never answers, looks the same): for five minutes each is retried at the next
+    evaluation and nothing is reported; from then on Degraded says so, once as an Event, and nothing
+    else changes; the first reconcile that goes through clears it and rolls."""
+    if error is not None:
+        world.kube.busy_error = error
     world.kube.create(llmserving())
     world.observer.set("default", "chat", observation(world.clock.now, ctx=2048))
     world.reconcile()
@@ -110,8 +139,8 @@ def test_an_apiserver_that_keeps_failing_is_degraded_after_five_minutes_until_a_
     degraded = world.kube.condition("default", "chat", "Degraded")
     assert (degraded["status"], degraded["reason"]) == ("True", "ApiErrors")
     assert "since 2026-" in degraded["message"]
-    assert "apply Deployment chat: 429 Too Many Requests (after 4 tries)" in degraded["message"]
-    assert "storage is" not in degraded["message"]  # what the answer said stays in the log
+    assert summary in degraded["message"]
+    assert detail not in degraded["message"]  # what the answer (or urllib3) said stays in the log
     assert outcome.error is not None and applied(world) == 64
     assert [e["reason"] for e in world.kube.events[events:]] == ["ApiErrors"]  # once, not per evaluation
     world.kube.busy_applies = 0
@@ -120,6 +149,31 @@ def test_an_apiserver_that_keeps_failing_is_degraded_after_five_minutes_until_a_
     assert applied(world) == 16
     cleared = world.kube.condition("default", "chat", "Degraded")
     assert (cleared["status"], cleared["reason"]) == ("False", "AsExpected")
+    assert runtime.api_failing_since == {}
+
+
+def test_an_llmserving_deleted_as_its_status_is_written_is_gone_not_an_error(
+    world: World, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The status write of a reconcile that raced the LLMServing's deletion finds none (the
+    adapter's 404): the object is gone (not found: the runtime frees its state), with no error,
+    no retry and no log line."""
+    world.kube.create(llmserving())
+    world.observer.set("default", "chat", observation(world.clock.now, ctx=2048))
+    write = world.kube.patch_status
+
+    def deleted_first(namespace: str, name: str, status: dict[str, Any]) -> None:
+        world.kube.objects.pop(("LLMServing", namespace, name))
+        write(namespace, name, status)
+
+    monkeypatch.setattr(world.kube, "patch_status", deleted_first)
+    metrics = OperatorMetrics()
+    runtime = Runtime(world.ports, RoutedObserver(world.observer, "http://127.0.0.1:9090"), metrics)
+    with caplog.at_level(logging.INFO):
+        outcome = runtime.reconcile("default", "chat")
+    assert not outcome.found and outcome.error is None
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert metrics.errors._value.get() == 0
     assert runtime.api_failing_since == {}
 
 

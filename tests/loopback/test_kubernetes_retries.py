@@ -1,22 +1,30 @@
-"""Transient apiserver answers (409, 429, 5xx) are retried with backoff; others are not.
+"""Transient apiserver answers (409, 429, 5xx) are retried with backoff; others are not. No answer
+at all (a timeout, a connection refused or lost, a TLS error) is transient too, and costs a call
+one timeout at most.
 
-A loopback HTTP server stands in for an apiserver that is busy: it answers from a script."""
+A loopback HTTP server stands in for an apiserver that is busy: it answers from a script; a loopback
+TCP server for one that does not answer."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
+import socket
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 from kubernetes import client
+from urllib3.exceptions import ConnectTimeoutError, LocationValueError, MaxRetryError, ReadTimeoutError
 
 from batchknee.adapters import kubernetes as kube_adapter
-from batchknee.adapters.kubernetes import KubernetesAdapter
-from batchknee.ports import ApplyConflict, ApplyError, TransientApiError
+from batchknee.adapters.kubernetes import KubernetesAdapter, pooled_client, with_retries
+from batchknee.ports import ApplyConflict, ApplyError, ObjectGone, TransientApiError
 
 DEPLOYMENT = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "chat", "namespace": "ml"}}
 # a change to an object the operator read as its own: conditional on the resourceVersion read
@@ -63,7 +71,7 @@ def apiserver() -> Iterator[tuple[Script, KubernetesAdapter]]:
     thread.start()
     configuration = client.Configuration()
     configuration.host = f"http://127.0.0.1:{server.server_address[1]}"
-    api = client.ApiClient(configuration)
+    api = pooled_client(4, configuration)  # the operator's client (urllib3's own retries off)
     try:
         yield script, KubernetesAdapter(api, timeout_s=5)
     finally:
@@ -304,3 +312,214 @@ def test_a_named_event_answered_5xx_then_already_there_is_recorded(
         "namespace": "ml",
         "generateName": "chat.",
     }
+
+
+# --- no answer -------------------------------------------------------------------------------------
+
+TIMEOUT_S = 0.3
+
+
+class Silent:
+    """A loopback TCP server that reads each request and then does `then` with its connection:
+    `hold` (an apiserver, or a webhook behind it, that never answers), `drop` (closes it without an
+    answer) or `stall` (the start of an answer, then nothing)."""
+
+    def __init__(self, then: Callable[[socket.socket], None]) -> None:
+        self.then = then
+        self.connections = 0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return  # closed
+            self.connections += 1
+            threading.Thread(target=self.answer, args=(conn,), daemon=True).start()
+
+    def answer(self, conn: socket.socket) -> None:
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                data += chunk
+            self.then(conn)
+
+    def adapter(self) -> KubernetesAdapter:
+        configuration = client.Configuration()
+        configuration.host = f"http://127.0.0.1:{self.port}"
+        return KubernetesAdapter(pooled_client(4, configuration), timeout_s=TIMEOUT_S)
+
+
+def hold(conn: socket.socket) -> None:
+    conn.settimeout(10)
+    with contextlib.suppress(OSError):
+        while conn.recv(65536):  # until the client gives up and closes it
+            pass
+
+
+def drop(conn: socket.socket) -> None:
+    pass  # closed without an answer, as a kept-alive connection the apiserver dropped
+
+
+def stall(conn: socket.socket) -> None:
+    """Headers and the start of a body, then nothing."""
+    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{")
+    hold(conn)
+
+
+@pytest.fixture
+def silent() -> Iterator[Callable[[Callable[[socket.socket], None]], Silent]]:
+    servers: list[Silent] = []
+
+    def start(then: Callable[[socket.socket], None]) -> Silent:
+        servers.append(Silent(then))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.listener.close()
+
+
+def timed(call: Callable[[], Any]) -> tuple[TransientApiError, float]:
+    started = time.monotonic()
+    with pytest.raises(TransientApiError) as raised:
+        call()
+    return raised.value, time.monotonic() - started
+
+
+def test_an_apiserver_that_never_answers_costs_each_call_one_timeout_and_is_transient(
+    silent: Callable[[Callable[[socket.socket], None]], Silent],
+) -> None:
+    """urllib3's own retries asked a GET four times (each its own timeout) and ended in a raw
+    MaxRetryError; a write in a raw ReadTimeoutError. A timeout is not asked again: the deadline is
+    spent, and the request may have been received."""
+    server = silent(hold)
+    adapter = server.adapter()
+    calls: list[tuple[Callable[[], Any], str]] = [
+        (lambda: adapter.get_deployment("ml", "chat"), "get Deployment ml/chat"),
+        (lambda: adapter.list_pods("ml", {"app": "chat"}), "list pods ml app=chat"),
+        (lambda: adapter.apply(UPDATE), "apply Deployment ml/chat"),
+        (lambda: adapter.patch_status("ml", "chat", {}), "write the status of LLMServing ml/chat"),
+    ]
+    for call, what in calls:
+        before = server.connections
+        error, took = timed(call)
+        assert server.connections - before == 1, what
+        assert took < 3 * TIMEOUT_S, what  # four timeouts before
+        assert error.summary == f"{what}: no answer in {TIMEOUT_S:g} s (after 1 try)"
+        assert "timed out" in str(error)  # what urllib3 said: in the detail, for the log
+
+
+def test_an_answer_whose_body_stops_coming_is_a_timeout_too(
+    silent: Callable[[Callable[[socket.socket], None]], Silent],
+) -> None:
+    """The body of an answer asked for unread is read within the retried call, not after it."""
+    adapter = silent(stall).adapter()
+    error, took = timed(lambda: adapter.get_deployment("ml", "chat"))
+    assert error.summary == f"get Deployment ml/chat: no answer in {TIMEOUT_S:g} s (after 1 try)"
+    assert took < 3 * TIMEOUT_S
+
+
+def test_a_closed_port_is_asked_again_within_the_bounded_retries_then_transient() -> None:
+    """Nothing was sent: even a create may be asked again."""
+    with socket.create_server(("127.0.0.1", 0)) as placeholder:
+        port = placeholder.getsockname()[1]
+    configuration = client.Configuration()
+    configuration.host = f"http://127.0.0.1:{port}"
+    adapter = KubernetesAdapter(pooled_client(4, configuration), timeout_s=TIMEOUT_S)
+    for call, what in [
+        (lambda: adapter.get_deployment("ml", "chat"), "get Deployment ml/chat"),
+        (lambda: adapter.apply({**DEPLOYMENT, "spec": {}}), "apply Deployment ml/chat"),
+    ]:
+        error, _ = timed(call)
+        assert error.summary == f"{what}: connection failed (after 4 tries)"
+        assert "refused" in str(error)
+
+
+def test_a_connection_lost_after_the_request_went_is_asked_again_only_where_a_5xx_would_be(
+    silent: Callable[[Callable[[socket.socket], None]], Silent],
+) -> None:
+    """A create whose connection dropped may have been made (as after a 5xx): the next evaluation
+    reads it instead. A read, or a write conditional on the version read, is asked again."""
+    server = silent(drop)
+    adapter = server.adapter()
+    error, _ = timed(lambda: adapter.apply({**DEPLOYMENT, "spec": {}}))
+    assert error.summary == "apply Deployment ml/chat: connection lost (after 1 try)"
+    assert server.connections == 1
+    error, _ = timed(lambda: adapter.apply(UPDATE))
+    assert error.summary == "apply Deployment ml/chat: connection lost (after 4 tries)"
+    assert server.connections == 5
+
+
+def test_a_tls_error_is_transient(apiserver: tuple[Script, KubernetesAdapter]) -> None:
+    """The kubernetes client turns a TLS error into ApiException(status=0): no answer, not a
+    refusal. (An https client against the loopback HTTP server: its handshake fails.)"""
+    _, plain = apiserver
+    configuration = client.Configuration()
+    configuration.host = plain.api_client.configuration.host.replace("http://", "https://")
+    configuration.verify_ssl = False
+    adapter = KubernetesAdapter(pooled_client(4, configuration), timeout_s=TIMEOUT_S)
+    error, _ = timed(lambda: adapter.get_deployment("ml", "chat"))
+    assert error.summary == "get Deployment ml/chat: TLS error (after 4 tries)"
+    assert "SSL" in str(error) and "\n" not in str(error)
+    error, _ = timed(lambda: adapter.apply({**DEPLOYMENT, "spec": {}}))
+    assert error.summary == "apply Deployment ml/chat: TLS error (after 1 try)"
+
+
+def test_the_peering_objects_are_made_with_a_timeout_and_a_warning_when_none_answers(
+    silent: Callable[[Callable[[socket.socket], None]], Silent], caplog: pytest.LogCaptureFixture
+) -> None:
+    """At the operator's start: an apiserver that accepts and never answers held it for good."""
+    server = silent(hold)
+    adapter = server.adapter()
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger=kube_adapter.__name__):
+        adapter.ensure_peering("batchknee", ["ml", "serving"])
+    assert time.monotonic() - started < 2 * 3 * TIMEOUT_S
+    assert server.connections == 2
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == [
+        "could not create the KopfPeering 'batchknee'"
+    ] * 2
+    with pytest.raises(TransientApiError, match="no answer"):
+        adapter.peering_statuses("batchknee", ["ml"])
+
+
+def test_a_status_written_as_the_llmserving_is_deleted_finds_it_gone(
+    apiserver: tuple[Script, KubernetesAdapter],
+) -> None:
+    script, adapter = apiserver
+    script.answers = [status(404, "NotFound")]
+    with pytest.raises(ObjectGone):
+        adapter.patch_status("ml", "chat", {"action": "hold"})
+    assert len(script.requests) == 1
+
+
+def test_a_connect_timeout_is_not_asked_again_and_a_wrapped_error_is_sorted_as_its_reason() -> None:
+    """A connection that did not open within the timeout sent nothing, but spent the deadline; a
+    client with urllib3's own retries on (not the operator's) wraps the last error in MaxRetryError.
+    A URL that does not parse is no passing failure: raised as it is."""
+    tries: list[str] = []
+
+    def failing(error: Exception) -> Callable[[], None]:
+        def call() -> None:
+            tries.append(type(error).__name__)
+            raise error
+
+        return call
+
+    with pytest.raises(TransientApiError) as raised:
+        with_retries(failing(ConnectTimeoutError("connect timed out")), "get x", timeout_s=10)
+    assert raised.value.summary == "get x: no connection in 10 s (after 1 try)" and len(tries) == 1
+    wrapped = MaxRetryError(None, "/x", ReadTimeoutError(None, "/x", "Read timed out."))
+    with pytest.raises(TransientApiError) as raised:
+        with_retries(failing(wrapped), "get x", timeout_s=10)
+    assert raised.value.summary == "get x: no answer in 10 s (after 1 try)" and len(tries) == 2
+    with pytest.raises(LocationValueError):
+        with_retries(failing(LocationValueError("no host")), "get x", timeout_s=10)
+    assert len(tries) == 3

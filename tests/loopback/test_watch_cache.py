@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from test_kubernetes_retries import Script, apiserver
 
 from batchknee.adapters.kubernetes import KubernetesAdapter, WatchCache
 from batchknee.handlers import remember
+from batchknee.ports import ApplyConflict
 from batchknee.render import LABEL
 
 __all__ = ["apiserver"]
@@ -143,3 +145,26 @@ def test_the_adapter_reads_the_cache_and_the_apiserver_only_around_it(
     script.requests.clear()
     assert kube.get_deployment("ml", "chat")["metadata"]["resourceVersion"] == "8"  # type: ignore[index]
     assert script.requests == []
+
+
+def test_an_apply_that_meets_a_newer_object_reads_the_apiserver_next(
+    apiserver: tuple[Script, KubernetesAdapter],
+) -> None:
+    """A 409 on the resourceVersion read from the cache: the watch has not brought the newer object
+    yet, so the decision made again (reconcile's second attempt) must read the apiserver, or it
+    reads the same body and meets the same 409."""
+    script, plain = apiserver
+    cache = WatchCache()
+    kube = KubernetesAdapter(plain.api_client, timeout_s=5, cache=cache)
+    cache.seen("Deployment", {"apiVersion": "apps/v1", "kind": "Deployment", **deployment("7")})
+    read = kube.get_deployment("ml", "chat")
+    assert read is not None and script.requests == []
+    script.answers.append((409, {"kind": "Status", "code": 409, "reason": "Conflict"}))
+    with pytest.raises(ApplyConflict):
+        kube.apply({"apiVersion": "apps/v1", "kind": "Deployment", **read})
+    script.answers.append((200, {"metadata": {"name": "chat", "namespace": "ml", "resourceVersion": "8"}}))
+    assert kube.get_deployment("ml", "chat")["metadata"]["resourceVersion"] == "8"  # type: ignore[index]
+    assert script.requests == [
+        "PATCH /apis/apps/v1/namespaces/ml/deployments/chat",
+        "GET /apis/apps/v1/namespaces/ml/deployments/chat",
+    ]

@@ -8,6 +8,7 @@ never forced. The status goes through the status subresource, Events as core/v1 
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import random
@@ -21,10 +22,19 @@ from typing import Any, NoReturn, TypeVar, cast
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import (
+    ConnectTimeoutError,
+    HTTPError,
+    LocationValueError,
+    MaxRetryError,
+    NewConnectionError,
+    SSLError,
+)
+from urllib3.exceptions import TimeoutError as Urllib3Timeout
 
 from batchknee.adopt import tuned_workload, tuner
 from batchknee.api.models import GROUP, PLURAL, VERSION, bounded, format_timestamp
-from batchknee.ports import ApplyConflict, ApplyError, EventType, TransientApiError
+from batchknee.ports import ApplyConflict, ApplyError, EventType, ObjectGone, TransientApiError
 from batchknee.render import FIELD_MANAGER
 
 log = logging.getLogger(__name__)
@@ -64,6 +74,36 @@ def _foreign(obj: dict[str, Any]) -> bool:
     )
 
 
+# How a request that got no answer ended, and whether asking again may help (see `_unanswered`)
+NEVER = "never"  # the deadline is spent (and the request may have been received)
+ALWAYS = "always"  # nothing was sent: even a create may be asked again
+LIKE_SERVER_ERRORS = "like a 5xx"  # sent, maybe served: asked again where a 5xx would be
+
+
+def _unanswered(error: Exception, timeout_s: float | None) -> tuple[str, str] | None:
+    """A request that got no HTTP answer: (a fixed phrase of ours for the summary, and when to ask
+    again), or None for an answer (or an error of another kind). The kubernetes client turns a
+    TLS error into ApiException(status=0); a client built with urllib3's own retries on wraps the
+    last error in MaxRetryError (the operator's is not: `pooled_client`)."""
+    if isinstance(error, MaxRetryError) and isinstance(error.reason, HTTPError):
+        error = error.reason
+    if isinstance(error, ApiException):
+        return ("TLS error", LIKE_SERVER_ERRORS) if not error.status else None
+    if not isinstance(error, HTTPError) or isinstance(error, LocationValueError):
+        return None  # not a request's failure (a URL that does not parse is a bug: raised)
+    within = f" in {timeout_s:g} s" if timeout_s is not None else " in time"
+    if isinstance(error, NewConnectionError):  # refused, unreachable, a name that does not resolve
+        return "connection failed", ALWAYS
+    if isinstance(error, ConnectTimeoutError):  # nothing sent, but the deadline is spent
+        return f"no connection{within}", NEVER
+    if isinstance(error, Urllib3Timeout):  # sent (maybe received), and the deadline is spent
+        return f"no answer{within}", NEVER
+    if isinstance(error, SSLError):
+        return "TLS error", LIKE_SERVER_ERRORS
+    # a kept-alive connection dropped, or reset mid-answer: the request may have been served
+    return "connection lost", LIKE_SERVER_ERRORS
+
+
 def with_retries(
     call: Callable[[], T],
     what: str,
@@ -71,26 +111,52 @@ def with_retries(
     *,
     retry_conflicts: bool = True,
     retry_server_errors: bool = True,
+    timeout_s: float | None = None,
 ) -> T:
     """`call()`, retried with backoff (and jitter, honouring Retry-After up to the step's bound)
     while the apiserver answers 409 (unless `retry_conflicts` is off), 429 or 5xx (unless
-    `retry_server_errors` is off: TransientApiError at once); then TransientApiError."""
+    `retry_server_errors` is off: TransientApiError at once); then TransientApiError.
+
+    No answer at all is transient too, and the one retry policy (urllib3's own is off in the
+    operator's client, `pooled_client`): a timeout (`timeout_s`, the call's, for the summary) is
+    TransientApiError at once — the deadline is spent, and one timeout is all a call may cost; a
+    connection that never opened is retried as a 429 would be (nothing was sent); a connection lost
+    after the request went (a kept-alive one dropped, a reset mid-answer, a TLS error) as a 5xx
+    would be, since the request may have been served. The summary names the call and a phrase of
+    ours; what the exception said goes in the detail, for the log."""
     for attempt in range(len(delays) + 1):
         try:
             return call()
-        except ApiException as error:
-            if not transient(error) or (error.status == 409 and not retry_conflicts):
+        except (ApiException, HTTPError) as error:
+            lost = _unanswered(error, timeout_s)
+            if lost is not None:
+                phrase, when = lost
+                retry = when == ALWAYS or (when == LIKE_SERVER_ERRORS and retry_server_errors)
+                hinted = None
+                detail = _message(error) if isinstance(error, ApiException) else _printable(str(error))
+            elif isinstance(error, ApiException) and transient(error):
+                if error.status == 409 and not retry_conflicts:
+                    raise
+                phrase, detail, hinted = _status(error), _message(error), _retry_after(error)
+                retry = (error.status or 0) < 500 or retry_server_errors
+            else:
                 raise
-            if attempt == len(delays) or ((error.status or 0) >= 500 and not retry_server_errors):
+            if attempt == len(delays) or not retry:
                 tries = f"{attempt + 1} tries" if attempt else "1 try"
-                summary = f"{what}: {_status(error)} (after {tries})"
-                raise TransientApiError(summary, _message(error)) from None
+                raise TransientApiError(f"{what}: {phrase} (after {tries})", detail) from None
             bound = delays[attempt]
-            hinted = _retry_after(error)
             pause = min(hinted, 2 * bound) if hinted is not None else bound * random.uniform(0.5, 1.0)
-            log.debug("%s: %s; retrying in %.2f s", what, _explain(error), pause)
+            log.debug("%s: %s: %s; retrying in %.2f s", what, phrase, detail, pause)
             time.sleep(pause)
     raise AssertionError("unreachable")
+
+
+def _read(response: T) -> T:
+    """An answer asked for unread (`_preload_content=False`), read to its end within the call (and
+    so its retries): a body that stops coming is a timeout as much as headers that never come.
+    urllib3 keeps what it read; `_finish` then hands the connection back."""
+    cast(Any, response).data  # noqa: B018 (the property reads the body)
+    return response
 
 
 def load_config() -> None:
@@ -109,7 +175,12 @@ def _message(error: ApiException) -> str:
         message = body.get("message") or error.reason
     except (ValueError, AttributeError, RecursionError):
         message = error.reason
-    text = "".join(ch if ch.isprintable() else " " for ch in str(message or ""))
+    return _printable(str(message or ""))
+
+
+def _printable(text: str) -> str:
+    """`text` for a log line or a condition: printable, and bounded (MESSAGE_LIMIT)."""
+    text = "".join(ch if ch.isprintable() else " " for ch in text)
     return text[:MESSAGE_LIMIT] + ("…" if len(text) > MESSAGE_LIMIT else "")
 
 
@@ -125,12 +196,18 @@ def _explain(error: ApiException) -> str:
     return f"{_status(error)}: {_message(error)}"
 
 
-def pooled_client(connections: int) -> client.ApiClient:
+def pooled_client(connections: int, configuration: client.Configuration | None = None) -> client.ApiClient:
     """An API client whose connection pool holds `connections` (one per thread that calls it): the
     default (5 × CPUs) is smaller than the reconcile workers on a small node, and every connection
-    the pool cannot keep is a new TLS handshake for the next call."""
-    configuration = client.Configuration.get_default_copy()
+    the pool cannot keep is a new TLS handshake for the next call.
+
+    urllib3's own retries are off (the client passes `retries` to its PoolManager): by default they
+    retry a read timeout of every GET three times, so a call to an apiserver (or webhook) that never
+    answers held its worker for four timeouts, and ended in a MaxRetryError. `with_retries` is the
+    one retry policy; urllib3 raises the error itself (ReadTimeoutError, NewConnectionError, ...)."""
+    configuration = configuration or client.Configuration.get_default_copy()
     configuration.connection_pool_maxsize = max(configuration.connection_pool_maxsize or 0, connections)
+    configuration.retries = False
     return client.ApiClient(configuration)
 
 
@@ -188,6 +265,12 @@ class WatchCache:
                     del self._written[ended]
                 self._pruned_until = now + self.write_wait_s
 
+    def stale(self, kind: str, namespace: str, name: str) -> None:
+        """A write conditional on the body read met a newer object (409): reads go to the apiserver
+        until the watch brings the operator's next write, or `write_wait_s` passes (the version
+        stored is not known, so no event of it ends the wait sooner)."""
+        self.wrote(kind, namespace, name, None)
+
     def clear(self) -> None:
         """Forget everything (the watches were paused: what they delivered may be old)."""
         with self._lock:
@@ -241,6 +324,23 @@ class KubernetesAdapter:
         # succeeded yet, with the uid met: never applied over, the taking back tried again instead
         self._not_taken_back: dict[tuple[str, str, str], str] = {}
 
+    def _retried(
+        self,
+        call: Callable[[], T],
+        what: str,
+        *,
+        retry_conflicts: bool = True,
+        retry_server_errors: bool = True,
+    ) -> T:
+        """`with_retries` for a call made with this adapter's timeout (which its summary names)."""
+        return with_retries(
+            call,
+            what,
+            retry_conflicts=retry_conflicts,
+            retry_server_errors=retry_server_errors,
+            timeout_s=self.timeout_s,
+        )
+
     # --- reads ---
     def cached(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         return self.cache.get(kind, namespace, name) if self.cache is not None else None
@@ -251,7 +351,7 @@ class KubernetesAdapter:
             return cached
         if self.cache is not None:
             # a list by name, not a get: the watch's list and watch are all the RBAC it takes
-            listed = with_retries(
+            listed = self._retried(
                 lambda: self.custom.list_namespaced_custom_object(
                     GROUP,
                     VERSION,
@@ -265,7 +365,7 @@ class KubernetesAdapter:
             items = cast(dict[str, Any], listed).get("items") or []
             return cast(dict[str, Any], items[0]) if items else None
         try:
-            found = with_retries(
+            found = self._retried(
                 lambda: self.custom.get_namespaced_custom_object(
                     GROUP, VERSION, namespace, PLURAL, name, _request_timeout=self.timeout_s
                 ),
@@ -281,7 +381,7 @@ class KubernetesAdapter:
         if self.tuners_index is not None:
             return self.tuners_index(namespace, kind, name)
         # No index (outside the operator's runtime): the namespace's LLMServings, from the apiserver.
-        found = with_retries(
+        found = self._retried(
             lambda: self.custom.list_namespaced_custom_object(
                 GROUP, VERSION, namespace, PLURAL, _request_timeout=self.timeout_s
             ),
@@ -295,9 +395,11 @@ class KubernetesAdapter:
         if cached is not None:
             return cached
         try:
-            response: Any = with_retries(
-                lambda: self.apps.read_namespaced_deployment(
-                    name, namespace, _preload_content=False, _request_timeout=self.timeout_s
+            response: Any = self._retried(
+                lambda: _read(
+                    self.apps.read_namespaced_deployment(
+                        name, namespace, _preload_content=False, _request_timeout=self.timeout_s
+                    )
                 ),
                 f"get Deployment {namespace}/{name}",
             )
@@ -325,8 +427,8 @@ class KubernetesAdapter:
             "PodDisruptionBudget": self.policy.read_namespaced_pod_disruption_budget,
         }[kind]
         try:
-            response: Any = with_retries(
-                lambda: read(name, namespace, _preload_content=False, _request_timeout=self.timeout_s),
+            response: Any = self._retried(
+                lambda: _read(read(name, namespace, _preload_content=False, _request_timeout=self.timeout_s)),
                 f"read {kind} {namespace}/{name}",
             )
         except ApiException as error:
@@ -344,13 +446,15 @@ class KubernetesAdapter:
         # for etcd's latest revision that a consistent list makes (most of a reconcile's time when
         # every Deployment of a thousand reports unready pods); a pod's crash loop is no less seen.
         # `fresh` (no resourceVersion): the latest, where a cache that lags would not do.
-        response: Any = with_retries(
-            lambda: self.core.list_namespaced_pod(
-                namespace,
-                label_selector=selector,
-                resource_version=None if fresh else "0",  # None: not sent
-                _preload_content=False,
-                _request_timeout=self.timeout_s,
+        response: Any = self._retried(
+            lambda: _read(
+                self.core.list_namespaced_pod(
+                    namespace,
+                    label_selector=selector,
+                    resource_version=None if fresh else "0",  # None: not sent
+                    _preload_content=False,
+                    _request_timeout=self.timeout_s,
+                )
             ),
             f"list pods {namespace} {selector}",
         )
@@ -375,16 +479,18 @@ class KubernetesAdapter:
         method = self.apply_method(kind)
         ours = bool(meta.get("resourceVersion"))
         try:
-            response = with_retries(
-                lambda: method(
-                    name,
-                    namespace,
-                    cast(Any, obj),
-                    field_manager=FIELD_MANAGER,
-                    force=ours,
-                    _content_type=APPLY,
-                    _preload_content=False,
-                    _request_timeout=self.timeout_s,
+            response = self._retried(
+                lambda: _read(
+                    method(
+                        name,
+                        namespace,
+                        cast(Any, obj),
+                        field_manager=FIELD_MANAGER,
+                        force=ours,
+                        _content_type=APPLY,
+                        _preload_content=False,
+                        _request_timeout=self.timeout_s,
+                    )
                 ),
                 f"apply {kind} {namespace}/{name}",
                 retry_conflicts=False,  # a failed resourceVersion precondition stays failed: decide again
@@ -395,8 +501,13 @@ class KubernetesAdapter:
         except ApiException as error:
             # 409: the resourceVersion precondition failed, or (unforced) another manager owns a field
             # of an object that appeared since it was found missing.
-            failure = ApplyConflict if error.status == 409 else ApplyError
-            raise failure(f"{kind} {namespace}/{name}: {_explain(error)}") from None
+            if error.status != 409:
+                raise ApplyError(f"{kind} {namespace}/{name}: {_explain(error)}") from None
+            if self.cache is not None:
+                # what was read (the watch's body, likely) is older than what is stored: the
+                # decision made again (reconcile) reads the apiserver, not the same body again
+                self.cache.stale(kind, namespace, name)
+            raise ApplyConflict(f"{kind} {namespace}/{name}: {_explain(error)}") from None
         # A create that found the object there (200, not 201) met one someone else made since it was
         # found missing: the apiserver merged the apply into it wherever no field conflicted.
         met = json.loads(response.data) if not ours and response.status != HTTPStatus.CREATED else None
@@ -424,15 +535,17 @@ class KubernetesAdapter:
             "metadata": {"name": name, "namespace": namespace, "uid": uid},
         }
         try:
-            response = with_retries(
-                lambda: self.apply_method(kind)(
-                    name,
-                    namespace,
-                    cast(Any, empty),
-                    field_manager=FIELD_MANAGER,
-                    _content_type=APPLY,
-                    _preload_content=False,
-                    _request_timeout=self.timeout_s,
+            response = self._retried(
+                lambda: _read(
+                    self.apply_method(kind)(
+                        name,
+                        namespace,
+                        cast(Any, empty),
+                        field_manager=FIELD_MANAGER,
+                        _content_type=APPLY,
+                        _preload_content=False,
+                        _request_timeout=self.timeout_s,
+                    )
                 ),
                 f"take back the apply to {kind} {namespace}/{name}",
                 retry_conflicts=False,
@@ -471,8 +584,16 @@ class KubernetesAdapter:
 
     def list_config_maps(self, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
         selector = ",".join(f"{key}={value}" for key, value in sorted(labels.items()))
-        response: Any = self.core.list_namespaced_config_map(
-            namespace, label_selector=selector, _preload_content=False, _request_timeout=self.timeout_s
+        response: Any = self._retried(
+            lambda: _read(
+                self.core.list_namespaced_config_map(
+                    namespace,
+                    label_selector=selector,
+                    _preload_content=False,
+                    _request_timeout=self.timeout_s,
+                )
+            ),
+            f"list ConfigMaps {namespace} {selector}",
         )
         items: list[dict[str, Any]] = json.loads(response.data).get("items") or []
         return items
@@ -485,11 +606,15 @@ class KubernetesAdapter:
             "PodDisruptionBudget": self.policy.delete_namespaced_pod_disruption_budget,
         }[kind]
         try:
-            delete(
-                name,
-                namespace,
-                body=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid)),
-                _request_timeout=self.timeout_s,
+            self._retried(
+                lambda: delete(
+                    name,
+                    namespace,
+                    body=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid)),
+                    _request_timeout=self.timeout_s,
+                ),
+                f"delete {kind} {namespace}/{name}",
+                retry_conflicts=False,  # the uid precondition: another object of the name now
             )
         except ApiException as error:
             if error.status not in (404, 409):  # gone, or replaced by another object of that name
@@ -502,22 +627,29 @@ class KubernetesAdapter:
             "metadata": {"name": name, "namespace": namespace},
             "status": status,
         }
-        response = with_retries(
-            lambda: self.custom.patch_namespaced_custom_object_status(
-                GROUP,
-                VERSION,
-                namespace,
-                PLURAL,
-                name,
-                body,
-                field_manager=FIELD_MANAGER,
-                force=True,
-                _content_type=APPLY,
-                _preload_content=False,  # parsed only for its resourceVersion, when there is a cache
-                _request_timeout=self.timeout_s,
-            ),
-            f"write the status of LLMServing {namespace}/{name}",
-        )
+        try:
+            response = self._retried(
+                lambda: _read(
+                    self.custom.patch_namespaced_custom_object_status(
+                        GROUP,
+                        VERSION,
+                        namespace,
+                        PLURAL,
+                        name,
+                        body,
+                        field_manager=FIELD_MANAGER,
+                        force=True,
+                        _content_type=APPLY,
+                        _preload_content=False,  # parsed only for its resourceVersion, with a cache
+                        _request_timeout=self.timeout_s,
+                    )
+                ),
+                f"write the status of LLMServing {namespace}/{name}",
+            )
+        except ApiException as error:
+            if error.status == 404:  # deleted while the reconcile ran
+                raise ObjectGone(f"LLMServing {namespace}/{name}") from None
+            raise
         self._written("LLMServing", namespace, name, response)
 
     def _written(self, kind: str, namespace: str, name: str, response: Any) -> None:
@@ -564,12 +696,14 @@ class KubernetesAdapter:
             "reportingInstance": self.instance,
         }
         try:
-            response = with_retries(
-                lambda: self.core.create_namespaced_event(
-                    meta["namespace"],
-                    cast(Any, body),
-                    _preload_content=False,
-                    _request_timeout=self.timeout_s,
+            response = self._retried(
+                lambda: _read(
+                    self.core.create_namespaced_event(
+                        meta["namespace"],
+                        cast(Any, body),
+                        _preload_content=False,
+                        _request_timeout=self.timeout_s,
+                    )
                 ),
                 f"record an Event on {meta['namespace']}/{meta['name']}",
                 retry_conflicts=not name,
@@ -590,21 +724,29 @@ class KubernetesAdapter:
             selector = f"metadata.name={name}"
             try:
                 if namespace:
-                    listed = self.custom.list_namespaced_custom_object(
-                        "kopf.dev",
-                        "v1",
-                        namespace,
-                        "kopfpeerings",
-                        field_selector=selector,
-                        _request_timeout=self.timeout_s,
+                    listed = self._retried(
+                        functools.partial(
+                            self.custom.list_namespaced_custom_object,
+                            "kopf.dev",
+                            "v1",
+                            namespace,
+                            "kopfpeerings",
+                            field_selector=selector,
+                            _request_timeout=self.timeout_s,
+                        ),
+                        f"list KopfPeerings {name} in {namespace}",
                     )
                 else:
-                    listed = self.custom.list_cluster_custom_object(
-                        "kopf.dev",
-                        "v1",
-                        "clusterkopfpeerings",
-                        field_selector=selector,
-                        _request_timeout=self.timeout_s,
+                    listed = self._retried(
+                        functools.partial(
+                            self.custom.list_cluster_custom_object,
+                            "kopf.dev",
+                            "v1",
+                            "clusterkopfpeerings",
+                            field_selector=selector,
+                            _request_timeout=self.timeout_s,
+                        ),
+                        f"list ClusterKopfPeerings {name}",
                     )
             except ApiException as error:
                 if error.status == 404:  # the peering CRD is not installed
@@ -617,7 +759,9 @@ class KubernetesAdapter:
         return found
 
     def ensure_peering(self, name: str, namespaces: list[str]) -> None:
-        """kopf's peering object must exist for replicas to see each other: create it if missing."""
+        """kopf's peering object must exist for replicas to see each other: create it if missing
+        (each create bounded by the adapter's timeout and retried as any call is: an apiserver that
+        never answers is a warning, not a start that hangs)."""
         targets: list[str | None] = list(namespaces) or [None]
         for namespace in targets:
             kind, plural = (
@@ -626,11 +770,20 @@ class KubernetesAdapter:
                 else ("ClusterKopfPeering", "clusterkopfpeerings")
             )
             body = {"apiVersion": "kopf.dev/v1", "kind": kind, "metadata": {"name": name}}
+            create = (
+                functools.partial(self.custom.create_namespaced_custom_object, "kopf.dev", "v1", namespace)
+                if namespace
+                else functools.partial(self.custom.create_cluster_custom_object, "kopf.dev", "v1")
+            )
             try:
-                if namespace:
-                    self.custom.create_namespaced_custom_object("kopf.dev", "v1", namespace, plural, body)
-                else:
-                    self.custom.create_cluster_custom_object("kopf.dev", "v1", plural, body)
+                self._retried(
+                    functools.partial(create, plural, body, _request_timeout=self.timeout_s),
+                    f"create the {kind} {name}" + (f" in {namespace}" if namespace else ""),
+                    # 409 is "already there" (a try answered 5xx that was made, included)
+                    retry_conflicts=False,
+                )
             except ApiException as error:
                 if error.status != 409:  # already there is fine
                     log.warning("could not create the %s %r: %s", kind, name, _explain(error))
+            except TransientApiError as error:
+                log.warning("could not create the %s %r: %s", kind, name, error)
