@@ -391,6 +391,8 @@ def _old_status(raw: dict[str, Any], now: datetime) -> LLMServingStatus:
     kept: dict[str, Any] = {}
     for key, value in stored.items() if isinstance(stored, dict) else ():
         entries = [item for item in value if _parses({key: [item]})] if isinstance(value, list) else value
+        while isinstance(entries, list) and entries and not _parses({key: entries}):
+            entries = entries[1:]  # longer than this version keeps: the oldest go
         if _parses({**kept, key: entries}):
             kept[key] = entries
     log.warning(
@@ -427,15 +429,6 @@ def _not_ahead(status: LLMServingStatus, now: datetime) -> LLMServingStatus:
         samples = [s for s in calibration.samples if s.time <= latest]
         update["calibration"] = calibration.model_copy(update={"samples": samples})
     return status.model_copy(update=update) if update else status
-
-
-def _not_ahead_rollouts(rollouts: tuple[Rollout, ...], now: datetime) -> tuple[Rollout, ...]:
-    """The rollout record with a time from the future (past `CLOCK_SKEW`) taken as now: it held the
-    object settling, and in its cooldown, until then. Now is conservative: the cooldown runs from it."""
-    if all(r.time <= now + CLOCK_SKEW for r in rollouts):
-        return rollouts
-    clamped = (replace(r, time=now) if r.time > now + CLOCK_SKEW else r for r in rollouts)
-    return tuple(sorted(clamped, key=lambda r: r.time))
 
 
 def _key(raw: dict[str, Any]) -> tuple[str, str]:
@@ -838,7 +831,6 @@ class _Reconcile:
             history = self.recorded_rollouts(state)  # nothing but the one env value is kept on the workload
             if target.problem is not None or not target.wired:
                 rules = replace(rules, mode="Recommend")  # report only, write nothing
-        recorded, history = history, _not_ahead_rollouts(history, self.now)
         live = self.live_pods(obj, state, target)
         if live and state is not None:  # pods that take caps in place, under their startup value
             rules = replace(rules, live_ceiling=state.max_num_seqs)
@@ -854,7 +846,11 @@ class _Reconcile:
             if target is not None
             else obj.spec.image or self.ports.defaults.image(obj.spec.engine)
         )
-        fingerprint = calibration_fingerprint(obj.spec, image)
+        stored = self.old.calibration.fingerprint if self.old.calibration is not None else None
+        # an adopted workload missing for a while (its image unknown) is no other setup
+        fingerprint = (
+            stored if image is None and stored is not None else calibration_fingerprint(obj.spec, image)
+        )
         calibration = self.calibration_points(fingerprint)
         self.forget_other_setup(fingerprint)
         running = state.max_num_seqs if state else None
@@ -989,7 +985,7 @@ class _Reconcile:
             rollouts = applied.rollouts
 
         self.remember_before(rolled, decision, rollouts, observation)
-        missed = unannounced(recorded, self.old.history, self.now) if target is None else None
+        missed = unannounced(history, self.old.history, self.now) if target is None else None
         if missed is not None:
             self.announce(missed, rules.mode, missed.reason)
         if rolled:
@@ -1442,16 +1438,18 @@ class _Reconcile:
         if stored is None or stored == fingerprint:
             return
         self.other_setup = True
-        for entry in self.old.history:
-            record = self.verdicts[(entry.time, entry.to)]
-            if record.get("before") is None or record.get("verdict") is not None:
-                continue  # never checked (creation, a rollback or revert), or checked already
-            record.update(verdict="Inconclusive", verdictReason=OTHER_SETUP)
-            self.event(
-                "Normal",
-                "ChangeInconclusive",
-                f"max-num-seqs {entry.from_}→{entry.to}: inconclusive — {OTHER_SETUP}",
-            )
+        if not self.old.history:
+            return
+        entry = self.old.history[-1]  # the one change a check can still be waiting for
+        record = self.verdicts[(entry.time, entry.to)]
+        if record.get("before") is None or record.get("verdict") is not None:
+            return  # never checked (creation, a rollback or revert), or checked already
+        record.update(verdict="Inconclusive", verdictReason=OTHER_SETUP)
+        self.event(
+            "Normal",
+            "ChangeInconclusive",
+            f"max-num-seqs {entry.from_}→{entry.to}: inconclusive — {OTHER_SETUP}",
+        )
 
     def remember_before(
         self, rolled: bool, decision: Decision, rollouts: Sequence[Rollout], observation: Observation | None
@@ -1459,6 +1457,8 @@ class _Reconcile:
         """A retune keeps the window before it, for the check after it."""
         if not rolled or not rollouts or decision.reason.startswith((ROLLBACK, REVERT)):
             return
+        if self.other_setup:
+            return  # the window before ran on another setup: nothing to compare the new one with
         new = rollouts[-1]
         figures = Figures.of(observation)
         if new.from_value is not None and figures is not None:

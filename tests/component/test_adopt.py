@@ -626,3 +626,25 @@ def test_a_retune_whose_status_write_failed_still_holds_the_cooldown(world: Worl
     status = world.kube.status("default", "tuner")
     assert env(world)[TARGET_ENV_VAR] == "16" and status["holdReason"] == "cooldown"
     assert [(h.get("from"), h["to"]) for h in status["history"]] == [(None, 64), (64, 16)]
+
+
+def test_a_workload_missing_for_a_while_keeps_its_quarantine(world: World) -> None:
+    """Its image unknown while it is gone (a reinstall, `kubectl replace --force`), the workload read
+    as another setup: the quarantined 16 was dropped, then rolled straight back into its deadline."""
+    retune_at_8k(world)
+    stalled(world)
+    world.observer.set("default", "tuner", observation(world.clock.now, ctx=8192))
+    world.reconcile("tuner")
+    assert [q["maxNumSeqs"] for q in world.kube.status("default", "tuner")["quarantine"]] == [16]
+    saved = world.kube.objects.pop(("Deployment", "default", "vllm"))
+    world.clock.advance(30)
+    world.reconcile("tuner")
+    world.kube.objects[("Deployment", "default", "vllm")] = saved
+    finish(world)
+    for _ in range(10):
+        world.clock.advance(30)
+        world.observer.set("default", "tuner", observation(world.clock.now, ctx=8192))
+        world.reconcile("tuner")
+    status = world.kube.status("default", "tuner")
+    assert [q["maxNumSeqs"] for q in status["quarantine"]] == [16]
+    assert env(world)[TARGET_ENV_VAR] == "64" and status["holdReason"] == "quarantined", status["reason"]

@@ -7,13 +7,14 @@ import itertools
 import json
 import logging
 from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from conftest import World, llmserving
 from fakes import observation
 
+from batchknee.core.policy import HISTORY_KEPT
 from batchknee.core.spread import same_slot
 from batchknee.reconcile import refresh_offset_s
 from batchknee.render import RenderDefaults, deployment_state
@@ -616,22 +617,15 @@ def _tomorrow_as_rollout_complete_time(world: World) -> None:
     world.kube.status("default", "chat")["rolloutCompleteTime"] = "2026-03-02T12:00:00Z"
 
 
-def _tomorrow_in_the_rollout_record(world: World) -> None:
-    annotations = world.kube.deployment("default", "chat")["metadata"]["annotations"]
-    record = json.loads(annotations["batchknee.io/rollouts"])
-    record[-1]["time"] = "2026-03-02T12:00:00Z"
-    annotations["batchknee.io/rollouts"] = json.dumps(record)
-
-
 @pytest.mark.parametrize(
     "edit",
-    [_tomorrow_in_recent_targets, _tomorrow_as_rollout_complete_time, _tomorrow_in_the_rollout_record],
-    ids=["recent-targets", "rollout-complete-time", "rollout-record"],
+    [_tomorrow_in_recent_targets, _tomorrow_as_rollout_complete_time],
+    ids=["recent-targets", "rollout-complete-time"],
 )
 def test_a_time_from_tomorrow_read_back_does_not_freeze_retuning(world: World, edit: Any) -> None:
     """A node's clock a day fast, or an edit: a recent target from tomorrow kept newer ones from
-    being remembered ("unsteady" for good), a rollout completed or recorded tomorrow kept the object
-    settling until then."""
+    being remembered ("unsteady" for good), a rollout completed tomorrow kept the object settling
+    until then."""
     world.kube.create(llmserving(tuning={"cooldownSeconds": 0}))
     world.reconcile()
     world.observer.set("default", "chat", observation(world.clock.now, ctx=2048))
@@ -839,3 +833,17 @@ def test_a_refused_spec_is_validated_once_per_generation_and_labels(
     assert parsed == [1, 1, 2, 3]
     assert world.kube.condition("default", "chat", "Degraded")["status"] == "False"
     assert deployment_state(world.kube.get_deployment("default", "chat")) is not None
+
+
+def test_a_stored_list_longer_than_this_version_keeps_its_newest_entries() -> None:
+    """A newer operator kept more history (then was rolled back): the list failed as a whole and
+    went, with the cooldown and the budget an adopted workload's history carries."""
+    from batchknee.reconcile import _old_status
+
+    history = [
+        {"time": f"2026-03-01T{hour:02d}:00:00Z", "to": 8 * (hour + 1), "reason": "retune"}
+        for hour in range(HISTORY_KEPT + 1)
+    ]
+    raw = {"metadata": {"name": "chat", "namespace": "default"}, "status": {"history": history}}
+    old = _old_status(raw, datetime(2026, 3, 2, tzinfo=UTC))
+    assert [h.to for h in old.history] == [h["to"] for h in history[1:]]

@@ -434,6 +434,28 @@ def test_a_quarantine_does_not_follow_the_object_to_another_engine_and_gpu(world
     assert applied(world) == 240 and status["recommendedMaxNumSeqs"] == 240, status["reason"]
 
 
+def test_a_retune_in_the_evaluation_that_changes_the_gpu_keeps_no_window_before(world: World) -> None:
+    """The spec moves from an A100 to an L4 and, in the same evaluation, the smaller KV pool takes
+    240 down to 64: the window before ran on the A100 (3,000 tok/s), and compared with the L4's 800
+    it reverted 64 back to 240 — a limit whose KV the L4 cannot hold."""
+    started(world)
+    steady_traffic(world, 512, tpot_p99_ms=20, tokens_per_s=3000)
+    settled_window(world, 512, tpot_p99_ms=20, tokens_per_s=3000)
+    assert applied(world) == 240
+    world.clock.advance(700)
+    world.kube.edit_spec("default", "chat", {"gpu": {"type": "l4", "count": 1}})
+    world.observer.set(
+        "default", "chat", observation(world.clock.now, ctx=512, tpot_p99_ms=20, tokens_per_s=3000)
+    )
+    world.reconcile()
+    assert applied(world) == 64
+    settled_window(world, 512, tpot_p99_ms=40, tokens_per_s=800)
+    status = world.kube.status("default", "chat")
+    assert applied(world) == 64 and not status.get("quarantine"), status["reason"]
+    assert [(h.get("from"), h["to"], "before" in h) for h in status["history"]][-1] == (240, 64, False)
+    assert "ChangeReverted" not in [e["reason"] for e in world.kube.events]
+
+
 def test_a_limit_whose_p99_broke_the_target_past_any_bucket_is_not_gone_back_to(world: World) -> None:
     """A TPOT p99 of 200 ms at 64 against a 30-ms target (the window's mean healthy): the limit
     steps down to 48, and 64 is quarantined at that context — the mean that allowed 64 allows it

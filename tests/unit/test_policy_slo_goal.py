@@ -497,3 +497,29 @@ def test_a_hold_off_the_granularity_stays_where_it_is() -> None:
     unobserved = replace(seen(2048, 1.0, running=20), tpot_p99_s=Reading.unavailable("series empty"))
     d = steady(rules, NAIVE, POOL, unobserved, tuned_at(100), (), T0)
     assert not d.rolls and d.value == 100, d.reason
+
+
+def test_under_live_caps_a_p99_over_the_target_steps_down_once_per_window_it_reads() -> None:
+    """Uncalibrated, no mean: the p99 over the target stays in the window for a whole window after
+    each live change (the limit before's tail). Urgent at a third of a window, it stepped 128 → 96 →
+    72 → … → 8, one step every two minutes, each on the last one's p99."""
+    rules = TuningRules(
+        goal="SLO", tpot_p99_target_ms=30, max_max_num_seqs=1024, cooldown_s=0, live_ceiling=256
+    )
+    value, changed = 128, T0 - timedelta(hours=1)
+    rollouts: tuple[Rollout, ...] = (Rollout(changed, 64, 128, "retune", live=True),)
+    recent: tuple[RecentTarget, ...] = ()
+    for step in range(40):
+        now = T0 + timedelta(seconds=30 * step)
+        over = now - timedelta(seconds=rules.window_s) < changed or step == 0
+        observed = replace(seen(2048, 45.0 if over else 25.0, running=100), sampled_at=now)
+        applied = Applied(value, settled_since=changed + timedelta(seconds=5), rollouts=rollouts)
+        d = decide(rules, NAIVE, POOL, observed, applied, (), now, recent_targets=recent)
+        recent = d.recent_targets
+        if d.rolls:
+            rollouts, value, changed = (
+                (*rollouts, Rollout(now, value, d.value, d.reason, live=True)),
+                d.value,
+                now,
+            )
+    assert value == 96

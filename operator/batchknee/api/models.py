@@ -488,13 +488,18 @@ class TuningSpec(_Model):
         description="Changes smaller than this percentage of the applied value are not worth a rollout.",
     )
     cooldown_seconds: int = Field(
-        600, ge=0, le=86400, description="Minimum time between two rollouts of the batch limit."
+        600,
+        ge=0,
+        le=86400,
+        description="Minimum time between two rollouts of the batch limit that restart the engines "
+        "(a Live cap set in place neither waits for it nor starts it).",
     )
     max_rollouts_per_hour: int = Field(
         4,
         ge=1,
         le=HISTORY_KEPT,
-        description="Rollout budget: at most this many batch-limit rollouts in any hour.",
+        description="Rollout budget: at most this many batch-limit rollouts that restart the engines in "
+        "any hour (Live caps set in place do not count).",
     )
     evaluation_interval_seconds: int = Field(
         30, ge=5, le=3600, description="How often the operator re-evaluates this object."

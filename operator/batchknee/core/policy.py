@@ -807,7 +807,9 @@ def _slo_bound(
                 "step-down",
                 f"TPOT p99 {p99 * 1e3:.0f} ms > target {target_ms} ms: step {applied} → {stepped} "
                 f"({calibration_text})",
-                urgent=True,  # over the target itself, not only its margin
+                # over the target itself, not only its margin — read over a whole window at this
+                # limit (a third of one after a live change is mostly the limit before)
+                urgent=settled,
             )
         unused = "no TPOT mean observed" if observation.tpot_mean_s.value is None else "no usable TPOT mean"
         return SloBound(applied, "hold", f"{unused}: stay at {applied} ({calibration_text})")
