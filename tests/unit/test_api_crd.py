@@ -153,7 +153,10 @@ def test_defaults_fill_in() -> None:
     assert obj.spec.replicas is None  # the Deployment's replicas are left to whoever scales it
     assert tuning_rules(obj.spec).mode == "Auto"
     assert tuning_rules(obj.spec).goal == "Knee" and tuning_rules(obj.spec).slo_margin_percent == 10
-    assert tuning_rules(obj.spec).max_num_batched_tokens == 2048
+    assert tuning_rules(obj.spec).max_num_batched_tokens == 2048  # vLLM's default on an A100
+    # and on an H100 (70 GiB or more, not an A100) vLLM's 8,192: the p99 model's prefill budget
+    h100 = parse_llmserving(manifest(gpu={"type": "h100-sxm", "count": 1}))
+    assert tuning_rules(h100.spec).max_num_batched_tokens == 8192
     slo = parse_llmserving(
         manifest(
             tuning={"goal": "SLO", "tpotP99TargetMilliseconds": 30, "sloMarginPercent": 5},

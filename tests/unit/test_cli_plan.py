@@ -361,3 +361,19 @@ def test_rows_the_kv_pool_cannot_hold_are_marked(capsys: pytest.CaptureFixture[s
     assert "(> KV pool: the KV pool holds 56 sequences; the engine preempts)" in out
     status, out, _ = run(capsys, *SEED, "--context", "512")  # every row fits: no mark, no note
     assert "KV pool" not in out.replace("(KV pool holds", "")
+
+
+def test_vllms_step_budget_follows_the_gpu(capsys: pytest.CaptureFixture[str]) -> None:
+    # vLLM batches 8,192 tokens per step on a GPU of 70 GiB or more that is not an A100 (2,048 on one)
+    def p99s(*extra: str) -> list[float]:
+        status, out, _ = run(
+            capsys, "plan", "--model", "llama-3-8b", "--context", "2048", "--output", "json", *extra
+        )
+        assert status == 0
+        return [row["tpotP99Ms"] for plan in json.loads(out) for row in plan["rows"]]
+
+    h100 = ("--gpu", "h100-sxm")
+    assert p99s(*h100) == p99s(*h100, "--max-num-batched-tokens", "8192")
+    assert p99s(*h100) != p99s(*h100, "--max-num-batched-tokens", "2048")
+    a100 = ("--gpu", "a100-80gb")
+    assert p99s(*a100) == p99s(*a100, "--max-num-batched-tokens", "2048")

@@ -319,9 +319,11 @@ def _no_room_cause(spec: LLMServingSpec, roofline: DecodeRoofline) -> tuple[str,
 
 def _step_token_budget(spec: LLMServingSpec) -> int:
     """The engine's prefill + decode tokens per step: its flag in spec.args, else its default
-    (vLLM 2048, TensorRT-LLM 8192, SGLang's chunked prefill 8192)."""
+    (vLLM 2048, or 8192 on a GPU of 70 GiB or more that is not an A100; TensorRT-LLM 8192, SGLang's
+    chunked prefill 8192)."""
     if spec.engine == Engine.VLLM:
-        return token_count_flag(spec.args, "--max-num-batched-tokens") or vllm.DEFAULT_MAX_NUM_BATCHED_TOKENS
+        _, default = vllm.default_limits(resolve_gpu(spec))
+        return token_count_flag(spec.args, "--max-num-batched-tokens") or default
     if spec.engine == Engine.SGLang:
         chunk = int_flag(spec.args, "--chunked-prefill-size", sglang.COMMAND_LINE)
         return chunk if chunk is not None and chunk > 0 else sglang.DEFAULT_CHUNKED_PREFILL_SIZE

@@ -30,7 +30,9 @@ MAX_BATCH_LIMIT = 65536  # the LLMServing API's bound on a batch limit (maxMaxNu
 MAX_STEP_TOKENS = MAX_TOKENS  # the longest request the simulation takes: a larger step budget changes nothing
 MAX_SIMULATED_S = 86400.0  # a day of simulated time
 MAX_PARAMS = 1e14  # a hundred times the largest model in the catalog
-VLLM_STEP_TOKENS = 2048  # vLLM's --max-num-batched-tokens on the GPUs the commands assume
+VLLM_STEP_TOKENS = (
+    vllm.DEFAULT_MAX_NUM_BATCHED_TOKENS
+)  # vLLM's --max-num-batched-tokens (an A100's; 8192 on larger GPUs)
 VLLM_MEMORY_UTILIZATION = vllm.DEFAULT_GPU_MEMORY_UTILIZATION
 
 
@@ -72,10 +74,10 @@ def knob_flag(args: argparse.Namespace) -> str:
     return {"sglang": sglang.KNOB_FLAG, "trtllm": trtllm.KNOB_FLAG}.get(engine, "--max-num-seqs")
 
 
-def engine_step_tokens(engine: str) -> int:
-    """The engine's default token budget per step."""
+def engine_step_tokens(engine: str, roofline: DecodeRoofline) -> int:
+    """The engine's default token budget per step (vLLM's depends on the GPU)."""
     return {"sglang": sglang.DEFAULT_CHUNKED_PREFILL_SIZE, "trtllm": trtllm.DEFAULT_MAX_NUM_TOKENS}.get(
-        engine, VLLM_STEP_TOKENS
+        engine, vllm.default_limits(roofline.gpu)[1]
     )
 
 

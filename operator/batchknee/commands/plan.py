@@ -81,7 +81,8 @@ def register(subparsers: Any) -> None:
         "--max-num-batched-tokens",
         type=step_tokens,
         default=None,
-        help=f"the engine's token budget per step (default {VLLM_STEP_TOKENS}; sglang: "
+        help=f"the engine's token budget per step (default {VLLM_STEP_TOKENS}, 8192 on a GPU of 70 GiB or "
+        f"more but an A100; sglang: "
         f"{sglang.DEFAULT_CHUNKED_PREFILL_SIZE}; trtllm: {trtllm.DEFAULT_MAX_NUM_TOKENS})",
     )
     parser.add_argument("--output", choices=("table", "json"), default="table")
@@ -118,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
             f"--output-tokens: {args.output_tokens:g} leaves no prompt at any context (the prompt is the "
             f"context less half the output), so nothing to share; give less than {2 * max(args.context):,}"
         )
-    step_budget = args.max_num_batched_tokens or engine_step_tokens(args.engine)
+    step_budget = args.max_num_batched_tokens or engine_step_tokens(args.engine, roofline)
     plans = build_plan(
         roofline,
         args.context,

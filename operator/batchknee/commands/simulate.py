@@ -106,7 +106,7 @@ def register(subparsers: Any) -> None:
         "--max-num-batched-tokens",
         type=step_tokens,
         default=None,
-        help=f"default {VLLM_STEP_TOKENS} (sglang: --chunked-prefill-size {sglang.DEFAULT_CHUNKED_PREFILL_SIZE}; "
+        help=f"default {VLLM_STEP_TOKENS}, 8192 on a GPU of 70 GiB or more but an A100 (sglang: --chunked-prefill-size {sglang.DEFAULT_CHUNKED_PREFILL_SIZE}; "
         f"trtllm: max_num_tokens {trtllm.DEFAULT_MAX_NUM_TOKENS})",
     )
     parser.add_argument(
@@ -149,7 +149,7 @@ def register(subparsers: Any) -> None:
 def _engine_defaults(args: argparse.Namespace, roofline: DecodeRoofline) -> None:
     """Fill the engine's own defaults in where the command line left them out."""
     if args.max_num_batched_tokens is None:
-        args.max_num_batched_tokens = engine_step_tokens(args.engine)
+        args.max_num_batched_tokens = engine_step_tokens(args.engine, roofline)
     if args.gpu_memory_utilization is None:
         args.gpu_memory_utilization = engine_memory_utilization(args.engine, roofline)
     if args.block_size is None:
