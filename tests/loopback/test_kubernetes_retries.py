@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import ConnectTimeoutError, LocationValueError, MaxRetryError, ReadTimeoutError
 
 from batchknee.adapters import kubernetes as kube_adapter
@@ -494,9 +495,49 @@ def test_a_status_written_as_the_llmserving_is_deleted_finds_it_gone(
     apiserver: tuple[Script, KubernetesAdapter],
 ) -> None:
     script, adapter = apiserver
-    script.answers = [status(404, "NotFound")]
+    gone = status(404, "NotFound")
+    gone[1]["details"] = {"name": "chat", "group": "batchknee.io", "kind": "llmservings"}
+    script.answers = [gone]
     with pytest.raises(ObjectGone):
         adapter.patch_status("ml", "chat", {"action": "hold"})
+    assert len(script.requests) == 1
+    # a 404 that names no object (no status subresource, an apiserver behind on the CRD) is no
+    # deletion: taken for one, the object's state was forgotten while it lived on
+    script.answers = [status(404, "NotFound")]
+    with pytest.raises(ApiException) as raised:
+        adapter.patch_status("ml", "chat", {"action": "hold"})
+    assert not isinstance(raised.value, ObjectGone) and raised.value.status == 404
+
+
+def test_a_status_0_the_client_made_of_an_answer_it_could_not_parse_is_no_tls_error(
+    apiserver: tuple[Script, KubernetesAdapter],
+) -> None:
+    # served (so not asked again, where a delete or a create may have been made), and not named TLS
+    error = ApiException(status=0, reason="Unsupported content type: application/octet-stream")
+    calls: list[int] = []
+
+    def unparsable() -> None:
+        calls.append(1)
+        raise error
+
+    with pytest.raises(ApiException):
+        with_retries(unparsable, "get LLMServing ml/chat", delays=(0.0, 0.0))
+    assert calls == [1]
+
+
+def test_an_unnamed_event_answered_5xx_is_not_sent_again(apiserver: tuple[Script, KubernetesAdapter]) -> None:
+    # its POST may have been served: sent again, the Event would be there twice
+    script, adapter = apiserver
+    script.answers = [status(503, "ServiceUnavailable"), (201, {})]
+    involved = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "chat", "namespace": "ml"},
+    }
+    with pytest.raises(TransientApiError):
+        adapter.emit_event(
+            involved, "Normal", "Retuned", "max-num-seqs 64→16", datetime(2026, 3, 1, tzinfo=UTC)
+        )
     assert len(script.requests) == 1
 
 

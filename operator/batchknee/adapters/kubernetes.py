@@ -88,7 +88,10 @@ def _unanswered(error: Exception, timeout_s: float | None) -> tuple[str, str] | 
     if isinstance(error, MaxRetryError) and isinstance(error.reason, HTTPError):
         error = error.reason
     if isinstance(error, ApiException):
-        return ("TLS error", LIKE_SERVER_ERRORS) if not error.status else None
+        # status 0 is the client's own: its TLS error ("SSLError\n..."), or an answer it could not
+        # parse (served, so not a request that went unanswered)
+        tls = not error.status and str(error.reason or "").split("\n", 1)[0] == "SSLError"
+        return ("TLS error", LIKE_SERVER_ERRORS) if tls else None
     if not isinstance(error, HTTPError) or isinstance(error, LocationValueError):
         return None  # not a request's failure (a URL that does not parse is a bug: raised)
     within = f" in {timeout_s:g} s" if timeout_s is not None else " in time"
@@ -178,6 +181,16 @@ def _message(error: ApiException) -> str:
     return _printable(str(message or ""))
 
 
+def _names(error: ApiException, kind: str, name: str) -> bool:
+    """Whether a Status answer is about the object `name` of `kind` (its resource name), as a 404
+    for a deleted object is; a 404 for a missing resource or subresource names none."""
+    try:
+        details = json.loads(error.body or "{}").get("details") or {}
+    except (ValueError, AttributeError, RecursionError):
+        return False
+    return isinstance(details, dict) and details.get("name") == name and details.get("kind") == kind
+
+
 def _printable(text: str) -> str:
     """`text` for a log line or a condition: printable, and bounded (MESSAGE_LIMIT)."""
     text = "".join(ch if ch.isprintable() else " " for ch in text)
@@ -204,7 +217,8 @@ def pooled_client(connections: int, configuration: client.Configuration | None =
     urllib3's own retries are off (the client passes `retries` to its PoolManager): by default they
     retry a read timeout of every GET three times, so a call to an apiserver (or webhook) that never
     answers held its worker for four timeouts, and ended in a MaxRetryError. `with_retries` is the
-    one retry policy; urllib3 raises the error itself (ReadTimeoutError, NewConnectionError, ...)."""
+    one retry policy; urllib3 raises the error itself (ReadTimeoutError, NewConnectionError, ...).
+    Off, they follow no redirect either: an apiserver sends none (a proxy's 3xx is an error)."""
     configuration = configuration or client.Configuration.get_default_copy()
     configuration.connection_pool_maxsize = max(configuration.connection_pool_maxsize or 0, connections)
     configuration.retries = False
@@ -647,9 +661,9 @@ class KubernetesAdapter:
                 f"write the status of LLMServing {namespace}/{name}",
             )
         except ApiException as error:
-            if error.status == 404:  # deleted while the reconcile ran
+            if error.status == 404 and _names(error, PLURAL, name):  # deleted while the reconcile ran
                 raise ObjectGone(f"LLMServing {namespace}/{name}") from None
-            raise
+            raise  # another 404 (no status subresource, an apiserver behind on the CRD) is no deletion
         self._written("LLMServing", namespace, name, response)
 
     def _written(self, kind: str, namespace: str, name: str, response: Any) -> None:
@@ -707,6 +721,8 @@ class KubernetesAdapter:
                 ),
                 f"record an Event on {meta['namespace']}/{meta['name']}",
                 retry_conflicts=not name,
+                # a POST that may have been served is sent again only under a fixed name (then 409)
+                retry_server_errors=bool(name),
             )
         except ApiException as error:
             if name and error.status == 409:  # recorded already (or by a try answered 5xx that was made)
