@@ -17,7 +17,7 @@ from batchknee.adapters.kubernetes import KubernetesAdapter
 from batchknee.api.models import API_VERSION
 from batchknee.devcluster import DevCluster
 from batchknee.handlers import prometheus_observer
-from batchknee.ports import ApplyConflict
+from batchknee.ports import ApplyConflict, ObjectGone
 from batchknee.reconcile import Ports, reconcile
 from batchknee.settings import OperatorSettings
 
@@ -292,3 +292,14 @@ def test_a_steady_reconcile_applies_nothing_and_an_edit_is_put_back(
     reconcile(world.ns, "steady", ports, datetime.now(UTC))
     assert kube.applied == ["Service"]
     assert world.get("service", "steady")["spec"]["selector"] == {"batchknee.io/llmserving": "steady"}  # type: ignore[index]
+
+
+def test_a_status_write_after_the_llmserving_went_finds_it_gone(world: Harness, cluster: DevCluster) -> None:
+    """The apiserver's 404 for a deleted LLMServing names it (what the adapter tells apart from a
+    404 for a missing resource): the write is "gone", no error, no object made again."""
+    assert world.apply("brief").returncode == 0
+    world.kubectl("delete", "llms", "brief", "--wait=true")
+    kube = KubernetesAdapter(cluster.api_client())
+    with pytest.raises(ObjectGone):
+        kube.patch_status(world.ns, "brief", {"action": "hold"})
+    assert world.get("llmserving", "brief") is None
