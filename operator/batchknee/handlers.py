@@ -610,6 +610,8 @@ def remember(
     come without their kind: it is put back, as a GET would return it."""
     body = event.get("object") or {}
     meta = body.get("metadata") or {}
+    if event.get("type") is None:  # listed (kopf's convention): at the watch's start, or after a 410
+        cache.listed(kind, meta.get("namespace") or "")
     if event.get("type") == "DELETED" or (label is not None and label not in (meta.get("labels") or {})):
         cache.gone(kind, meta.get("namespace") or "", meta.get("name") or "")
     else:

@@ -168,3 +168,42 @@ def test_an_apply_that_meets_a_newer_object_reads_the_apiserver_next(
         "PATCH /apis/apps/v1/namespaces/ml/deployments/chat",
         "GET /apis/apps/v1/namespaces/ml/deployments/chat",
     ]
+
+
+def listed(cache: WatchCache, name: str, namespace: str = "ml", labelled: bool = True) -> None:
+    body = deployment("7", **({LABEL: name} if labelled else {}))
+    body["metadata"].update(name=name, namespace=namespace)
+    remember(cache, "Deployment", "apps/v1", {"type": None, "object": body}, label=LABEL)
+
+
+def test_an_object_a_later_listing_did_not_deliver_is_read_from_the_apiserver() -> None:
+    """kopf lists again after a watch's 410 Gone, and an object deleted in the gap sends no DELETED:
+    served from here, a deleted engine Deployment was never made again (its LLMServing Ready)."""
+    clock = Clock()
+    cache = WatchCache(clock=clock)
+    for name in ("a", "b"):
+        listed(cache, name)
+    listed(cache, "x", namespace="other")
+    clock.now += 600
+    listed(cache, "a")  # the listing after a 410: b was deleted in the gap
+    assert cache.get("Deployment", "ml", "a") is not None
+    assert cache.get("Deployment", "ml", "b") is None
+    assert cache.get("Deployment", "other", "x") is not None  # another namespace's watch listed nothing
+    # one listing, however many pages: objects delivered a moment apart belong to it
+    clock.now += 1
+    listed(cache, "c")
+    assert cache.get("Deployment", "ml", "a") is not None and cache.get("Deployment", "ml", "c") is not None
+    # an object of the kind that is not the operator's still says a listing ran
+    clock.now += 600
+    listed(cache, "unlabelled", labelled=False)
+    assert cache.get("Deployment", "ml", "a") is None
+    # and an event after the listing counts as a delivery
+    clock.now += 1
+    remember(
+        cache,
+        "Deployment",
+        "apps/v1",
+        {"type": "MODIFIED", "object": deployment("8", **{LABEL: "chat"})},
+        label=LABEL,
+    )
+    assert cache.get("Deployment", "ml", "chat") is not None

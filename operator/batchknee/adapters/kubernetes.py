@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import random
 import socket
 import threading
@@ -41,6 +42,7 @@ log = logging.getLogger(__name__)
 APPLY = "application/apply-patch+yaml"
 T = TypeVar("T")
 MESSAGE_LIMIT = 512  # characters of an error answer's message kept for a log line or a condition
+LISTING_GAP_S = 30.0  # a namespace's listed objects further apart than this are two listings
 RETRY_DELAYS_S = (0.2, 0.5, 1.0)  # then give up until the next reconcile (bounded: < 2 s in all)
 
 
@@ -237,6 +239,10 @@ class WatchCache:
       never shows): a reconcile right after a write never decides on what was there before it.
     - Bodies are kept as compact JSON without managedFields (most of a stored object), parsed per
       read: a fresh dict for each caller, and a tenth of the memory of the parsed object.
+    - kopf lists a resource again when its watch's resourceVersion expired (410 Gone), and an object
+      deleted in that gap sends no DELETED event: one that a namespace's latest listing did not
+      deliver is read from the apiserver (a deleted engine Deployment was served from here for good,
+      never made again, its LLMServing Ready).
     """
 
     def __init__(self, write_wait_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
@@ -245,6 +251,9 @@ class WatchCache:
         self._bodies: dict[tuple[str, str, str], tuple[str, bytes]] = {}  # key → (resourceVersion, JSON)
         self._written: dict[tuple[str, str, str], tuple[str, float]] = {}  # key → (resourceVersion, until)
         self._pruned_until = 0.0  # the next sweep of waits ended that no read or event removed
+        self._seen_at: dict[tuple[str, str, str], float] = {}  # key → when a watch last delivered it
+        # (kind, namespace) → (when its latest listing started, when it last listed an object)
+        self._listings: dict[tuple[str, str], tuple[float, float]] = {}
         self._lock = threading.Lock()  # fed from the event loop, read from the reconcile threads
 
     def seen(self, kind: str, body: Mapping[str, Any]) -> None:
@@ -256,15 +265,26 @@ class WatchCache:
         data = json.dumps(slim, separators=(",", ":")).encode()
         with self._lock:
             self._bodies[key] = (version, data)
+            self._seen_at[key] = self.clock()
             written = self._written.get(key)
             if written is not None and written[0] == version:
                 del self._written[key]
+
+    def listed(self, kind: str, namespace: str) -> None:
+        """A listing (at the start of a watch, or again after a 410) delivered an object of `kind` in
+        `namespace` (the operator's or not: told before it is kept): the first more than
+        LISTING_GAP_S after the namespace's last one starts a new listing."""
+        now = self.clock()
+        with self._lock:
+            started, last = self._listings.get((kind, namespace), (now, -math.inf))
+            self._listings[(kind, namespace)] = (now if now - last > LISTING_GAP_S else started, now)
 
     def gone(self, kind: str, namespace: str, name: str) -> None:
         """Deleted, or no longer one of the operator's (a label taken off)."""
         with self._lock:
             self._bodies.pop((kind, namespace, name), None)
             self._written.pop((kind, namespace, name), None)
+            self._seen_at.pop((kind, namespace, name), None)
 
     def wrote(self, kind: str, namespace: str, name: str, resource_version: str | None) -> None:
         """The operator wrote the object (it is now at `resource_version`)."""
@@ -290,6 +310,8 @@ class WatchCache:
         with self._lock:
             self._bodies.clear()
             self._written.clear()
+            self._seen_at.clear()
+            self._listings.clear()
 
     def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         """The object as last delivered, or None: ask the apiserver."""
@@ -301,6 +323,10 @@ class WatchCache:
                     return None
                 del self._written[key]
             found = self._bodies.get(key)
+            listing = self._listings.get((kind, namespace))
+            if found is not None and listing is not None and self._seen_at.get(key, -math.inf) < listing[0]:
+                # not delivered by the namespace's latest listing (not yet, or deleted before it)
+                found = None
         if found is None:
             return None
         body: dict[str, Any] = json.loads(found[1])
