@@ -1228,7 +1228,17 @@ class _Reconcile:
         if workload is None or state is None or state.max_num_seqs is None:
             return False
         running = Desired(state.max_num_seqs, state.max_tokens or decision.max_tokens)
-        return new_pod_template(deployment(obj, running, self.ports.defaults), workload)
+        if not new_pod_template(deployment(obj, running, self.ports.defaults), workload):
+            return False
+        # A batch flag edited by hand (kubectl edit) renders another template too: rendered at the
+        # value the operator last wrote into the Deployment, the recorded one is no change of its own
+        # (the edit is put back, or retuned, at once — not queued as an operator template)
+        written = next((r.to_value for r in reversed(state.rollouts) if not r.live), None)
+        if written is None or written == state.max_num_seqs:
+            return True
+        return new_pod_template(
+            deployment(obj, replace(running, max_num_seqs=written), self.ports.defaults), workload
+        )
 
     # -- live caps (spec.tuning.actuation: Live) ----------------------------------------------------
 

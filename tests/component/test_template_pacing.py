@@ -13,7 +13,7 @@ from fakes import observation
 from batchknee.adapters.observing import RoutedObserver
 from batchknee.handlers import Runtime
 from batchknee.operator_metrics import OperatorMetrics
-from batchknee.pacing import RolloutPacer
+from batchknee.pacing import Place, RolloutPacer
 from batchknee.render import RenderDefaults
 
 NAMES = ("a", "b", "c")
@@ -382,3 +382,30 @@ def test_a_waiter_whose_spec_turns_invalid_keeps_no_place_for_its_namespace(worl
     world.reconcile("b2", "big")  # two places free, nobody else waiting: it rolls
     container = world.kube.deployment("big", "b2")["spec"]["template"]["spec"]["containers"][0]
     assert container["image"] == NEW_IMAGE and world.ports.pacer.waiting() == 0
+
+
+def test_a_batch_flag_edited_by_hand_is_not_queued_as_the_operators_template(world: World) -> None:
+    """`kubectl edit` set --max-num-seqs 256 on a tuned engine while another engine held the one
+    place: rendered at the edited value the template differed from the one recorded, and the edit
+    stuck as "the operator's new pod template … rolls out first", queued for as long as the place
+    was taken. Rendered at the value the operator last wrote, it is no change of the operator's own."""
+    world.ports = replace(world.ports, pacer=RolloutPacer(1))
+    world.kube.create(llmserving(tuning={"cooldownSeconds": 600}))
+    world.reconcile()
+    world.kube.finish_rollout("default", "chat")
+    world.reconcile()
+    world.clock.advance(121)
+    world.ports.pacer.admit(("other", "x"), Place("t", world.clock.now, 1))  # another engine's rollout
+    edited = world.kube.deployment("default", "chat")
+    args = edited["spec"]["template"]["spec"]["containers"][0]["args"]
+    args[args.index("--max-num-seqs") + 1] = "256"
+    edited["metadata"]["generation"] += 1
+    world.kube.finish_rollout("default", "chat")
+    for _ in range(3):  # a third of the window: the edit, a setting not tuned to traffic, is replaced
+        world.observer.set("default", "chat", observation(world.clock.now, ctx=2048))
+        world.reconcile()
+        status = world.kube.status("default", "chat")
+        assert status.get("holdReason") != "template-first", status["reason"]
+        world.clock.advance(30)
+    args = world.args("chat")
+    assert args[args.index("--max-num-seqs") + 1] == "64", status["reason"]
