@@ -172,24 +172,26 @@ def load_config() -> None:
         config.load_kube_config()  # type: ignore[no-untyped-call]
 
 
-def _message(error: ApiException) -> str:
-    """The answer's message (a Status body's `message`, else the reason phrase), printable and
-    bounded: whatever answered (the apiserver, a webhook through it, a proxy) wrote it."""
+def _status_body(error: ApiException) -> dict[str, Any]:
+    """The answer's Status body, or {} when it is not a JSON object: whatever answered (the
+    apiserver, a webhook through it, a proxy) wrote it."""
     try:
         body = json.loads(error.body or "{}")
-        message = body.get("message") or error.reason
-    except (ValueError, AttributeError, RecursionError):
-        message = error.reason
-    return _printable(str(message or ""))
+    except (ValueError, RecursionError):
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def _message(error: ApiException) -> str:
+    """The answer's message (a Status body's `message`, else the reason phrase), printable and
+    bounded."""
+    return _printable(str(_status_body(error).get("message") or error.reason or ""))
 
 
 def _names(error: ApiException, kind: str, name: str) -> bool:
     """Whether a Status answer is about the object `name` of `kind` (its resource name), as a 404
     for a deleted object is; a 404 for a missing resource or subresource names none."""
-    try:
-        details = json.loads(error.body or "{}").get("details") or {}
-    except (ValueError, AttributeError, RecursionError):
-        return False
+    details = _status_body(error).get("details")
     return isinstance(details, dict) and details.get("name") == name and details.get("kind") == kind
 
 
