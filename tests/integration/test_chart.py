@@ -531,10 +531,15 @@ def test_a_namespaced_install_needs_nothing_cluster_scoped(
     values = {
         "crds": {"enabled": False},
         "grafanaDashboard": {"enabled": False},
-        "operator": {"watchNamespaces": [namespace], "prometheusUrl": prometheus.url},
+        # credentials in the URL (the chart's Deployment carries them; its NOTES must not print them)
+        "operator": {
+            "watchNamespaces": [namespace],
+            "prometheusUrl": prometheus.url.replace("://", "://batchknee:notes-secret@", 1),
+        },
     }
     installed = install(cluster, namespace, tmp_path, values)
     uninstall.append(namespace)
+    assert f"Prometheus: {prometheus.url}\n" in installed.notes and "notes-secret" not in installed.notes
     assert (
         cluster.kubectl(
             "get", "clusterrole", "-l", f"app.kubernetes.io/instance={RELEASE}", "-o", "name"
