@@ -32,7 +32,7 @@ from batchknee.api.models import (
     LLMServingSpec,
     format_timestamp,
 )
-from batchknee.api.resolve import trtllm_kv_cache
+from batchknee.api.resolve import progress_deadline_seconds, trtllm_kv_cache
 from batchknee.core.engine_args import (
     ENGINE_CONFIG_DIR,
     ENGINE_CONFIG_FILE,
@@ -569,7 +569,7 @@ def deployment(obj: LLMServing, desired: Desired, defaults: RenderDefaults) -> d
         "spec": {
             **replicas,
             "selector": {"matchLabels": selector_labels(name)},
-            "progressDeadlineSeconds": spec.rolling_update.progress_deadline_seconds,
+            "progressDeadlineSeconds": progress_deadline_seconds(spec),
             "strategy": {
                 "type": "RollingUpdate",
                 "rollingUpdate": {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import typing
 from pathlib import Path
 from typing import Any
@@ -144,6 +145,44 @@ def test_cel_rules_cover_the_catalog() -> None:
 def test_dtype_enums_follow_the_core() -> None:
     assert typing.get_args(WeightDtype) == WEIGHT_DTYPES
     assert typing.get_args(KvCacheDtype) == KV_DTYPES
+
+
+def apiserver_defaults(node: dict[str, Any], value: Any) -> Any:
+    """What the apiserver's structural defaulting does to `value` under the schema `node`: an absent
+    property with a default gets it, within every object that is there."""
+    if isinstance(value, dict):
+        for name, sub in node.get("properties", {}).items():
+            if name not in value and "default" in sub:
+                value[name] = copy.deepcopy(sub["default"])
+            if name in value:
+                apiserver_defaults(sub, value[name])
+    elif isinstance(value, list) and isinstance(node.get("items"), dict):
+        for item in value:
+            apiserver_defaults(node["items"], item)
+    return value
+
+
+@pytest.mark.parametrize("rollout", [None, {}, {"allowServingGap": True}])
+def test_a_progress_deadline_not_given_stays_unset_through_the_crd(rollout: dict[str, Any] | None) -> None:
+    """The operator derives the deadline from the model when it is unset: the CRD must not fill one
+    in (it filled 600, the same for every model), and the spec read back says it is unset."""
+    rollout_schema = schema()["properties"]["spec"]["properties"]["rollout"]
+    assert "default" not in rollout_schema["properties"]["progressDeadlineSeconds"]
+    body = manifest(**({} if rollout is None else {"rollout": rollout}))
+    stored = apiserver_defaults(schema(), copy.deepcopy(body))
+    assert "progressDeadlineSeconds" not in stored["spec"].get("rollout", {})
+    obj = parse_llmserving(stored)
+    assert obj.spec.rolling_update.progress_deadline_seconds is None
+    assert "progressDeadlineSeconds" not in obj.spec.dump().get("rollout", {})
+    # one given is kept, within its bounds
+    given = manifest(rollout={"progressDeadlineSeconds": 600})
+    assert (
+        parse_llmserving(apiserver_defaults(schema(), given)).spec.rolling_update.progress_deadline_seconds
+        == 600
+    )
+    for wrong in (9, 86401):
+        with pytest.raises(SpecError, match="progressDeadlineSeconds"):
+            parse_llmserving(manifest(rollout={"progressDeadlineSeconds": wrong}))
 
 
 def test_defaults_fill_in() -> None:

@@ -68,7 +68,7 @@ def test_vllm_deployment() -> None:
     assert c["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "15"]
     spec = dep["spec"]
     assert spec["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
-    assert spec["progressDeadlineSeconds"] == 600
+    assert spec["progressDeadlineSeconds"] == 750  # unset: 600 s + 10 s per GiB of its 15 GiB of weights
     assert "replicas" not in spec  # not in the spec: left to whoever scales the Deployment
     assert spec["selector"]["matchLabels"] == {"batchknee.io/llmserving": "chat"}
     pod = spec["template"]
@@ -171,6 +171,44 @@ def test_the_engine_gets_a_writable_home_shared_memory_and_time_to_finish(tmp_pa
     sglang = deployment(obj(engine="SGLang"), Desired(64, 0), RenderDefaults())
     assert container(sglang)["readinessProbe"]["timeoutSeconds"] == 10
     assert container(dep)["readinessProbe"]["timeoutSeconds"] == 2
+
+
+def deadline(**spec: Any) -> Any:
+    return deployment(obj(**spec), Desired(64, 0), RenderDefaults())["spec"]["progressDeadlineSeconds"]
+
+
+def test_the_progress_deadline_unset_grows_with_the_weights_each_pod_downloads() -> None:
+    """Engine pods have only a readiness probe: one merely loading a big checkpoint is not
+    restarted, but a deadline of 600 s passed while a 70B model (141 GB) downloaded, so every
+    retune of it was rolled back and its limit quarantined. Unset, the deadline is 600 s plus 10 s
+    per GiB of the whole model's weights (one pod downloads them all, whatever its GPU count), at
+    the spec's weight dtype, at most a day."""
+    assert deadline() == 750  # Llama-3.1-8B: 8.03e9 × 2 bytes = 14.96 GiB → 600 + 150
+    assert deadline(gpu={"type": "h100", "count": 1}) == 750  # the same weights on one GPU
+    seventy = {"name": "meta-llama/Llama-3.1-70B-Instruct"}
+    assert deadline(model=seventy, gpu={"type": "h100", "count": 4}) == 1916  # 131.50 GiB → 600 + 1316
+    assert deadline(model={**seventy, "weightDtype": "fp8"}, gpu={"type": "h100", "count": 4}) == 1258
+    assert (
+        deadline(model={"name": "meta-llama/Llama-3.1-405B-Instruct"}, gpu={"type": "h100", "count": 8})
+        == 8161
+    )
+    # a model outside the catalog, by its architecture; and the cap (5e12 parameters: 9,313 GiB)
+    architecture = {"layers": 32, "attentionHeads": 32, "kvHeads": 8, "headDim": 128, "params": 8030000000}
+    assert deadline(model={"name": "acme/chat-8b", "architecture": architecture}) == 750
+    assert deadline(model={"name": "meta-llama/Llama-3.1-8B-Instruct", "params": 5_000_000_000_000}) == 86400
+    # an empty rollout, or one that sets other fields, leaves it unset
+    assert deadline(rollout={}) == deadline(rollout={"maxSurge": 1, "maxUnavailable": 0}) == 750
+
+
+@pytest.mark.parametrize("given", [10, 30, 600, 750, 86400])
+def test_a_progress_deadline_set_is_rendered_as_given(given: int) -> None:
+    """A value set wins over the derived one, for a small model and a big one alike, 600 included."""
+    assert deadline(rollout={"progressDeadlineSeconds": given}) == given
+    big = {"name": "meta-llama/Llama-3.1-70B-Instruct"}
+    assert (
+        deadline(model=big, gpu={"type": "h100", "count": 4}, rollout={"progressDeadlineSeconds": given})
+        == given
+    )
 
 
 def test_tensorrt_llm_objects() -> None:

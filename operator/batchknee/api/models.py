@@ -592,6 +592,10 @@ def _int_or_percent_rule(field: str) -> dict[str, str]:
     }
 
 
+# spec.rollout.progressDeadlineSeconds' maximum (a day), and the cap of the deadline derived when unset
+MAX_PROGRESS_DEADLINE_S = 86400
+
+
 class RolloutSpec(_Model):
     """The Deployment's rolling update. The default replaces one pod at a time without a surge
     pod, because a surge pod needs GPUs the node usually does not have."""
@@ -623,14 +627,18 @@ class RolloutSpec(_Model):
         description="Let Auto mode retune a single replica without a surge pod, accepting that it serves "
         "nothing while its engine restarts (1–5 minutes on a real GPU).",
     )
-    progress_deadline_seconds: int = Field(
-        600,
+    progress_deadline_seconds: int | None = Field(
+        None,
         ge=10,
-        le=86400,
+        le=MAX_PROGRESS_DEADLINE_S,
         description="New engine pods not Ready within this time (the value does not fit, the engine crashes) "
         "roll back to the last good batch limit, and the failed one is quarantined; a stall after a pod "
         "template that was not a batch limit's (an image, an operator upgrade) is reported (Degraded, "
-        "RolloutStalled), not rolled back.",
+        "RolloutStalled), not rolled back. Unset, it grows with the model: 600 s plus 10 s per GiB of "
+        "weights (each new pod downloads the whole checkpoint, at about 100 MiB/s), at most 86400 — "
+        "about 750 s for an 8B model in bf16, 1,900 s for a 70B one. A value set always wins. "
+        "It defaulted to 600 before: an object created then with spec.rollout holds that 600 (remove it "
+        "to get the derived deadline).",
     )
 
     @model_validator(mode="after")

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import ValidationError
 
-from batchknee.api.models import Engine, LLMServing, LLMServingSpec
+from batchknee.api.models import MAX_PROGRESS_DEADLINE_S, Engine, LLMServing, LLMServingSpec
 from batchknee.core.catalog import GIB, CatalogError, GpuSpec, ModelArchitecture, find_gpu, find_model
 from batchknee.core.engine_args import (
     flag_value,
@@ -35,6 +36,15 @@ MAX_GPUS = 64  # spec.gpu.count's maximum
 # deeper than a dozen, and much of Python (json, pydantic, the operator's own walks) recurses once
 # per level.
 MAX_SPEC_DEPTH = 32
+# spec.rollout.progressDeadlineSeconds when unset: a new engine pod gets Ready only once it has its
+# weights, and one pod downloads the whole checkpoint at each start (tensor parallelism splits it
+# across the GPUs only once read), so the deadline grows with the weight bytes. 10 s per GiB is a
+# download at about 100 MiB/s (102.4), what a pod commonly gets from the Hugging Face Hub or an
+# object store; the base is Kubernetes' own default, the deadline every LLMServing had before, which
+# holds an image pull, the engine's start and CUDA graph capture. Llama-3.1-8B in bf16 (15.0 GiB)
+# gets 750 s, Llama-3.1-70B (131.5 GiB) 1916 s, Llama-3.1-405B (756 GiB) 8161 s.
+PROGRESS_DEADLINE_BASE_S = 600
+PROGRESS_DEADLINE_S_PER_GIB = 10
 
 
 class SpecError(ValueError):
@@ -206,6 +216,22 @@ def _roofline(spec: LLMServingSpec) -> DecodeRoofline:
         if isinstance(error, SpecError):
             raise
         raise SpecError("spec.model", str(error)) from None
+
+
+def progress_deadline_seconds(spec: LLMServingSpec) -> int:
+    """The engine Deployment's progress deadline: spec.rollout.progressDeadlineSeconds when set,
+    else PROGRESS_DEADLINE_BASE_S plus PROGRESS_DEADLINE_S_PER_GIB per GiB of the model's weights
+    (all of them, at the spec's weight dtype), at most MAX_PROGRESS_DEADLINE_S. A spec whose model
+    does not resolve (never rendered by the reconcile, which refuses it first) gets the base."""
+    explicit = spec.rolling_update.progress_deadline_seconds
+    if explicit is not None:
+        return explicit
+    try:
+        weights = _roofline(spec).model_bytes
+    except SpecError:
+        return PROGRESS_DEADLINE_BASE_S
+    derived = PROGRESS_DEADLINE_BASE_S + math.ceil(PROGRESS_DEADLINE_S_PER_GIB * weights / GIB)
+    return min(MAX_PROGRESS_DEADLINE_S, derived)
 
 
 @dataclass(frozen=True)
