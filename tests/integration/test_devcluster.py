@@ -71,6 +71,16 @@ def test_kubectl_reports_v1_36_server(cluster: DevCluster) -> None:
     assert node["status"]["capacity"]["nvidia.com/gpu"] == "8"
 
 
+def test_kubectl_keeps_the_clusters_own_cache_and_fails_with_its_error(cluster: DevCluster) -> None:
+    """Discovery is cached per cluster (a reused loopback port must not serve another cluster's),
+    and a failing kubectl says why, not only its exit status."""
+    cluster.kubectl("get", "namespaces")
+    assert any((cluster.workdir / "kube-cache" / "discovery").iterdir())
+    with pytest.raises(subprocess.CalledProcessError) as failed:
+        cluster.kubectl("get", "no-such-kind")
+    assert 'doesn\'t have a resource type "no-such-kind"' in str(failed.value), str(failed.value)
+
+
 def test_deployment_rolls_out_to_ready_pods_and_rolls_again(
     cluster: DevCluster, api: client.ApiClient, namespace: str
 ) -> None:

@@ -38,6 +38,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("batchknee.devcluster")
 
+
+class CommandFailed(subprocess.CalledProcessError):
+    """A bundled tool (kubectl, helm) that failed, its message the tool's own error: a traceback of
+    `make demo` names what went wrong, not only an exit status."""
+
+    def __str__(self) -> str:
+        said = (self.stderr or self.stdout or "").strip()
+        return f"{super().__str__()}: {said[-2000:]}" if said else super().__str__()
+
+
 # The controllers the tests and the operator need. Node lifecycle and taint eviction stay off: the
 # test kubelet heartbeats, but nothing here should ever evict a pod behind a test's back.
 DEFAULT_CONTROLLERS = (
@@ -185,6 +195,9 @@ class DevCluster:
         """`base` (default os.environ) with KUBECONFIG set and the bundled tools first on PATH."""
         env = dict(os.environ if base is None else base)
         env["KUBECONFIG"] = str(self.kubeconfig)
+        # kubectl's discovery cache, the cluster's own: ~/.kube/cache is keyed by host and port, and a
+        # loopback port is reused by the next cluster (whose resources another cluster's cache named)
+        env["KUBECACHEDIR"] = str(self.workdir / "kube-cache")
         env["PATH"] = os.pathsep.join([str(self.tools_bin), env.get("PATH", "")]).rstrip(os.pathsep)
         return env
 
@@ -210,7 +223,7 @@ class DevCluster:
         argv = [str(self.tools_bin / "helm"), *args]
         result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, check=False)
         if check and result.returncode != 0:
-            raise subprocess.CalledProcessError(result.returncode, argv, result.stdout, result.stderr)
+            raise CommandFailed(result.returncode, argv, result.stdout, result.stderr)
         return result
 
     def kubectl(
@@ -222,7 +235,7 @@ class DevCluster:
             argv, env=self.env(), input=input, capture_output=True, text=True, timeout=timeout, check=False
         )
         if check and result.returncode != 0:
-            raise subprocess.CalledProcessError(result.returncode, argv, result.stdout, result.stderr)
+            raise CommandFailed(result.returncode, argv, result.stdout, result.stderr)
         return result
 
     def pids(self) -> dict[str, int]:
