@@ -49,6 +49,8 @@ def _refused(capsys: pytest.CaptureFixture[str], argv: list[str], option: str) -
         # (was: OverflowError in recommend.round_up)
         ([*PLAN, "--params", "1e308", "--context", "512"], "argument --params", "at most"),
         ([*PLAN, "--knee-factor", "1e308"], "argument --knee-factor", "at most 2"),
+        # (was: a recommendation of 32 at ×0.50, a factor no LLMServing can state)
+        ([*PLAN, "--knee-factor", "0.5"], "argument --knee-factor", "at least 1 (kneeFactorPercent 100)"),
         # (was: `inf TB/s` and TPOT 0.0)
         ([*PLAN, "--bandwidth", "1e300TB/s"], "argument --bandwidth", "finite"),
         # (was: TPOT 0.0)

@@ -36,7 +36,7 @@ def test_table_shows_knee_recommendation_and_changes(capsys: pytest.CaptureFixtu
     assert status == 0
     assert "B_knee 59.6" in out
     assert "recommended --max-num-seqs 64" in out
-    assert "TensorRT-LLM max_tokens 131,072" in out
+    assert "KV at that batch 131,072 tokens" in out
     row_64 = next(line for line in out.splitlines() if line.split()[:1] == ["64"])
     assert row_64.split()[:5] == ["64", "16.6", "+35%", "3,858", "+48%"]
 

@@ -45,7 +45,7 @@ def register(subparsers: Any) -> None:
         "--batch", type=batch_limits, default=[1, 8, 32, 64, 128, 256], help="batch sizes for the rows"
     )
     parser.add_argument(
-        "--knee-factor", type=knee_factor, default=1.0, help="max-num-seqs = factor × B_knee (at most 2)"
+        "--knee-factor", type=knee_factor, default=1.0, help="max-num-seqs = factor × B_knee (1 to 2)"
     )
     parser.add_argument(
         "--tpot-target-ms", type=positive_float, help="cap the batch so TPOT stays under this"
@@ -90,8 +90,18 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(handler=run)
 
 
-MAX_KNEE_FACTOR = 2.0  # spec.tuning.kneeFactorPercent's bound, 200 %
-knee_factor = at_most(positive_float, MAX_KNEE_FACTOR, f"{MAX_KNEE_FACTOR:g} (kneeFactorPercent 200)")
+MAX_KNEE_FACTOR = 2.0  # spec.tuning.kneeFactorPercent's bounds, 100–200 %
+_at_most_two = at_most(positive_float, MAX_KNEE_FACTOR, f"{MAX_KNEE_FACTOR:g} (kneeFactorPercent 200)")
+
+
+def knee_factor(text: str) -> float:
+    value = _at_most_two(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} must be at least 1 (kneeFactorPercent 100): under the knee the weights' read is "
+            "not yet shared by enough sequences"
+        )
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -238,7 +248,7 @@ def render_table(roofline: DecodeRoofline, plans: list[ContextPlan], knob: str =
         lines += [
             "",
             f"{context}, B_knee {rec.b_knee:.1f}",
-            f"  recommended {knob} {rec.max_num_seqs}   TensorRT-LLM max_tokens {rec.max_tokens:,}"
+            f"  recommended {knob} {rec.max_num_seqs}   KV at that batch {rec.max_tokens:,} tokens"
             f"   ({rec.explain()})",
             f"  {'batch':>6} {'TPOT ms':>9} {'ΔTPOT':>7} {'tok/s':>9} {'Δtok/s':>7} {'p99 ms':>7}",
         ]
