@@ -149,7 +149,7 @@ dev-cluster: venv tools system-deps
 	batchknee dev-cluster up --with-prometheus
 
 # The main job: the operator retuning emulated engines on an embedded local cluster as traffic
-# shifts (about 9 minutes); demo-fast runs the same scenario with short phases (under 5 minutes).
+# shifts (about 9 minutes); demo-fast runs the same scenario with short phases (about 6–7 minutes).
 demo: venv tools system-deps
 	batchknee demo --out demo-out
 

@@ -127,9 +127,11 @@ class OperatorSettings(BaseSettings):
     namespaces: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="Namespaces to watch, comma-separated; empty: the whole cluster"
     )
-    metrics_address: str = Field("127.0.0.1", description="Address of the operator's own /metrics")
+    metrics_address: str = Field(
+        "127.0.0.1", description="Address of the operator's own /metrics (the image sets 0.0.0.0)"
+    )
     metrics_port: int = Field(8081, ge=0, le=65535, description="Port of /metrics (0: off)")
-    health_address: str = Field("127.0.0.1", description="Address of /healthz")
+    health_address: str = Field("127.0.0.1", description="Address of /healthz (the image sets 0.0.0.0)")
     health_port: int = Field(8080, ge=0, le=65535, description="Port of /healthz (0: off)")
     peering: Literal["auto", "mandatory", "standalone"] = Field(
         "auto", description="kopf peering: replicas see each other and only the highest priority acts"
@@ -345,7 +347,7 @@ class OperatorSettings(BaseSettings):
         # a Deployment takes an empty image (a pod template's is optional) and its pods never start
         if not 0 < len(value) <= 1024 or any(not ch.isprintable() or ch.isspace() for ch in value):
             raise ValueError(
-                "is not an image reference (1–1024 characters, no whitespace), e.g. vllm/vllm-openai:v0.11.0"
+                "is not an image reference (1–1024 characters, no whitespace), e.g. vllm/vllm-openai:v0.34.0"
             )
         return value
 

@@ -1,7 +1,5 @@
-"""SGLang's metric contract, read from the pinned wheel, for the SGLang adapter and emulator to build on.
-
-No adapter or emulator speaks SGLang yet; until then this holds the names REFERENCE.md §2 lists (the
-ones an SGLang adapter needs) to the pinned release, with their types. `python
+"""SGLang's metric contract, read from the pinned wheel: the names and types the Prometheus adapter
+queries and the emulator exports, held to the pinned release. `python
 tests/contract/contracts.py sglang` prints everything SGLang registers (name, type, labels, source);
 `<labels>` there is the collector's `labels` argument (model_name, engine_type, and the server's
 optional priority/custom labels, filled in at run time).

@@ -453,7 +453,8 @@ class TuningSpec(_Model):
         ge=1,
         le=100000,
         description="Time-per-output-token p99 target. Enables the SLO guard: a calibrated cap once enough "
-        "samples exist, otherwise a step down while p99 is over the target.",
+        "samples exist; before that, a cap estimated from the current window, no raise while p99 is "
+        "within 10% of the target (or unknown), and steps down by 3/4 while p99 is over it.",
     )
     actuation: Actuation = Field(
         Actuation.Restart,
@@ -485,7 +486,8 @@ class TuningSpec(_Model):
         10,
         ge=0,
         le=100,
-        description="Changes smaller than this percentage of the applied value are not worth a rollout.",
+        description="Changes of the unrounded target smaller than this percentage of the target that set the "
+        "running limit are not worth a rollout.",
     )
     cooldown_seconds: int = Field(
         600,
@@ -1522,7 +1524,8 @@ class LLMServingSpec(_Model):
         default_factory=list,
         max_length=MAX_ARGS,
         description=f"Extra engine arguments (at most {MAX_ARGS}, each at most {MAX_ARG_LENGTH} characters), "
-        "kept as given. The operator owns --max-num-seqs, "
+        "kept as given, but for pipeline or data parallelism over 1, which is refused (one engine per pod: "
+        "spec.gpu.count sets the tensor parallelism, spec.replicas the engines). The operator owns --max-num-seqs, "
         "--tensor-parallel-size, --port and --served-model-name (vLLM), the options file (TensorRT-LLM), "
         "--model-path, --max-running-requests, --tp-size, --host and --port (SGLang, aliases included); "
         "those are replaced, never duplicated.",
@@ -1773,7 +1776,8 @@ class LLMServingStatus(_Model):
     )
     conditions: list[Condition] = Field(
         default_factory=list,
-        description="Ready, MetricsAvailable, Progressing, Degraded.",
+        description="Ready, MetricsAvailable, Progressing, Degraded, ArgsOverridden, Wired (targetRef), "
+        "Actuation (Live).",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     observed: ObservedMetrics | None = Field(
