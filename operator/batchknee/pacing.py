@@ -10,6 +10,11 @@ rolled out with as many pods available as before. A rollout whose pods do not st
 place, so a template that does not start stops the change at `at_once` engines instead of spreading
 through the fleet.
 
+An engine that waits for a place holds its batch limit meanwhile (the template rolls out first,
+alone), but for a safety decrease — its running limit breaks the TPOT target, or exceeds the KV-cache
+pool: that does not wait. The template rolls with it, in one restart, and takes a place at once,
+ahead of the waiters and whether or not one is free (`resume`): the others wait while it runs.
+
 Namespaces share the places: one holds at most `at_once - 1` of them (one, when `at_once` is 1),
 and a free place goes to a namespace that holds no more than any other namespace waiting for one.
 A tenant whose new pods cannot start (on purpose or not: a quota with no room for a surge pod)
@@ -86,8 +91,9 @@ class RolloutPacer:
         )
 
     def resume(self, key: Key, place: Place) -> None:
-        """`key`'s rollout for `place` is under way already (an earlier process gave it a place):
-        it holds one again, whether or not one is free."""
+        """`key`'s rollout for `place` is under way already (an earlier process gave it a place), or
+        may not wait (a safety decrease rolls the template with it): it holds one, whether or not
+        one is free."""
         if self.at_once == 0:
             return
         with self._lock:

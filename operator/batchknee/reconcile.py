@@ -259,6 +259,7 @@ class Ports:
 # it, so no place leaks.
 PLACE_APPLY_SEEN_WITHIN = timedelta(seconds=60)
 OWN_TEMPLATE = "the operator's new pod template (an operator upgrade, or a changed operator setting)"
+WITH_TEMPLATE = "the operator's new pod template rolls with this safety decrease"
 
 
 @dataclass(frozen=True)
@@ -928,6 +929,17 @@ class _Reconcile:
                     paced_template=template if paced.admitted else desired.paced_template,
                 )
                 objects = render(obj, desired, self.ports.defaults)
+            elif self.carries_template and state is not None:
+                # a safety decrease with the operator's new template: one rollout, with a place
+                template = template_hash(objects[-1])
+                paced = self.pace_with_safety(state, template)
+                desired = replace(
+                    desired,
+                    # its time is the rollout's own: a stall of it is the template's (rollout_safety)
+                    template_changed_at=self.now,
+                    paced_template=template if paced.admitted else desired.paced_template,
+                )
+                objects = render(obj, desired, self.ports.defaults)
             foreign, pending = self.claim(objects, read, uid)
             if foreign:
                 return self.name_conflict(foreign)
@@ -993,6 +1005,8 @@ class _Reconcile:
             message = (
                 decision.reason if corrective else retune_message(decision, applied.max_num_seqs, observation)
             )
+            if self.carries_template and not corrective:
+                message = f"{message}; {WITH_TEMPLATE}"
             self.announce(rollouts[-1], rules.mode, message)
         elif (
             rules.mode == "Recommend"
@@ -1107,8 +1121,12 @@ class _Reconcile:
             # stamped before the last rollout speaks of the value that rollout replaced
             and (state.stalled_at is None or state.stalled_at > last.time)
             # a new template since (the spec's image, the operator's upgrade) is what stalled, not
-            # the batch limit: rolling the limit back would only flip it at every deadline
-            and not (last.time < (state.template_changed_at or last.time) <= self.now)
+            # the batch limit: rolling the limit back would only flip it at every deadline. One of
+            # the same time rolled with it (a safety decrease and the operator's new template): the
+            # lower limit is not rolled back to the unsafe one for it either
+            and not (
+                state.template_changed_at is not None and last.time <= state.template_changed_at <= self.now
+            )
             # nor after the limit rolled out whole (an adopted workload's owner upgraded it since: no
             # template time is kept on it), nor a rollback's or revert's (that value ran before)
             and not self.last_rollout_completed(applied.rollouts)
@@ -1130,7 +1148,12 @@ class _Reconcile:
                 )
             )
             rollback = replace(
-                decision, action="roll", value=good, hold=None, reason=f"{ROLLBACK} {bad}→{good}: {why}"
+                decision,
+                action="roll",
+                value=good,
+                hold=None,
+                reason=f"{ROLLBACK} {bad}→{good}: {why}",
+                safety=False,
             )
             return rollback, quarantine[-QUARANTINE_KEPT:]
         check = self.check_last_change(state, applied, rules, observation, settled_since)
@@ -1157,6 +1180,7 @@ class _Reconcile:
                 value=good,
                 hold=None,
                 reason=f"{REVERT} {bad}→{good}: {check.reason}",
+                safety=False,
             )
             return revert, quarantine[-QUARANTINE_KEPT:]
         if not decision.rolls or applied.max_num_seqs is None:
@@ -1170,6 +1194,7 @@ class _Reconcile:
                 max_tokens=applied.max_tokens or decision.max_tokens,
                 hold=kind,
                 reason=f"holding {applied.max_num_seqs}: {why}",
+                safety=False,
             )
 
         seen = decision.context_tokens
@@ -1208,11 +1233,17 @@ class _Reconcile:
                 "allow it with spec.rollout.maxSurge: 1 (a spare GPU) or spec.rollout.allowServingGap: true",
             ), quarantine
         if self.operator_template_pending(obj, state, decision, unchanged_spec_workload):
-            return hold(
-                "template-first",
-                "the operator's new pod template (an operator upgrade, or a changed operator setting) "
-                "rolls out first, alone; the batch limit follows it",
-            ), quarantine
+            if not decision.safety:
+                return hold(
+                    "template-first",
+                    "the operator's new pod template (an operator upgrade, or a changed operator setting) "
+                    "rolls out first, alone; the batch limit follows it",
+                ), quarantine
+            # A safety decrease does not wait its turn (the engine preempts, or breaks its TPOT
+            # target, meanwhile — for hours on a large fleet): the template rolls with it, in one
+            # restart that takes a place from the pacer (`run`); a stall of it is the template's
+            self.carries_template = True
+            return replace(decision, reason=f"{decision.reason}; {WITH_TEMPLATE}"), quarantine
         return decision, quarantine
 
     def operator_template_pending(
@@ -1224,7 +1255,8 @@ class _Reconcile:
     ) -> bool:
         """Would the Deployment, rendered at the batch limit it runs, get a new pod template? With
         the spec unchanged (`workload` given only then), that is the operator's own change: it rolls
-        out alone, paced, before a retune (one rollout of both would leave a stall no one's)."""
+        out alone, paced, before a retune (one rollout of both would leave a stall no one's) — but
+        a safety decrease, which it rolls with (a stall of both is then the template's)."""
         if workload is None or state is None or state.max_num_seqs is None:
             return False
         running = Desired(state.max_num_seqs, state.max_tokens or decision.max_tokens)
@@ -1439,6 +1471,7 @@ class _Reconcile:
         return check
 
     other_setup = False  # the engine, model, GPU, image or args changed since the last evaluation
+    carries_template = False  # a safety decrease rolls the operator's new pod template (rollout_safety)
 
     def forget_other_setup(self, fingerprint: str) -> None:
         """What another setup showed says nothing of this one (its calibration is dropped by the
@@ -1467,8 +1500,10 @@ class _Reconcile:
         """A retune keeps the window before it, for the check after it."""
         if not rolled or not rollouts or decision.reason.startswith((ROLLBACK, REVERT)):
             return
-        if self.other_setup:
-            return  # the window before ran on another setup: nothing to compare the new one with
+        if self.other_setup or self.carries_template:
+            # the window before ran on another setup, or on the template that rolled out with the
+            # retune: nothing to compare the new one with
+            return
         new = rollouts[-1]
         figures = Figures.of(observation)
         if new.from_value is not None and figures is not None:
@@ -1738,6 +1773,21 @@ class _Reconcile:
             "templateRolloutsAtOnce), a namespace all of them but one, namespaces holding fewer first"
         )
         return Paced("False", "RolloutQueued", why)
+
+    def pace_with_safety(self, state: DeploymentState, template: str) -> Paced:
+        """The operator's new pod template rolling with a safety decrease takes a place at once,
+        ahead of the engines that wait and whether or not one is free (as a rollout resumed after a
+        restart does): the others wait while it runs, and it frees as any (`free_place`)."""
+        key = (self.namespace, self.name)
+        held = self.ports.pacer.place(key) is not None
+        self.ports.pacer.resume(key, Place(template, self.now, state.available_replicas))
+        return Paced(
+            "True",
+            "TemplateRollout",
+            f"rolling out {OWN_TEMPLATE} with a safety decrease",
+            admitted=True,
+            took_place=not held,
+        )
 
     def resume_place(self, state: DeploymentState, found: Mapping[str, Any]) -> None:
         """The rollout of a template that got a place is still replacing pods, stalled, or has

@@ -219,8 +219,9 @@ class OperatorSettings(BaseSettings):
         "its rollout completes with as many pods available as before (one whose pods do not start keeps "
         "its place, so a template that does not start stops there; one namespace holds at most all places "
         "but one, so its engines cannot stop the rest); an engine that waits holds its "
-        "batch limit meanwhile. LLMServing spec changes and hand edits of a Deployment put back do not "
-        "wait. 0: no limit",
+        "batch limit meanwhile, but for a safety decrease (its TPOT target broken, its KV-cache pool "
+        "exceeded): that does not wait, it rolls with the new template and takes a place. LLMServing "
+        "spec changes and hand edits of a Deployment put back do not wait. 0: no limit",
     )
 
     # --- Prometheus: what tenants may point the operator at, and how results are shared ---

@@ -1,12 +1,15 @@
 """Pod templates the operator renders anew of its own (an upgrade, a new default image) roll at most
-`templateRolloutsAtOnce` engines at a time, alone: a waiting engine's retunes wait with it; spec
-changes (the batch limit's too) and edits put back do not wait."""
+`templateRolloutsAtOnce` engines at a time, alone: a waiting engine's retunes wait with it, but for
+a safety decrease, which rolls with the template and takes a place; spec changes (the batch limit's
+too) and edits put back do not wait."""
 
 from __future__ import annotations
 
 import copy
 from dataclasses import replace
+from typing import Any
 
+import pytest
 from conftest import World, llmserving
 from fakes import observation
 
@@ -409,3 +412,145 @@ def test_a_batch_flag_edited_by_hand_is_not_queued_as_the_operators_template(wor
         world.clock.advance(30)
     args = world.args("chat")
     assert args[args.index("--max-num-seqs") + 1] == "64", status["reason"]
+
+
+def limit(world: World, name: str) -> int:
+    args = world.args(name)
+    return int(args[args.index("--max-num-seqs") + 1])
+
+
+def upgraded_with_every_place_taken(world: World, **spec: Any) -> None:
+    """Engine a (of `spec`) and b, rolled out and settled under the old operator; then the operator
+    renders a new template (a new default image) while another engine holds the one place: b waits."""
+    world.kube.create(llmserving("a", **spec))
+    world.reconcile("a")
+    world.kube.finish_rollout("default", "a")
+    world.reconcile("a")
+    rolled_out(world, "default", "b")
+    world.clock.advance(121)  # a has settled since its creation
+    pacer = RolloutPacer(1)
+    assert pacer.admit(("other", "x"), Place("another template", world.clock.now, 1))
+    world.ports = replace(world.ports, defaults=RenderDefaults(vllm_image=NEW_IMAGE), pacer=pacer)
+    world.reconcile("b")
+    assert image(world, "b") != NEW_IMAGE and progressing(world, "b")["reason"] == "RolloutQueued"
+
+
+TPOT_TARGET = {"tuning": {"cooldownSeconds": 0, "tpotP99TargetMilliseconds": 25}}
+# an A10G's KV pool holds 17 sequences of 2,048 tokens, 8 of 4,000: the knee (×1.5) is far above
+SMALL_KV_POOL = {
+    "gpu": {"type": "a10g", "count": 1},
+    "tuning": {"cooldownSeconds": 0, "kneeFactorPercent": 150},
+}
+
+
+def broke_the_tpot_target(world: World) -> None:
+    """a's TPOT p99 is 40 ms against its 25-ms target: the guard steps 64 down to 48."""
+    world.observer.set(
+        "default", "a", observation(world.clock.now, ctx=2048, tpot_p99_ms=40, with_mean=False)
+    )
+    world.reconcile("a")
+
+
+@pytest.mark.parametrize(
+    ("spec", "seen", "before", "after", "limited_by"),
+    [
+        (TPOT_TARGET, {"ctx": 2048, "tpot_p99_ms": 40, "with_mean": False}, 64, 48, "tpot-target"),
+        (SMALL_KV_POOL, {"ctx": 4000}, 16, 8, "kv-capacity"),
+    ],
+)
+def test_a_safety_decrease_does_not_wait_for_a_place_it_rolls_with_the_operators_template(
+    world: World, spec: dict[str, Any], seen: dict[str, Any], before: int, after: int, limited_by: str
+) -> None:
+    """Every place is taken and another engine waits; a's running limit breaks its TPOT target, or
+    outgrows its KV pool (the engine preempts): the decrease does not wait hours for a place. It
+    rolls at once with the operator's new template, in one restart, and takes a place over the
+    limit — the waiting engine waits while it runs."""
+    upgraded_with_every_place_taken(world, **spec)
+    assert limit(world, "a") == before
+    world.observer.set("default", "a", observation(world.clock.now, **seen))
+    world.reconcile("a")
+    assert limit(world, "a") == after and image(world, "a") == NEW_IMAGE  # one rollout of both
+    status = world.kube.status("default", "a")
+    assert status["limitedBy"] == limited_by and status.get("holdReason") is None, status["reason"]
+    assert status["reason"].endswith("; the operator's new pod template rolls with this safety decrease")
+    [retuned] = [e for e in world.kube.events if e["reason"] == "Retuned" and e["object"] == "a"]
+    assert "the operator's new pod template rolls with this safety decrease" in retuned["message"]
+    assert [h["to"] for h in status["history"]] == [before, after]
+    assert "before" not in status["history"][-1]  # its window before ran on the old template
+
+    # a holds a place, over the limit: the other engine's rollout finishing frees none for b
+    pacer = world.ports.pacer
+    assert pacer.place(("default", "a")) is not None and pacer.under_way() == 2
+    pacer.done(("other", "x"))
+    world.clock.advance(30)
+    world.reconcile("a")
+    world.reconcile("b")
+    assert image(world, "b") != NEW_IMAGE and progressing(world, "b")["reason"] == "RolloutQueued"
+
+    # a's rollout completes: its place frees as any, and b's template goes
+    world.kube.finish_rollout("default", "a")
+    world.reconcile("a")
+    assert pacer.place(("default", "a")) is None
+    world.reconcile("b")
+    assert image(world, "b") == NEW_IMAGE and limit(world, "b") == 64
+
+
+def test_a_raise_still_waits_for_the_operators_template(world: World) -> None:
+    """Not a safety decrease (a raise to the knee of shorter traffic): it holds its batch limit
+    while its engine waits for a place, as any retune does, and takes none."""
+    upgraded_with_every_place_taken(world, **TPOT_TARGET)
+    for _ in range(6):
+        world.observer.set("default", "a", observation(world.clock.now, ctx=1024))
+        world.reconcile("a")
+        world.clock.advance(30)
+    status = world.kube.status("default", "a")
+    assert status["holdReason"] == "template-first" and status["recommendedMaxNumSeqs"] > 64
+    assert "rolls out first, alone" in status["reason"]
+    assert limit(world, "a") == 64 and image(world, "a") != NEW_IMAGE
+    assert progressing(world, "a")["reason"] == "RolloutQueued"
+    assert world.ports.pacer.place(("default", "a")) is None
+
+
+def stall(world: World, name: str) -> None:
+    """What the Deployment controller reports when the new pods never become Ready."""
+    dep = world.kube.objects[("Deployment", "default", name)]
+    dep["status"] = {
+        "observedGeneration": dep["metadata"]["generation"],
+        "replicas": 2,
+        "updatedReplicas": 1,
+        "readyReplicas": 1,
+        "availableReplicas": 1,
+        "conditions": [
+            {
+                "type": "Progressing",
+                "status": "False",
+                "reason": "ProgressDeadlineExceeded",
+                "lastUpdateTime": world.clock.now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            }
+        ],
+    }
+    dep["metadata"]["resourceVersion"] += "-stalled"
+
+
+def test_a_stall_of_a_safety_decrease_with_the_operators_template_is_the_templates(world: World) -> None:
+    """The new template's pods of the safety decrease's rollout never get Ready: the template may
+    be what fails. The limit is not rolled back to the one that breaks the TPOT target, nor is
+    the lower one quarantined; Degraded says the rollout stalled, and its place is kept."""
+    upgraded_with_every_place_taken(world, **TPOT_TARGET)
+    broke_the_tpot_target(world)
+    assert limit(world, "a") == 48 and image(world, "a") == NEW_IMAGE
+    world.clock.advance(600)
+    stall(world, "a")
+    for _ in range(3):
+        world.observer.set(
+            "default", "a", observation(world.clock.now, ctx=2048, tpot_p99_ms=40, with_mean=False)
+        )
+        world.reconcile("a")
+        world.clock.advance(30)
+    assert limit(world, "a") == 48
+    status = world.kube.status("default", "a")
+    assert [h["to"] for h in status["history"]] == [64, 48]
+    assert status.get("quarantine", []) == []
+    assert world.kube.condition("default", "a", "Degraded")["reason"] == "RolloutStalled"
+    assert "RolledBack" not in [e["reason"] for e in world.kube.events]
+    assert world.ports.pacer.place(("default", "a")) is not None

@@ -523,3 +523,28 @@ def test_under_live_caps_a_p99_over_the_target_steps_down_once_per_window_it_rea
                 now,
             )
     assert value == 96
+
+
+def test_a_safety_decrease_says_so_and_an_optimisation_does_not() -> None:
+    """`Decision.safety` (a decrease that does not wait behind the operator's new pod template):
+    the KV pool exceeded, goal SLO's target broken, goal Knee's guard stepping down; not the knee's
+    decrease, a raise or a hold."""
+    knee = TuningRules(cooldown_s=0)
+    settled = Applied(64, settled_since=T0 - timedelta(hours=2))
+    small_pool = 40.5 * NAIVE.kv_bytes_per_seq(1024)
+    guard = TuningRules(tpot_p99_target_ms=25, cooldown_s=0)
+    for d, running, limited_by in (
+        (
+            decide(knee, NAIVE, small_pool, seen(1024, 20.0, 64, mean_ms=15.0), settled, (), T0),
+            64,
+            "kv-capacity",
+        ),
+        (decide(SLO, NAIVE, POOL, seen(2048, 45.0, running=96), tuned_at(96), (), T0), 96, "tpot-target"),
+        (decide(guard, NAIVE, POOL, seen(2048, 40.0, 64), settled, (), T0), 64, "tpot-target"),
+    ):
+        assert d.rolls and d.value < running and d.limited_by == limited_by and d.safety, d.reason
+    for ctx in (8192, 1024):  # the knee's decrease, the knee's raise
+        d = steady(knee, NAIVE, POOL, seen(ctx, 20.0, 64), settled, (), T0)
+        assert d.rolls and d.limited_by == "knee" and not d.safety, d.reason
+    held = decide(knee, NAIVE, POOL, seen(1024, 20.0, 64), settled, (), T0)
+    assert not held.rolls and not held.safety, held.reason

@@ -21,7 +21,8 @@ Rules, in the order they are checked (the first that applies names the hold):
   count it (`Rollout.live`). A safety decrease (the KV pool;
   a TPOT target the current limit breaks: goal SLO's bound, goal Knee's guard by more than the dead
   band) skips the dead band and the hold time, and goal Knee's TPOT guard waits while the window
-  shifts.
+  shifts; its roll says so (`Decision.safety`: it does not wait behind the operator's own new pod
+  template, which rolls with it).
 - the creation's guess (the initial context's knee) counts its dead band from that knee unrounded.
 
 Hysteresis works on the unrounded target (`Recommendation.unrounded`, the batch before rounding
@@ -361,6 +362,9 @@ class Decision:
     bandwidth: BandwidthAssessment | None = field(default=None, compare=False)
     # the running limit the observed TPOT p99 broke past any bucket's reading: not to go back to
     broken: int | None = None
+    # a roll down from a running limit that is unsafe: it exceeds the KV-cache pool (the engine
+    # preempts), or breaks the TPOT target (goal SLO's bound, goal Knee's guard past the dead band)
+    safety: bool = False
 
     @property
     def rolls(self) -> bool:
@@ -1107,7 +1111,9 @@ def decide(
         else None
     )
 
-    def decision(action: Action, value: int, reason: str, hold: Hold | None = None) -> Decision:
+    def decision(
+        action: Action, value: int, reason: str, hold: Hold | None = None, *, safety: bool = False
+    ) -> Decision:
         if action != "roll" and applied.max_tokens is not None:
             max_tokens = applied.max_tokens
         else:  # a new value, or none recorded: the cap that goes with it (never a zero)
@@ -1130,6 +1136,7 @@ def decide(
             slo_bound=target.slo_bound if target else None,
             bandwidth=bandwidth,
             broken=current if target is not None and target.broken else None,
+            safety=safety,
         )
 
     explain = target.text if target is not None else ""
@@ -1282,7 +1289,7 @@ def decide(
                 return decision("hold", current, f"{explain} — at target", "at-target")
     if rules.live_ceiling is not None and wanted <= rules.live_ceiling:
         # a cap set in place: no restart for the cooldown or the budget to bound
-        return decision("roll", wanted, f"max-num-seqs {current}→{wanted}: {explain} (live)")
+        return decision("roll", wanted, f"max-num-seqs {current}→{wanted}: {explain} (live)", safety=safety)
     last = applied.last_restart
     if last is not None and now < last.time + timedelta(seconds=rules.cooldown_s):
         return hold("cooldown", f"cooldown until {_z(last.time + timedelta(seconds=rules.cooldown_s), now)}")
@@ -1292,7 +1299,7 @@ def decide(
             "rollout-budget",
             f"{recent} rollouts in the last hour (maxRolloutsPerHour {rules.max_rollouts_per_hour})",
         )
-    return decision("roll", wanted, f"max-num-seqs {current}→{wanted}: {explain}")
+    return decision("roll", wanted, f"max-num-seqs {current}→{wanted}: {explain}", safety=safety)
 
 
 def _from(value: int | None) -> str:
