@@ -12,8 +12,9 @@ through the fleet.
 
 An engine that waits for a place holds its batch limit meanwhile (the template rolls out first,
 alone), but for a safety decrease — its running limit breaks the TPOT target, or exceeds the KV-cache
-pool: that does not wait. The template rolls with it, in one restart, and takes a place at once,
-ahead of the waiters and whether or not one is free (`resume`): the others wait while it runs.
+pool: that does not wait for a free place. The template rolls with it, in one restart, in a place
+taken ahead of the waiters, free or one of `at_once` more (`admit_safety`): a template that does not
+start reaches at most twice `at_once` engines, and one namespace still holds no more than its share.
 
 Namespaces share the places: one holds at most `at_once - 1` of them (one, when `at_once` is 1),
 and a free place goes to a namespace that holds no more than any other namespace waiting for one.
@@ -90,10 +91,26 @@ class RolloutPacer:
             for waiter, since in self._waiting.items()
         )
 
+    def admit_safety(self, key: Key, place: Place) -> bool:
+        """May `key`'s safety decrease roll `place.template` with it now? It goes ahead of the
+        engines that wait, into a free place or one of `at_once` more, while its namespace holds
+        fewer than its share. True takes a place (kept until `done(key)`); False: it waits."""
+        if self.at_once == 0:
+            return True
+        with self._lock:
+            holding = Counter(held[0] for held in self._under_way)
+            if key not in self._under_way and (
+                holding[key[0]] >= max(1, self.at_once - 1) or len(self._under_way) >= 2 * self.at_once
+            ):
+                self._waiting[key] = place.since
+                return False
+            self._under_way[key] = place
+            self._waiting.pop(key, None)
+            return True
+
     def resume(self, key: Key, place: Place) -> None:
-        """`key`'s rollout for `place` is under way already (an earlier process gave it a place), or
-        may not wait (a safety decrease rolls the template with it): it holds one, whether or not
-        one is free."""
+        """`key`'s rollout for `place` is under way already (an earlier process gave it a place): it
+        holds one again, whether or not one is free."""
         if self.at_once == 0:
             return
         with self._lock:

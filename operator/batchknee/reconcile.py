@@ -932,7 +932,7 @@ class _Reconcile:
             elif self.carries_template and state is not None:
                 # a safety decrease with the operator's new template: one rollout, with a place
                 template = template_hash(objects[-1])
-                paced = self.pace_with_safety(state, template)
+                paced = self.pace_with_safety(template)
                 desired = replace(
                     desired,
                     # its time is the rollout's own: a stall of it is the template's (rollout_safety)
@@ -1233,18 +1233,42 @@ class _Reconcile:
                 "allow it with spec.rollout.maxSurge: 1 (a spare GPU) or spec.rollout.allowServingGap: true",
             ), quarantine
         if self.operator_template_pending(obj, state, decision, unchanged_spec_workload):
-            if not decision.safety:
-                return hold(
-                    "template-first",
-                    "the operator's new pod template (an operator upgrade, or a changed operator setting) "
-                    "rolls out first, alone; the batch limit follows it",
-                ), quarantine
-            # A safety decrease does not wait its turn (the engine preempts, or breaks its TPOT
-            # target, meanwhile — for hours on a large fleet): the template rolls with it, in one
-            # restart that takes a place from the pacer (`run`); a stall of it is the template's
-            self.carries_template = True
-            return replace(decision, reason=f"{decision.reason}; {WITH_TEMPLATE}"), quarantine
+            assert state is not None  # (a template is pending only on a workload found)
+            # A safety decrease that restarts the engines does not wait for a free place (the engine
+            # preempts, or breaks its TPOT target, meanwhile — for hours on a large fleet): the
+            # template rolls with it, in one restart, in a place taken ahead of the waiters
+            # (`RolloutPacer.admit_safety`, bounded); a stall of it is the template's. A cap set in
+            # place (Live) waits: rolled with the template, it would restart the pods.
+            restarts = not (live and decision.value <= (state.max_num_seqs or 0))
+            urgent = decision.safety and restarts
+            if urgent and self.take_safety_place(obj, state, decision):
+                self.carries_template = True
+                return replace(decision, reason=f"{decision.reason}; {WITH_TEMPLATE}"), quarantine
+            return hold(
+                "template-first",
+                "the operator's new pod template (an operator upgrade, or a changed operator setting) "
+                "rolls out first, alone; the batch limit follows it"
+                + (
+                    f" (this safety decrease too: its namespace holds its share of the places, or twice "
+                    f"templateRolloutsAtOnce ({self.ports.pacer.at_once}) roll out already)"
+                    if urgent
+                    else ""
+                ),
+            ), quarantine
         return decision, quarantine
+
+    def take_safety_place(self, obj: LLMServing, state: DeploymentState, decision: Decision) -> bool:
+        """A place from the pacer for the operator's new template rolling with a safety decrease:
+        ahead of the engines that wait, within bounds (`RolloutPacer.admit_safety`)."""
+        key = (self.namespace, self.name)
+        held = self.ports.pacer.place(key) is not None
+        rendered = deployment(obj, Desired(decision.value, decision.max_tokens), self.ports.defaults)
+        if not self.ports.pacer.admit_safety(
+            key, Place(template_hash(rendered), self.now, state.available_replicas)
+        ):
+            return False
+        self.safety_took_place = not held
+        return True
 
     def operator_template_pending(
         self,
@@ -1472,6 +1496,7 @@ class _Reconcile:
 
     other_setup = False  # the engine, model, GPU, image or args changed since the last evaluation
     carries_template = False  # a safety decrease rolls the operator's new pod template (rollout_safety)
+    safety_took_place = False  # ... in a place it did not hold before (freed if its apply fails)
 
     def forget_other_setup(self, fingerprint: str) -> None:
         """What another setup showed says nothing of this one (its calibration is dropped by the
@@ -1774,19 +1799,19 @@ class _Reconcile:
         )
         return Paced("False", "RolloutQueued", why)
 
-    def pace_with_safety(self, state: DeploymentState, template: str) -> Paced:
-        """The operator's new pod template rolling with a safety decrease takes a place at once,
-        ahead of the engines that wait and whether or not one is free (as a rollout resumed after a
-        restart does): the others wait while it runs, and it frees as any (`free_place`)."""
+    def pace_with_safety(self, template: str) -> Paced:
+        """The operator's new pod template rolling with a safety decrease, in the place
+        `take_safety_place` took (for the template as rendered: it frees as any, `free_place`)."""
         key = (self.namespace, self.name)
-        held = self.ports.pacer.place(key) is not None
-        self.ports.pacer.resume(key, Place(template, self.now, state.available_replicas))
+        place = self.ports.pacer.place(key)
+        if place is not None and place.template != template:
+            self.ports.pacer.resume(key, replace(place, template=template))
         return Paced(
             "True",
             "TemplateRollout",
             f"rolling out {OWN_TEMPLATE} with a safety decrease",
             admitted=True,
-            took_place=not held,
+            took_place=self.safety_took_place,
         )
 
     def resume_place(self, state: DeploymentState, found: Mapping[str, Any]) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from conftest import World, llmserving
 from fakes import observation
+from test_live_caps import generation, live_world
 
 from batchknee.adapters.observing import RoutedObserver
 from batchknee.handlers import Runtime
@@ -554,3 +555,63 @@ def test_a_stall_of_a_safety_decrease_with_the_operators_template_is_the_templat
     assert world.kube.condition("default", "a", "Degraded")["reason"] == "RolloutStalled"
     assert "RolledBack" not in [e["reason"] for e in world.kube.events]
     assert world.ports.pacer.place(("default", "a")) is not None
+
+
+def broke_its_tpot_target(world: World, name: str, namespace: str = "default") -> None:
+    world.observer.set(
+        namespace, name, observation(world.clock.now, ctx=2048, tpot_p99_ms=40, with_mean=False)
+    )
+    world.reconcile(name, namespace)
+
+
+def test_safety_decreases_take_places_within_bounds(world: World) -> None:
+    """A safety decrease goes ahead of the waiters, into a free place or one of `at_once` more —
+    within its namespace's share: one tenant's unsafe limits (a tiny TPOT target is theirs to set)
+    can neither spread a template that does not start nor hold every place."""
+    for name in ("a", "b"):
+        world.kube.create(llmserving(name, **TPOT_TARGET))
+        world.reconcile(name)
+        world.kube.finish_rollout("default", name)
+        world.reconcile(name)
+    for namespace in ("other", "third"):
+        rolled_out(world, namespace, "c")
+    world.clock.advance(121)
+    pacer = RolloutPacer(2)  # a namespace's share: one place
+    world.ports = replace(world.ports, defaults=RenderDefaults(vllm_image=NEW_IMAGE), pacer=pacer)
+    for name in ("a", "b"):
+        broke_its_tpot_target(world, name)
+    assert (limit(world, "a"), image(world, "a")) == (48, NEW_IMAGE)
+    assert (limit(world, "b"), image(world, "b")) == (64, RenderDefaults().vllm_image)
+    held = world.kube.status("default", "b")
+    assert held["holdReason"] == "template-first"
+    assert "this safety decrease too: its namespace holds its share of the places" in held["reason"]
+    assert progressing(world, "b")["reason"] == "RolloutQueued"
+
+    # places taken by other namespaces' rollouts: one more than the limit, then no more
+    assert pacer.admit(("other", "c"), Place("template", world.clock.now, 1))
+    assert pacer.admit_safety(("third", "c"), Place("template", world.clock.now, 1))
+    assert pacer.under_way() == 3
+    assert pacer.admit_safety(("fourth", "d"), Place("template", world.clock.now, 1))
+    assert pacer.under_way() == 4 == 2 * pacer.at_once
+    assert not pacer.admit_safety(("fifth", "e"), Place("template", world.clock.now, 1))
+
+
+def test_a_live_safety_cap_waits_for_the_operators_template_and_restarts_nothing(world: World) -> None:
+    """Under Live the cap goes down in place: rolled with the operator's new template it would
+    restart the pods (the only one here, whose serving gap the spec refuses), so it waits for the
+    template as any retune does."""
+    runtime = live_world(
+        world, pods=1, tuning={"tpotP99TargetMilliseconds": 25}, rollout={"allowServingGap": False}
+    )
+    for _ in range(6):
+        world.observer.set("default", "chat", observation(world.clock.now, ctx=2048, tpot_p99_ms=20))
+        world.reconcile()
+        world.clock.advance(30)
+    before, old_image, caps = generation(world), image(world, "chat"), list(runtime.sets)
+    pacer = RolloutPacer(1)
+    assert pacer.admit(("other", "x"), Place("another template", world.clock.now, 1))
+    world.ports = replace(world.ports, defaults=RenderDefaults(vllm_image=NEW_IMAGE), pacer=pacer)
+    broke_its_tpot_target(world, "chat")
+    assert generation(world) == before and image(world, "chat") == old_image
+    assert world.kube.status("default", "chat")["holdReason"] == "template-first"
+    assert pacer.place(("default", "chat")) is None and runtime.sets == caps
