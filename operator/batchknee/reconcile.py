@@ -112,6 +112,7 @@ from batchknee.render import (
     crash_looping,
     deployment,
     deployment_state,
+    draining,
     engine_config_selector,
     overridden_args,
     render,
@@ -839,6 +840,11 @@ class _Reconcile:
         if settled_since is not None and history and settled_since >= history[-1].time:
             checked = self.verdicts.setdefault((history[-1].time, history[-1].to_value), {})
             checked["completed"] = checked.get("completed") or settled_since
+        # the Deployment's completion is the history's `completed`; the settled window waits for the
+        # pods it replaced to be gone (`draining_pods`)
+        still_draining = self.draining_pods(settled_since)
+        if still_draining:
+            settled_since = None
         shown = state or (target.state if target is not None else None)  # whoever tunes it
         observation = self.observe(obj, shown, target)
         # the image that runs: the default one changes with the operator, an adopted one with its owner
@@ -868,8 +874,9 @@ class _Reconcile:
         applied = Applied(
             max_num_seqs=running,
             max_tokens=state.max_tokens if state else None,
-            rolling=state.rolling if state else False,
+            rolling=bool(state.rolling or still_draining) if state else False,
             settled_since=settled_since,
+            draining=len(still_draining),
             rollouts=history,
         )
         user_flag = KNOB_FLAG[obj.spec.engine]
@@ -1727,7 +1734,8 @@ class _Reconcile:
 
     def settled_since(self, state: DeploymentState | None, rollouts: Sequence[Rollout]) -> datetime | None:
         """When the current pods were first seen all updated and available: after any rollout (a
-        retune's or a spec change's), and conservatively now when nothing recorded it."""
+        retune's or a spec change's), and conservatively now when nothing recorded it. The settled
+        window starts there only once the pods it replaced are gone (`draining_pods`)."""
         if state is None or state.rolling:
             return None
         last = rollouts[-1].time if rollouts else None
@@ -1735,6 +1743,21 @@ class _Reconcile:
         if previous is not None and (last is None or previous >= last):
             return previous
         return self.now
+
+    def draining_pods(self, settled_since: datetime | None) -> list[str]:
+        """The pods of the engines' workload still terminating when the Deployment is first seen
+        rolled out: the replaced pods drain for their grace period, and Prometheus scrapes them until
+        they are deleted (each counted by its share of the window: a draining pod reads as a whole
+        pod with a running batch falling to zero). The rollout is still finishing for the settled
+        window until none is left (or the ones left are stuck: `render.draining`).
+
+        Pods are listed only at the moment `settled_since` would store a new settle time (one not
+        yet in status.rolloutCompleteTime): once per completed rollout, again each evaluation only
+        while old pods drain (their grace period, bounded), and never once it is stored. An adopted
+        workload's or a Live engine's pods are listed every evaluation anyway (the same LIST)."""
+        if settled_since is None or settled_since == self.old.rollout_complete_time:
+            return []
+        return draining(self.pods, self.now)
 
     @functools.cached_property
     def pods(self) -> list[dict[str, Any]]:

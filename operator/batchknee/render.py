@@ -18,7 +18,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import yaml
@@ -189,6 +189,28 @@ def crash_looping(pods: Sequence[Mapping[str, Any]]) -> list[str]:
             last = (status.get("lastState") or {}).get("terminated") or {}
             detail = f"exit {last['exitCode']}" if "exitCode" in last else str(waiting["reason"])
             found.append(f"{pod['metadata']['name']}/{status.get('name')} ({detail})")
+    return found
+
+
+# How long past its deletionTimestamp a terminating pod still counts as draining. The apiserver sets
+# that time to the delete's plus the pod's grace period: the kubelet has killed it by then (its
+# preStop and SIGTERM included), and deletes it a few seconds later. One still there past the margin
+# is stuck (its node gone, a finalizer): it no longer counts, so it cannot hold retuning forever.
+DRAIN_MARGIN_S = 60
+
+
+def draining(pods: Sequence[Mapping[str, Any]], now: datetime) -> list[str]:
+    """The pods still terminating (`metadata.deletionTimestamp`), within their grace period plus
+    DRAIN_MARGIN_S: Prometheus scrapes them until they are deleted, serving fewer and fewer requests
+    as they drain. One whose phase has ended runs nothing and is not scraped."""
+    found = []
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        deleted = parse_timestamp(meta.get("deletionTimestamp"))
+        if deleted is not None and now < deleted + timedelta(seconds=DRAIN_MARGIN_S):
+            found.append(str(meta.get("name")))
     return found
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -125,6 +126,41 @@ def test_a_wired_workload_gets_one_env_value_and_nothing_else(world: World) -> N
     assert env(world)[TARGET_ENV_VAR] == "16"
     assert [h["to"] for h in world.kube.status("default", "tuner")["history"]] == [64, 16]
     assert without_env(world.kube.get("Deployment", "default", "vllm")) == without_env(before)  # type: ignore[arg-type]
+
+
+def test_an_adopted_workloads_settle_time_waits_for_its_replaced_pods_to_go(world: World) -> None:
+    world.kube.apply(user_workload())
+    world.kube.create(adopting())
+    world.reconcile("tuner")
+    finish(world)
+    world.kube.objects[("Pod", "default", "vllm-0")] = pod("vllm-0")
+    world.clock.advance(121)
+    for _ in range(6):
+        world.observer.set("default", "tuner", observation(world.clock.now, ctx=8192))
+        world.reconcile("tuner")
+        world.clock.advance(30)
+    assert env(world)[TARGET_ENV_VAR] == "16"
+    # the owner's Deployment reports the new pods rolled out; one it replaced is still terminating
+    finish(world)
+    world.kube.objects[("Pod", "default", "vllm-1")] = pod("vllm-1")
+    leaving = pod("vllm-0")
+    leaving["metadata"]["deletionTimestamp"] = (world.clock.now + timedelta(seconds=30)).strftime(
+        "%Y-%m-%dT%H:%M:%SZ"
+    )
+    world.kube.objects[("Pod", "default", "vllm-0")] = leaving
+    world.observer.set("default", "tuner", observation(world.clock.now, ctx=8192))
+    world.reconcile("tuner")
+    status = world.kube.status("default", "tuner")
+    assert status.get("rolloutCompleteTime") is None
+    assert status["reason"].endswith("rollout in progress: 1 old pod draining")
+    assert world.observer.asked[-1].pods == ("vllm-1",)  # read by its own pods, not the one leaving
+
+    world.clock.advance(30)
+    del world.kube.objects[("Pod", "default", "vllm-0")]
+    world.reconcile("tuner")
+    status = world.kube.status("default", "tuner")
+    assert status["rolloutCompleteTime"] == world.clock.now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert status["holdReason"] == "settling"
 
 
 def adopted_unwritten(world: World, args: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -4,10 +4,13 @@ consent, a rollout whose pods never become Ready is rolled back, and its value i
 from __future__ import annotations
 
 from dataclasses import replace
+from datetime import timedelta
+from typing import Any
 
 from conftest import World, llmserving
 from fakes import observation
 
+from batchknee.api.models import format_timestamp
 from batchknee.pacing import Place, RolloutPacer
 from batchknee.render import TEMPLATE_CHANGED_ANNOTATION, RenderDefaults, deployment_state
 
@@ -240,6 +243,110 @@ def settled_window(world: World, ctx: int, **figures: float) -> None:
     world.clock.advance(121)
     world.observer.set("default", "chat", observation(world.clock.now, ctx=ctx, **figures))  # type: ignore[arg-type]
     world.reconcile()
+
+
+def engine_pod(world: World, name: str, *, deleted_in_s: float | None = None, grace_s: int = 60) -> None:
+    """A pod of the engine Deployment; `deleted_in_s`: terminating, its deletionTimestamp that far
+    from now (the apiserver sets it to the delete's time plus the grace period)."""
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": "default",
+        "labels": {"batchknee.io/llmserving": "chat"},
+    }
+    if deleted_in_s is not None:
+        meta["deletionTimestamp"] = format_timestamp(world.clock.now + timedelta(seconds=deleted_in_s))
+        meta["deletionGracePeriodSeconds"] = grace_s
+    ready = [{"type": "Ready", "status": "False" if deleted_in_s is not None else "True"}]
+    world.kube.objects[("Pod", "default", name)] = {
+        "metadata": meta,
+        "status": {"phase": "Running", "podIP": "10.0.0.9", "conditions": ready},
+    }
+
+
+def pod_lists(world: World) -> list[str]:
+    """The pod LISTs made from now on (each one's namespace)."""
+    calls: list[str] = []
+    listed = world.kube.list_pods
+
+    def counted(namespace: str, labels: dict[str, str], *, fresh: bool = False) -> Any:
+        calls.append(namespace)
+        return listed(namespace, labels, fresh=fresh)
+
+    world.kube.list_pods = counted  # type: ignore[method-assign]
+    return calls
+
+
+def settle_time(world: World) -> str | None:
+    return world.kube.status("default", "chat").get("rolloutCompleteTime")
+
+
+def test_the_settle_window_starts_once_the_replaced_pods_are_gone(world: World) -> None:
+    """The Deployment counts a rollout complete while the pods it replaced still drain (preStop,
+    grace period), and Prometheus scrapes them until they are deleted: a window with them reads the
+    batch and the throughput per pod low. The settle time is the first evaluation that sees none."""
+    started(world)
+    steady_traffic(world, 8192, tpot_p99_ms=40, tokens_per_s=1500)
+    assert applied(world) == 16
+    engine_pod(world, "chat-new-0")
+    engine_pod(world, "chat-old-0", deleted_in_s=75, grace_s=90)  # 75 s left of its grace period
+    samples = len(world.kube.status("default", "chat")["calibration"]["samples"])
+    lists = pod_lists(world)
+    world.kube.finish_rollout("default", "chat")
+    for _ in range(3):  # 0, 30 and 60 s later
+        world.observer.set("default", "chat", observation(world.clock.now, ctx=8192, tpot_p99_ms=25))
+        world.reconcile()
+        status = world.kube.status("default", "chat")
+        assert settle_time(world) is None
+        assert status["holdReason"] == "rollout-in-progress"
+        assert status["reason"].endswith("holding 16: rollout in progress: 1 old pod draining")
+        assert len(status["calibration"]["samples"]) == samples
+        world.clock.advance(30)
+    assert len(lists) == 3  # one LIST an evaluation, only while the settle time is new
+
+    del world.kube.objects[("Pod", "default", "chat-old-0")]  # drained and deleted
+    settled_at = world.clock.now
+    world.observer.set("default", "chat", observation(world.clock.now, ctx=8192, tpot_p99_ms=25))
+    world.reconcile()
+    assert settle_time(world) == format_timestamp(settled_at)
+    assert world.kube.status("default", "chat")["holdReason"] == "settling"
+    assert len(lists) == 4
+
+    # stored: the settle window, the check after it and the steady evaluations list no pods
+    for _ in range(8):
+        world.clock.advance(30)
+        world.observer.set(
+            "default", "chat", observation(world.clock.now, ctx=8192, tpot_p99_ms=25, tokens_per_s=1450)
+        )
+        world.reconcile()
+    assert settle_time(world) == format_timestamp(settled_at)
+    assert world.kube.status("default", "chat")["history"][-1]["verdict"] == "Kept"
+    assert len(world.kube.status("default", "chat")["calibration"]["samples"]) > samples
+    assert len(lists) == 4
+
+
+def test_a_pod_stuck_terminating_holds_the_settle_time_only_to_its_grace_period_and_a_margin(
+    world: World,
+) -> None:
+    """A pod whose node is gone, or whose finalizer is never removed, stays Terminating forever: it
+    holds the settle window until its deletionTimestamp (the end of its grace period) plus
+    render.DRAIN_MARGIN_S (60 s), not longer."""
+    started(world)
+    steady_traffic(world, 8192, tpot_p99_ms=40, tokens_per_s=1500)
+    assert applied(world) == 16
+    engine_pod(world, "chat-new-0")
+    engine_pod(world, "chat-stuck-0", deleted_in_s=30, grace_s=30)
+    deadline = world.clock.now + timedelta(seconds=30 + 60)
+    world.kube.finish_rollout("default", "chat")
+    world.reconcile()
+    assert settle_time(world) is None
+    world.clock.now = deadline - timedelta(seconds=1)
+    world.reconcile()
+    assert settle_time(world) is None
+    world.clock.now = deadline
+    world.reconcile()
+    assert settle_time(world) == format_timestamp(deadline)
+    assert world.kube.status("default", "chat")["holdReason"] == "settling"
+    assert ("Pod", "default", "chat-stuck-0") in world.kube.objects
 
 
 def test_a_change_that_did_what_the_model_said_is_kept(world: World) -> None:

@@ -1812,7 +1812,10 @@ class LLMServingStatus(_Model):
     last_rollout_time: Timestamp | None = Field(None, description="When the batch limit last changed.")
     rollout_complete_time: Timestamp | None = Field(
         None,
-        description="When the last rollout was first seen complete (the metrics window settles from here).",
+        description=(
+            "When the last rollout was first seen complete, the pods it replaced gone (the metrics "
+            "window settles from here)."
+        ),
     )
     history: list[HistoryEntry] = Field(
         default_factory=list,

@@ -258,7 +258,8 @@ class Applied:
     """What the cluster runs now (the cluster is the source of truth).
 
     `max_num_seqs` is None before the engine Deployment exists. `settled_since` is when the
-    current pod set was first seen fully rolled out and available after the last recorded rollout.
+    current pod set was first seen fully rolled out and available after the last recorded rollout,
+    with the pods it replaced gone (until then `rolling`, and `draining` counts those terminating).
     """
 
     max_num_seqs: int | None
@@ -266,6 +267,7 @@ class Applied:
     rolling: bool = False
     settled_since: datetime | None = None
     rollouts: tuple[Rollout, ...] = ()
+    draining: int = 0  # replaced pods still terminating after the rollout completed (rolling: True)
 
     @property
     def origin(self) -> float | None:
@@ -1177,7 +1179,9 @@ def decide(
         return decision("hold", current, f"{prefix}holding {current}: {why}", kind)
 
     if applied.rolling:
-        return hold("rollout-in-progress", "rollout in progress")
+        drain = applied.draining
+        old = f": {drain} old pod{'s' if drain > 1 else ''} draining" if drain else ""
+        return hold("rollout-in-progress", f"rollout in progress{old}")
     if target is None:
         if observation is not None and observation.running.value == 0:
             return decision(
