@@ -13,8 +13,9 @@ through the fleet.
 An engine that waits for a place holds its batch limit meanwhile (the template rolls out first,
 alone), but for a safety decrease — its running limit breaks the TPOT target, or exceeds the KV-cache
 pool: that does not wait for a free place. The template rolls with it, in one restart, in a place
-taken ahead of the waiters, free or one of `at_once` more (`admit_safety`): a template that does not
-start reaches at most twice `at_once` engines, and one namespace still holds no more than its share.
+taken ahead of the waiters: a free one, or one of `at_once` more that the limit's waiters do not
+count (`admit_safety`), so a template that does not start reaches at most twice `at_once` engines,
+and one namespace holds no more than its share of either kind.
 
 Namespaces share the places: one holds at most `at_once - 1` of them (one, when `at_once` is 1),
 and a free place goes to a namespace that holds no more than any other namespace waiting for one.
@@ -55,6 +56,8 @@ class RolloutPacer:
             raise ValueError("at_once must be 0 (no limit) or more")
         self.at_once = at_once
         self._under_way: dict[Key, Place] = {}
+        # places a safety decrease took over the limit: as many again, apart (`admit_safety`)
+        self._extra: set[Key] = set()
         self._waiting: dict[Key, datetime] = {}  # refused at their last evaluation, and when
         self._lock = threading.Lock()
 
@@ -66,7 +69,8 @@ class RolloutPacer:
         with self._lock:
             held = self._under_way.get(key)
             if held is None and (
-                len(self._under_way) >= self.at_once or self._another_namespace_first(key, place.since)
+                len(self._under_way) - len(self._extra) >= self.at_once
+                or self._another_namespace_first(key, place.since)
             ):
                 self._waiting[key] = place.since
                 return False
@@ -79,7 +83,7 @@ class RolloutPacer:
         """`key`'s namespace holds its share of the places already, or more than another namespace
         that waits (refused lately): the free place is another's."""
         namespace = key[0]
-        holding = Counter(held[0] for held in self._under_way)
+        holding = self._holding(extra=False)
         if holding[namespace] == 0:
             return False
         if holding[namespace] >= max(1, self.at_once - 1):
@@ -91,20 +95,31 @@ class RolloutPacer:
             for waiter, since in self._waiting.items()
         )
 
+    def _holding(self, *, extra: bool) -> Counter[str]:
+        """Places held per namespace: the limit's (extra False) or those over it."""
+        return Counter(key[0] for key in self._under_way if (key in self._extra) == extra)
+
     def admit_safety(self, key: Key, place: Place) -> bool:
         """May `key`'s safety decrease roll `place.template` with it now? It goes ahead of the
-        engines that wait, into a free place or one of `at_once` more, while its namespace holds
-        fewer than its share. True takes a place (kept until `done(key)`); False: it waits."""
+        engines that wait: into a free place of the limit's, else into one of as many again over
+        it, which the limit's waiters never count (a fleet of one namespace holds its share of the
+        limit's places with its own template rollouts), each time while its namespace holds fewer
+        than its share of those places. True takes a place (kept until `done(key)`; a key that holds
+        one keeps it, for the new template); False: it waits."""
         if self.at_once == 0:
             return True
+        share = max(1, self.at_once - 1)
         with self._lock:
-            holding = Counter(held[0] for held in self._under_way)
-            if key not in self._under_way and (
-                holding[key[0]] >= max(1, self.at_once - 1) or len(self._under_way) >= 2 * self.at_once
-            ):
-                self._waiting[key] = place.since
-                return False
-            self._under_way[key] = place
+            held = self._under_way.get(key)
+            if held is None:
+                normal, extra = self._holding(extra=False), self._holding(extra=True)
+                if sum(normal.values()) >= self.at_once or normal[key[0]] >= share:
+                    if len(self._extra) >= self.at_once or extra[key[0]] >= share:
+                        self._waiting[key] = place.since
+                        return False
+                    self._extra.add(key)
+            if held is None or held.template != place.template:  # else: since it was first given
+                self._under_way[key] = place
             self._waiting.pop(key, None)
             return True
 
@@ -121,6 +136,7 @@ class RolloutPacer:
         """`key`'s rollout finished (or its object is gone): its place frees."""
         with self._lock:
             self._under_way.pop(key, None)
+            self._extra.discard(key)
             self._waiting.pop(key, None)
 
     def not_waiting(self, key: Key) -> None:

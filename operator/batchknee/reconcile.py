@@ -836,12 +836,15 @@ class _Reconcile:
         live = self.live_pods(obj, state, target)
         if live and state is not None:  # pods that take caps in place, under their startup value
             rules = replace(rules, live_ceiling=state.max_num_seqs)
-        settled_since = self.settled_since(state, history)
+        settled_since = completed_at = self.settled_since(state, history)
         if settled_since is not None and history and settled_since >= history[-1].time:
             checked = self.verdicts.setdefault((history[-1].time, history[-1].to_value), {})
             checked["completed"] = checked.get("completed") or settled_since
-        # the Deployment's completion is the history's `completed`; the settled window waits for the
-        # pods it replaced to be gone (`draining_pods`)
+            completed_at = min(checked["completed"], settled_since)  # first seen (kept while pods drain)
+        # the Deployment's completion is the history's `completed`; the settled window (the check
+        # after a change, calibration, the stored settle time) waits for the pods it replaced to be
+        # gone (`draining_pods`); the policy holds meanwhile but for a safety decrease, which counts
+        # its settling from the completion as before
         still_draining = self.draining_pods(settled_since)
         if still_draining:
             settled_since = None
@@ -874,8 +877,8 @@ class _Reconcile:
         applied = Applied(
             max_num_seqs=running,
             max_tokens=state.max_tokens if state else None,
-            rolling=bool(state.rolling or still_draining) if state else False,
-            settled_since=settled_since,
+            rolling=state.rolling if state else False,
+            settled_since=completed_at,
             draining=len(still_draining),
             rollouts=history,
         )
@@ -948,9 +951,12 @@ class _Reconcile:
                 )
                 objects = render(obj, desired, self.ports.defaults)
             foreign, pending = self.claim(objects, read, uid)
+            gone = not foreign and self.recreates(pending) and self.gone(uid)
+            if (foreign or gone) and paced is not None and paced.took_place:
+                self.ports.pacer.done((self.namespace, self.name))  # nothing rolls: another may
             if foreign:
                 return self.name_conflict(foreign)
-            if self.recreates(pending) and self.gone(uid):
+            if gone:
                 return Outcome(self.namespace, self.name, found=False)
             if queued(paced):  # the engines run as they are; the rest (a ConfigMap, say) goes
                 pending = [item for item in pending if item["kind"] != "Deployment"]
@@ -1032,8 +1038,10 @@ class _Reconcile:
         # older than the clock), one per refresh slot (a window long), so a new sample lands in the
         # status write that refreshes the figures
         observed_at = observation.sampled_at if observation is not None else self.now
-        settled = not applied.rolling and (
-            settled_since is None or observed_at >= settled_since + timedelta(seconds=rules.window_s)
+        settled = (
+            not applied.rolling
+            and not applied.draining
+            and (settled_since is None or observed_at >= settled_since + timedelta(seconds=rules.window_s))
         )
         if settled and observation is not None and not decision.rolls and not spec_changed:
             point = calibration_point(observation, roofline)
@@ -1045,6 +1053,7 @@ class _Reconcile:
         self.settling = (
             rolled
             or applied.rolling
+            or applied.draining > 0
             or (settled_since is not None and observed_at < settled_since + timedelta(seconds=rules.window_s))
         )
         # A crash-looping container leaves its pod unready, and the Deployment says so: pods are
@@ -1256,8 +1265,8 @@ class _Reconcile:
                 "the operator's new pod template (an operator upgrade, or a changed operator setting) "
                 "rolls out first, alone; the batch limit follows it"
                 + (
-                    f" (this safety decrease too: its namespace holds its share of the places, or twice "
-                    f"templateRolloutsAtOnce ({self.ports.pacer.at_once}) roll out already)"
+                    " (this safety decrease too: its namespace holds its share of the places, and of the "
+                    f"{self.ports.pacer.at_once} more that safety decreases may take, or those are taken)"
                     if urgent
                     else ""
                 ),

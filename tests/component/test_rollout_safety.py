@@ -661,3 +661,23 @@ def test_a_stall_of_the_writers_own_value_in_recommend_mode_is_not_rolled_back(w
     world.reconcile()
     assert applied(world) == 240
     assert not world.kube.status("default", "chat").get("quarantine")
+
+
+def test_a_safety_decrease_does_not_wait_for_the_replaced_pods_to_drain(world: World) -> None:
+    """A KV-capacity decrease (the engine preempts) counts its settling from the rollout's
+    completion, as before: a replaced pod with a long grace period, still draining, holds the other
+    changes only."""
+    world.kube.create(
+        llmserving(gpu={"type": "a10g", "count": 1}, tuning={"cooldownSeconds": 0, "kneeFactorPercent": 150})
+    )
+    world.reconcile()
+    engine_pod(world, "chat-new-0")
+    engine_pod(world, "chat-old-0", deleted_in_s=600, grace_s=600)  # long generations to finish
+    world.kube.finish_rollout("default", "chat")
+    assert applied(world) == 16
+    for _ in range(8):  # 210 s: the settle window from the completion, and some
+        world.observer.set("default", "chat", observation(world.clock.now, ctx=4000))  # the pool holds 8
+        world.reconcile()
+        world.clock.advance(30)
+    assert applied(world) == 8
+    assert ("Pod", "default", "chat-old-0") in world.kube.objects

@@ -479,19 +479,18 @@ def test_a_safety_decrease_does_not_wait_for_a_place_it_rolls_with_the_operators
     assert [h["to"] for h in status["history"]] == [before, after]
     assert "before" not in status["history"][-1]  # its window before ran on the old template
 
-    # a holds a place, over the limit: the other engine's rollout finishing frees none for b
+    # a holds a place over the limit: the limit's one place is still the other engine's, b waits
     pacer = world.ports.pacer
     assert pacer.place(("default", "a")) is not None and pacer.under_way() == 2
-    pacer.done(("other", "x"))
     world.clock.advance(30)
-    world.reconcile("a")
     world.reconcile("b")
     assert image(world, "b") != NEW_IMAGE and progressing(world, "b")["reason"] == "RolloutQueued"
 
-    # a's rollout completes: its place frees as any, and b's template goes
+    # a's rollout completes: its place frees as any; the limit's place freeing lets b's template go
     world.kube.finish_rollout("default", "a")
     world.reconcile("a")
     assert pacer.place(("default", "a")) is None
+    pacer.done(("other", "x"))
     world.reconcile("b")
     assert image(world, "b") == NEW_IMAGE and limit(world, "b") == 64
 
@@ -565,35 +564,40 @@ def broke_its_tpot_target(world: World, name: str, namespace: str = "default") -
 
 
 def test_safety_decreases_take_places_within_bounds(world: World) -> None:
-    """A safety decrease goes ahead of the waiters, into a free place or one of `at_once` more —
-    within its namespace's share: one tenant's unsafe limits (a tiny TPOT target is theirs to set)
-    can neither spread a template that does not start nor hold every place."""
-    for name in ("a", "b"):
+    """A safety decrease goes ahead of the waiters, into a free place or one of `at_once` more that
+    the waiters do not count — each within its namespace's share: one tenant's unsafe limits (a tiny
+    TPOT target is theirs to set) can neither spread a template that does not start nor hold every
+    place; and a fleet of one namespace, which holds its share with its own template rollouts, is
+    not kept waiting."""
+    names = ("a", "b", "c")
+    for name in names:
         world.kube.create(llmserving(name, **TPOT_TARGET))
         world.reconcile(name)
         world.kube.finish_rollout("default", name)
         world.reconcile(name)
-    for namespace in ("other", "third"):
-        rolled_out(world, namespace, "c")
     world.clock.advance(121)
-    pacer = RolloutPacer(2)  # a namespace's share: one place
+    pacer = RolloutPacer(2)  # a namespace's share: one place of the limit's, one of the two more
     world.ports = replace(world.ports, defaults=RenderDefaults(vllm_image=NEW_IMAGE), pacer=pacer)
-    for name in ("a", "b"):
+    for name in names:
         broke_its_tpot_target(world, name)
-    assert (limit(world, "a"), image(world, "a")) == (48, NEW_IMAGE)
-    assert (limit(world, "b"), image(world, "b")) == (64, RenderDefaults().vllm_image)
-    held = world.kube.status("default", "b")
+    old_image = RenderDefaults().vllm_image
+    assert [(limit(world, n), image(world, n)) for n in names] == [
+        (48, NEW_IMAGE),  # a free place
+        (48, NEW_IMAGE),  # one over the limit: its namespace held its share of the limit's
+        (64, old_image),  # its namespace holds its share of both
+    ]
+    held = world.kube.status("default", "c")
     assert held["holdReason"] == "template-first"
     assert "this safety decrease too: its namespace holds its share of the places" in held["reason"]
-    assert progressing(world, "b")["reason"] == "RolloutQueued"
+    assert progressing(world, "c")["reason"] == "RolloutQueued"
 
-    # places taken by other namespaces' rollouts: one more than the limit, then no more
-    assert pacer.admit(("other", "c"), Place("template", world.clock.now, 1))
-    assert pacer.admit_safety(("third", "c"), Place("template", world.clock.now, 1))
-    assert pacer.under_way() == 3
-    assert pacer.admit_safety(("fourth", "d"), Place("template", world.clock.now, 1))
+    # the places over the limit are not the limit's: another namespace's rollout still gets one
+    assert pacer.admit(("other", "x"), Place("template", world.clock.now, 1))
+    assert not pacer.admit(("other", "y"), Place("template", world.clock.now, 1))
+    # and as many again, at most: another namespace's safety decrease takes the last
+    assert pacer.admit_safety(("third", "z"), Place("template", world.clock.now, 1))
+    assert not pacer.admit_safety(("fourth", "w"), Place("template", world.clock.now, 1))
     assert pacer.under_way() == 4 == 2 * pacer.at_once
-    assert not pacer.admit_safety(("fifth", "e"), Place("template", world.clock.now, 1))
 
 
 def test_a_live_safety_cap_waits_for_the_operators_template_and_restarts_nothing(world: World) -> None:
@@ -615,3 +619,21 @@ def test_a_live_safety_cap_waits_for_the_operators_template_and_restarts_nothing
     assert generation(world) == before and image(world, "chat") == old_image
     assert world.kube.status("default", "chat")["holdReason"] == "template-first"
     assert pacer.place(("default", "chat")) is None and runtime.sets == caps
+
+
+def test_a_safety_decrease_that_meets_a_name_conflict_keeps_no_place(world: World) -> None:
+    """The place a safety decrease took goes back when nothing rolls: another's Service of its name
+    stops the apply before it is made."""
+    world.kube.create(llmserving("a", **TPOT_TARGET))
+    world.reconcile("a")
+    world.kube.finish_rollout("default", "a")
+    world.reconcile("a")
+    world.clock.advance(121)
+    pacer = RolloutPacer(2)
+    world.ports = replace(world.ports, defaults=RenderDefaults(vllm_image=NEW_IMAGE), pacer=pacer)
+    world.kube.objects[("Service", "default", "a")]["metadata"].pop("ownerReferences")
+    for _ in range(3):
+        broke_its_tpot_target(world, "a")
+        assert pacer.place(("default", "a")) is None and pacer.under_way() == 0
+        world.clock.advance(30)
+    assert limit(world, "a") == 64 and world.kube.status("default", "a")["conditions"]

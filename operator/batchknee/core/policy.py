@@ -258,8 +258,9 @@ class Applied:
     """What the cluster runs now (the cluster is the source of truth).
 
     `max_num_seqs` is None before the engine Deployment exists. `settled_since` is when the
-    current pod set was first seen fully rolled out and available after the last recorded rollout,
-    with the pods it replaced gone (until then `rolling`, and `draining` counts those terminating).
+    current pod set was first seen fully rolled out and available after the last recorded rollout;
+    `draining` counts the pods it replaced still terminating (the settled window waits for them, and
+    every change but a safety decrease holds).
     """
 
     max_num_seqs: int | None
@@ -267,7 +268,7 @@ class Applied:
     rolling: bool = False
     settled_since: datetime | None = None
     rollouts: tuple[Rollout, ...] = ()
-    draining: int = 0  # replaced pods still terminating after the rollout completed (rolling: True)
+    draining: int = 0  # replaced pods still terminating after the rollout completed: only safety goes
 
     @property
     def origin(self) -> float | None:
@@ -1179,9 +1180,7 @@ def decide(
         return decision("hold", current, f"{prefix}holding {current}: {why}", kind)
 
     if applied.rolling:
-        drain = applied.draining
-        old = f": {drain} old pod{'s' if drain > 1 else ''} draining" if drain else ""
-        return hold("rollout-in-progress", f"rollout in progress{old}")
+        return hold("rollout-in-progress", "rollout in progress")
     if target is None:
         if observation is not None and observation.running.value == 0:
             return decision(
@@ -1201,6 +1200,11 @@ def decide(
     )
     goes_now = wanted < current and at_once
     safety = goes_now or (wanted < current and _guard_breaks(rules, target.guard, current))
+    if applied.draining and not safety:  # the settled window waits for them (a safety decrease: no)
+        drain = applied.draining
+        return hold(
+            "rollout-in-progress", f"rollout in progress: {drain} old pod{'s' * (drain > 1)} draining"
+        )
     settled = applied.settled_since
     # by the observation's time, not the clock's: a cached reading of a slow Prometheus may be a
     # window that still holds the pods before the rollout
