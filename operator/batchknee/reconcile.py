@@ -836,16 +836,16 @@ class _Reconcile:
         live = self.live_pods(obj, state, target)
         if live and state is not None:  # pods that take caps in place, under their startup value
             rules = replace(rules, live_ceiling=state.max_num_seqs)
-        settled_since = completed_at = self.settled_since(state, history)
+        settled_since = self.settled_since(state, history)
         if settled_since is not None and history and settled_since >= history[-1].time:
             checked = self.verdicts.setdefault((history[-1].time, history[-1].to_value), {})
             checked["completed"] = checked.get("completed") or settled_since
-            completed_at = min(checked["completed"], settled_since)  # first seen (kept while pods drain)
         # the Deployment's completion is the history's `completed`; the settled window (the check
-        # after a change, calibration, the stored settle time) waits for the pods it replaced to be
-        # gone (`draining_pods`); the policy holds meanwhile but for a safety decrease, which counts
-        # its settling from the completion as before
+        # after a change, calibration, the stored settle time, the policy's settling) waits for the
+        # pods it replaced to be gone (`draining_pods`). Meanwhile every retune holds but a safety
+        # decrease, which settles from when the last of them was deleted (the rollout about done)
         still_draining = self.draining_pods(settled_since)
+        settling_from = max(still_draining) if still_draining else settled_since
         if still_draining:
             settled_since = None
         shown = state or (target.state if target is not None else None)  # whoever tunes it
@@ -878,7 +878,7 @@ class _Reconcile:
             max_num_seqs=running,
             max_tokens=state.max_tokens if state else None,
             rolling=state.rolling if state else False,
-            settled_since=completed_at,
+            settled_since=settling_from,
             draining=len(still_draining),
             rollouts=history,
         )
@@ -1753,9 +1753,9 @@ class _Reconcile:
             return previous
         return self.now
 
-    def draining_pods(self, settled_since: datetime | None) -> list[str]:
-        """The pods of the engines' workload still terminating when the Deployment is first seen
-        rolled out: the replaced pods drain for their grace period, and Prometheus scrapes them until
+    def draining_pods(self, settled_since: datetime | None) -> list[datetime]:
+        """When each pod of the engines' workload still terminating when the Deployment is first seen
+        rolled out was deleted: the replaced pods drain for their grace period, and Prometheus scrapes them until
         they are deleted (each counted by its share of the window: a draining pod reads as a whole
         pod with a running batch falling to zero). The rollout is still finishing for the settled
         window until none is left (or the ones left are stuck: `render.draining`).

@@ -199,18 +199,20 @@ def crash_looping(pods: Sequence[Mapping[str, Any]]) -> list[str]:
 DRAIN_MARGIN_S = 60
 
 
-def draining(pods: Sequence[Mapping[str, Any]], now: datetime) -> list[str]:
-    """The pods still terminating (`metadata.deletionTimestamp`), within their grace period plus
-    DRAIN_MARGIN_S: Prometheus scrapes them until they are deleted, serving fewer and fewer requests
-    as they drain. One whose phase has ended runs nothing and is not scraped."""
+def draining(pods: Sequence[Mapping[str, Any]], now: datetime) -> list[datetime]:
+    """When each pod still terminating was deleted (its `deletionTimestamp` less its grace period),
+    for those within their grace period plus DRAIN_MARGIN_S: Prometheus scrapes them until they are
+    deleted, serving fewer and fewer requests as they drain. One whose phase has ended runs nothing
+    and is not scraped."""
     found = []
     for pod in pods:
         meta = pod.get("metadata") or {}
         if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
             continue
-        deleted = parse_timestamp(meta.get("deletionTimestamp"))
-        if deleted is not None and now < deleted + timedelta(seconds=DRAIN_MARGIN_S):
-            found.append(str(meta.get("name")))
+        deadline = parse_timestamp(meta.get("deletionTimestamp"))
+        if deadline is not None and now < deadline + timedelta(seconds=DRAIN_MARGIN_S):
+            grace = as_int(meta.get("deletionGracePeriodSeconds")) or 0
+            found.append(min(now, deadline - timedelta(seconds=max(0, grace))))
     return found
 
 

@@ -681,3 +681,28 @@ def test_a_safety_decrease_does_not_wait_for_the_replaced_pods_to_drain(world: W
         world.clock.advance(30)
     assert applied(world) == 8
     assert ("Pod", "default", "chat-old-0") in world.kube.objects
+
+
+def test_a_retune_after_a_drain_waits_for_the_check_of_the_change_before(world: World) -> None:
+    """Not a safety change (the context shrank: the knee is higher): it holds while the replaced
+    pod drains, then for the settled window from when it was gone — the window the check of the
+    last change reads — so that change is checked before the next one rolls."""
+    started(world)
+    steady_traffic(world, 8192, tpot_p99_ms=40, tokens_per_s=1500)
+    assert applied(world) == 16
+    engine_pod(world, "chat-new-0")
+    engine_pod(world, "chat-old-0", deleted_in_s=90, grace_s=90)
+    world.kube.finish_rollout("default", "chat")
+    for evaluation in range(12):
+        if evaluation == 4:  # drained and deleted
+            del world.kube.objects[("Pod", "default", "chat-old-0")]
+            drained = world.clock.now
+        world.observer.set("default", "chat", observation(world.clock.now, ctx=2048))
+        world.reconcile()
+        history = world.kube.status("default", "chat")["history"]
+        if applied(world) == 64:
+            break
+        assert history[-1]["to"] == 16 and "verdict" not in history[-1]
+        world.clock.advance(30)
+    assert applied(world) == 64 and world.clock.now >= drained + timedelta(seconds=120)
+    assert [(h["to"], h.get("verdict")) for h in history[-2:]] == [(16, "Inconclusive"), (64, None)]

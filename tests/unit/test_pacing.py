@@ -119,3 +119,19 @@ def test_a_waiter_refused_long_ago_keeps_no_free_place_for_its_namespace() -> No
     assert not pacer.admit(("big", "2"), soon)  # "slow" holds none and waits: the place is its
     later = Place("template-1", T0 + WAITING_COUNTS_FOR + timedelta(seconds=1))
     assert pacer.admit(("big", "2"), later)  # its refusal is too old to keep the place
+
+
+def test_safety_places_stay_within_twice_the_limit_after_a_restart() -> None:
+    """A restarted operator resumes every rollout under way as one of the limit's places: places a
+    safety decrease took over the limit before are among them, and no more are given."""
+    pacer = RolloutPacer(2)
+    for key in (("a", "1"), ("b", "1"), ("c", "1"), ("d", "1")):  # two of the limit's, two over
+        pacer.resume(key, NEW)
+    assert not pacer.admit_safety(("e", "1"), NEW)
+    assert pacer.under_way() == 4
+
+    pacer = RolloutPacer(3)  # a namespace's share: two of each kind, four in all
+    for key in (("a", "1"), ("a", "2"), ("a", "3"), ("a", "4")):
+        pacer.resume(key, NEW)
+    assert not pacer.admit_safety(("a", "5"), NEW)
+    assert pacer.admit_safety(("b", "1"), NEW)
