@@ -115,6 +115,7 @@ from batchknee.render import (
     draining,
     engine_config_selector,
     overridden_args,
+    ready_since,
     render,
     selector_labels,
     stale_engine_configs,
@@ -843,10 +844,12 @@ class _Reconcile:
         # the Deployment's completion is the history's `completed`; the settled window (the check
         # after a change, calibration, the stored settle time, the policy's settling) waits for the
         # pods it replaced to be gone (`draining_pods`). Meanwhile every retune holds but a safety
-        # decrease, which settles from when the last of them was deleted (the rollout about done)
+        # decrease, which settles from when the newest pod serving turned Ready (the rollout's
+        # completion, about; not known: from now)
         still_draining = self.draining_pods(settled_since)
-        settling_from = max(still_draining) if still_draining else settled_since
+        settling_from = settled_since
         if still_draining:
+            settling_from = min(self.now, ready_since(self.pods) or self.now)
             settled_since = None
         shown = state or (target.state if target is not None else None)  # whoever tunes it
         observation = self.observe(obj, shown, target)
@@ -1753,9 +1756,9 @@ class _Reconcile:
             return previous
         return self.now
 
-    def draining_pods(self, settled_since: datetime | None) -> list[datetime]:
-        """When each pod of the engines' workload still terminating when the Deployment is first seen
-        rolled out was deleted: the replaced pods drain for their grace period, and Prometheus scrapes them until
+    def draining_pods(self, settled_since: datetime | None) -> list[str]:
+        """The pods of the engines' workload still terminating when the Deployment is first seen
+        rolled out: the replaced pods drain for their grace period, and Prometheus scrapes them until
         they are deleted (each counted by its share of the window: a draining pod reads as a whole
         pod with a running batch falling to zero). The rollout is still finishing for the settled
         window until none is left (or the ones left are stuck: `render.draining`).

@@ -199,21 +199,38 @@ def crash_looping(pods: Sequence[Mapping[str, Any]]) -> list[str]:
 DRAIN_MARGIN_S = 60
 
 
-def draining(pods: Sequence[Mapping[str, Any]], now: datetime) -> list[datetime]:
-    """When each pod still terminating was deleted (its `deletionTimestamp` less its grace period),
-    for those within their grace period plus DRAIN_MARGIN_S: Prometheus scrapes them until they are
-    deleted, serving fewer and fewer requests as they drain. One whose phase has ended runs nothing
-    and is not scraped."""
+# A grace period longer than this is no drain to wait for (the pod is as good as stuck).
+MAX_DRAIN = timedelta(days=1)
+
+
+def draining(pods: Sequence[Mapping[str, Any]], now: datetime) -> list[str]:
+    """The pods still terminating (`metadata.deletionTimestamp`), within their grace period plus
+    DRAIN_MARGIN_S: Prometheus scrapes them until they are deleted, serving fewer and fewer requests
+    as they drain. One whose phase has ended runs nothing and is not scraped."""
     found = []
     for pod in pods:
         meta = pod.get("metadata") or {}
         if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
             continue
         deadline = parse_timestamp(meta.get("deletionTimestamp"))
-        if deadline is not None and now < deadline + timedelta(seconds=DRAIN_MARGIN_S):
-            grace = as_int(meta.get("deletionGracePeriodSeconds")) or 0
-            found.append(min(now, deadline - timedelta(seconds=max(0, grace))))
+        if deadline is not None and deadline - MAX_DRAIN <= now < deadline + timedelta(
+            seconds=DRAIN_MARGIN_S
+        ):
+            found.append(str(meta.get("name")))
     return found
+
+
+def ready_since(pods: Sequence[Mapping[str, Any]]) -> datetime | None:
+    """When the newest of the pods not terminating turned Ready: a rollout's last new pod, about
+    when the Deployment counted it complete (None: no such time)."""
+    times = [
+        condition_time(condition)
+        for pod in pods
+        if not (pod.get("metadata") or {}).get("deletionTimestamp")
+        for condition in (pod.get("status") or {}).get("conditions") or []
+        if condition.get("type") == "Ready" and condition.get("status") == "True"
+    ]
+    return max((t for t in times if t is not None), default=None)
 
 
 def _metadata(obj: LLMServing, name: str, annotations: Mapping[str, str] | None = None) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from conftest import World, llmserving
 from fakes import observation
 
@@ -256,7 +257,13 @@ def engine_pod(world: World, name: str, *, deleted_in_s: float | None = None, gr
     if deleted_in_s is not None:
         meta["deletionTimestamp"] = format_timestamp(world.clock.now + timedelta(seconds=deleted_in_s))
         meta["deletionGracePeriodSeconds"] = grace_s
-    ready = [{"type": "Ready", "status": "False" if deleted_in_s is not None else "True"}]
+    ready = [
+        {
+            "type": "Ready",
+            "status": "False" if deleted_in_s is not None else "True",
+            "lastTransitionTime": format_timestamp(world.clock.now),
+        }
+    ]
     world.kube.objects[("Pod", "default", name)] = {
         "metadata": meta,
         "status": {"phase": "Running", "podIP": "10.0.0.9", "conditions": ready},
@@ -663,21 +670,29 @@ def test_a_stall_of_the_writers_own_value_in_recommend_mode_is_not_rolled_back(w
     assert not world.kube.status("default", "chat").get("quarantine")
 
 
-def test_a_safety_decrease_does_not_wait_for_the_replaced_pods_to_drain(world: World) -> None:
-    """A KV-capacity decrease (the engine preempts) counts its settling from the rollout's
-    completion, as before: a replaced pod with a long grace period, still draining, holds the other
-    changes only."""
+@pytest.mark.parametrize("deleted_before_s", [0, 500])
+def test_a_safety_decrease_does_not_wait_for_the_replaced_pods_to_drain(
+    world: World, deleted_before_s: int
+) -> None:
+    """A KV-capacity decrease (the engine preempts) does not wait out a replaced pod's long grace
+    period: it settles from when the newest pod serving turned Ready (the rollout's completion) —
+    not from when the draining pod was deleted, which may be long before (an eviction, a serving
+    gap while the new pod loaded), when the window held the previous limit's traffic."""
     world.kube.create(
         llmserving(gpu={"type": "a10g", "count": 1}, tuning={"cooldownSeconds": 0, "kneeFactorPercent": 150})
     )
     world.reconcile()
+    grace = 600  # long generations to finish
+    engine_pod(world, "chat-old-0", deleted_in_s=grace - deleted_before_s, grace_s=grace)
     engine_pod(world, "chat-new-0")
-    engine_pod(world, "chat-old-0", deleted_in_s=600, grace_s=600)  # long generations to finish
     world.kube.finish_rollout("default", "chat")
+    completed = world.clock.now
     assert applied(world) == 16
-    for _ in range(8):  # 210 s: the settle window from the completion, and some
+    while world.clock.now < completed + timedelta(seconds=240):
         world.observer.set("default", "chat", observation(world.clock.now, ctx=4000))  # the pool holds 8
         world.reconcile()
+        if world.clock.now < completed + timedelta(seconds=120):  # the settle window
+            assert applied(world) == 16, world.kube.status("default", "chat")["reason"]
         world.clock.advance(30)
     assert applied(world) == 8
     assert ("Pod", "default", "chat-old-0") in world.kube.objects

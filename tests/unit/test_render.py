@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -12,6 +12,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
+from batchknee.api.models import format_timestamp
 from batchknee.api.resolve import (
     SpecError,
     kv_pool_bytes,
@@ -28,9 +29,11 @@ from batchknee.render import (
     decode_rollouts,
     deployment,
     deployment_state,
+    draining,
     encode_rollouts,
     overridden_args,
     read_rollouts,
+    ready_since,
     render,
     stale_engine_configs,
 )
@@ -596,3 +599,29 @@ def test_the_options_files_kept_stay_within_their_bound_newest_first() -> None:
     huge = cache.yaml(json.dumps({"d": "\U0001f600" * 1000}))  # alone past the bound: not kept
     assert huge == yaml.safe_dump({"d": "\U0001f600" * 1000}) and cache.chars <= 120
     assert cache.yaml(json.dumps({"a": "x" * 50})) is first  # nor did it push out the others
+
+
+def test_a_pod_draining_counts_within_its_grace_period_and_a_margin_and_no_further() -> None:
+    now = datetime(2026, 3, 1, 12, tzinfo=UTC)
+
+    def pod(name: str, deleted_in_s: float | None, ready_s_ago: float = 0) -> dict[str, object]:
+        meta: dict[str, object] = {"name": name}
+        if deleted_in_s is not None:
+            meta["deletionTimestamp"] = format_timestamp(now + timedelta(seconds=deleted_in_s))
+        ready = {
+            "type": "Ready",
+            "status": "True",
+            "lastTransitionTime": format_timestamp(now - timedelta(seconds=ready_s_ago)),
+        }
+        return {"metadata": meta, "status": {"phase": "Running", "conditions": [ready]}}
+
+    pods = [
+        pod("draining", 90),
+        pod("stuck", -61),  # a minute past its deletionTimestamp
+        pod("a-day-and-more", 86401),  # no drain takes that long: as good as stuck
+        pod("serving", None, ready_s_ago=30),
+        pod("serving-long", None, ready_s_ago=3000),
+    ]
+    assert draining(pods, now) == ["draining"]
+    assert ready_since(pods) == now - timedelta(seconds=30)  # terminating pods' conditions not read
+    assert ready_since([pod("draining", 90)]) is None
