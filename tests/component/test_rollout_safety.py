@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from conftest import World, llmserving
 from fakes import observation
+from test_live_caps import live_world
 
 from batchknee.api.models import format_timestamp
 from batchknee.pacing import Place, RolloutPacer
@@ -721,3 +722,53 @@ def test_a_retune_after_a_drain_waits_for_the_check_of_the_change_before(world: 
         world.clock.advance(30)
     assert applied(world) == 64 and world.clock.now >= drained + timedelta(seconds=120)
     assert [(h["to"], h.get("verdict")) for h in history[-2:]] == [(16, "Inconclusive"), (64, None)]
+
+
+def test_a_safety_decrease_settles_from_the_completion_though_a_pods_ready_time_moves(world: World) -> None:
+    """A readiness probe that times out under load and recovers moves the pod's Ready time: while
+    a replaced pod drains, the KV-capacity decrease settles from the completion first seen all
+    the same, not from the newest flip."""
+    world.kube.create(
+        llmserving(gpu={"type": "a10g", "count": 1}, tuning={"cooldownSeconds": 0, "kneeFactorPercent": 150})
+    )
+    world.reconcile()
+    engine_pod(world, "chat-old-0", deleted_in_s=3600, grace_s=3600)
+    engine_pod(world, "chat-new-0")
+    world.kube.finish_rollout("default", "chat")
+    completed = world.clock.now
+    ready = world.kube.objects[("Pod", "default", "chat-new-0")]["status"]["conditions"][0]
+    while applied(world) == 16 and world.clock.now < completed + timedelta(seconds=600):
+        ready["lastTransitionTime"] = format_timestamp(world.clock.now)  # flipped back just now
+        world.observer.set("default", "chat", observation(world.clock.now, ctx=4000))
+        world.reconcile()
+        world.clock.advance(30)
+    assert applied(world) == 8 and world.clock.now <= completed + timedelta(seconds=180)
+
+
+def test_a_live_cap_changed_just_before_a_pod_terminates_still_settles(world: World) -> None:
+    """A Live cap restarts no pod, so the pods' Ready times are older than the change: a pod that
+    starts terminating then (a scale-down) must not let the guard read the previous cap's window
+    as the new cap's."""
+    live_world(world, pods=3, tuning={"cooldownSeconds": 0, "tpotP99TargetMilliseconds": 30})
+    for pod in (o for (kind, _, _), o in world.kube.objects.items() if kind == "Pod"):
+        for condition in pod["status"].get("conditions") or []:
+            condition["lastTransitionTime"] = format_timestamp(world.clock.now)
+    world.reconcile()
+    world.clock.advance(3600)
+    for _ in range(8):
+        world.observer.set("default", "chat", observation(world.clock.now, ctx=4096, pods=3))
+        world.reconcile()
+        world.clock.advance(30)
+        if world.kube.status("default", "chat")["maxNumSeqs"] == 32:
+            break
+    assert world.kube.status("default", "chat")["maxNumSeqs"] == 32
+    leaving = world.kube.objects[("Pod", "default", "chat-abc-2")]
+    leaving["metadata"]["deletionTimestamp"] = format_timestamp(world.clock.now + timedelta(seconds=600))
+    leaving["metadata"]["deletionGracePeriodSeconds"] = 600
+    # the previous cap's traffic still fills the window: 64 running, p99 twice the target
+    world.observer.set(
+        "default", "chat", observation(world.clock.now, ctx=4096, pods=3, running=64, tpot_p99_ms=60.0)
+    )
+    world.reconcile()
+    status = world.kube.status("default", "chat")
+    assert status["maxNumSeqs"] == 32 and status["holdReason"] == "settling", status["reason"]
