@@ -128,19 +128,24 @@ def test_a_wired_workload_gets_one_env_value_and_nothing_else(world: World) -> N
     assert without_env(world.kube.get("Deployment", "default", "vllm")) == without_env(before)  # type: ignore[arg-type]
 
 
+def rolled_out_with_traffic(world: World, ctx: int) -> None:
+    """The owner's rollout done, its pod up and settled, then six evaluations of traffic at `ctx`."""
+    finish(world)
+    world.kube.objects[("Pod", "default", "vllm-0")] = pod("vllm-0")
+    world.clock.advance(121)
+    for _ in range(6):
+        world.observer.set("default", "tuner", observation(world.clock.now, ctx=ctx))
+        world.reconcile("tuner")
+        world.clock.advance(30)
+
+
 def test_an_adopted_workloads_settle_time_does_not_wait_for_its_replaced_pods(world: World) -> None:
     """An adopted workload is read by its own pods' names, the terminating ones left out: a
     replaced pod still draining cannot lower its window's figures, so nothing waits for it."""
     world.kube.apply(user_workload())
     world.kube.create(adopting())
     world.reconcile("tuner")
-    finish(world)
-    world.kube.objects[("Pod", "default", "vllm-0")] = pod("vllm-0")
-    world.clock.advance(121)
-    for _ in range(6):
-        world.observer.set("default", "tuner", observation(world.clock.now, ctx=8192))
-        world.reconcile("tuner")
-        world.clock.advance(30)
+    rolled_out_with_traffic(world, 8192)
     assert env(world)[TARGET_ENV_VAR] == "16"
     # the owner's Deployment reports the new pods rolled out; one it replaced is still terminating
     finish(world)
@@ -179,13 +184,7 @@ def test_args_without_the_variable_get_the_exact_argument_and_no_write(world: Wo
     assert "ArgsDoNotReferenceVariable" in [e["reason"] for e in world.kube.events]
 
     # traffic at 8k tokens: the recommendation is read against the value the workload runs
-    finish(world)
-    world.kube.objects[("Pod", "default", "vllm-0")] = pod("vllm-0")
-    world.clock.advance(121)
-    for _ in range(6):
-        world.observer.set("default", "tuner", observation(world.clock.now, ctx=8192))
-        world.reconcile("tuner")
-        world.clock.advance(30)
+    rolled_out_with_traffic(world, 8192)
     status = world.kube.status("default", "tuner")
     assert (status["maxNumSeqs"], status["recommendedMaxNumSeqs"]) == (256, 16)
     assert status["reason"].startswith("recommend 16: avg ctx 8192 tok") and "keeps 256" in status["reason"]

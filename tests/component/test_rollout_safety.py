@@ -54,9 +54,9 @@ def test_a_surge_pod_lets_a_single_replica_retune(world: World) -> None:
     assert applied(world) == 16
 
 
-def stall(world: World) -> None:
+def stall(world: World, name: str = "chat") -> None:
     """What the Deployment controller reports when the new pods never become Ready."""
-    dep = world.kube.objects[("Deployment", "default", "chat")]
+    dep = world.kube.objects[("Deployment", "default", name)]
     dep["status"] = {
         "observedGeneration": dep["metadata"]["generation"],
         "replicas": 2,

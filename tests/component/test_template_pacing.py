@@ -13,6 +13,7 @@ import pytest
 from conftest import World, llmserving
 from fakes import observation
 from test_live_caps import generation, live_world
+from test_rollout_safety import stall
 
 from batchknee.adapters.observing import RoutedObserver
 from batchknee.handlers import Runtime
@@ -509,27 +510,6 @@ def test_a_raise_still_waits_for_the_operators_template(world: World) -> None:
     assert limit(world, "a") == 64 and image(world, "a") != NEW_IMAGE
     assert progressing(world, "a")["reason"] == "RolloutQueued"
     assert world.ports.pacer.place(("default", "a")) is None
-
-
-def stall(world: World, name: str) -> None:
-    """What the Deployment controller reports when the new pods never become Ready."""
-    dep = world.kube.objects[("Deployment", "default", name)]
-    dep["status"] = {
-        "observedGeneration": dep["metadata"]["generation"],
-        "replicas": 2,
-        "updatedReplicas": 1,
-        "readyReplicas": 1,
-        "availableReplicas": 1,
-        "conditions": [
-            {
-                "type": "Progressing",
-                "status": "False",
-                "reason": "ProgressDeadlineExceeded",
-                "lastUpdateTime": world.clock.now.strftime("%Y-%m-%dT%H:%M:%SZ"),
-            }
-        ],
-    }
-    dep["metadata"]["resourceVersion"] += "-stalled"
 
 
 def test_a_stall_of_a_safety_decrease_with_the_operators_template_is_the_templates(world: World) -> None:
