@@ -845,16 +845,16 @@ class _Reconcile:
         # after a change, calibration, the stored settle time, the policy's settling) waits for the
         # pods it replaced to be gone (`draining_pods`). Meanwhile every retune holds but a safety
         # decrease, which settles from when the newest pod serving turned Ready (the rollout's
-        # completion, about; not known: from now), no later than the completion first seen and no
-        # earlier than the last change (a Live cap restarts no pod). An adopted workload's query
+        # completion, about; not known: from now), no earlier than the last change (a Live cap
+        # restarts no pod). Not the history's first sighting of a completion: a rollout that is no
+        # batch-limit change (an image edit) has none of its own. An adopted workload's query
         # leaves terminating pods out already (`observe`): nothing to wait for.
         still_draining = self.draining_pods(settled_since) if target is None else []
         settling_from = settled_since
         if still_draining:
             settling_from = min(self.now, ready_since(self.pods) or self.now)
             if history:
-                first = self.verdicts.get((history[-1].time, history[-1].to_value), {}).get("completed")
-                settling_from = max(min(settling_from, first or settling_from), history[-1].time)
+                settling_from = max(settling_from, history[-1].time)
             settled_since = None
         shown = state or (target.state if target is not None else None)  # whoever tunes it
         observation = self.observe(obj, shown, target)
@@ -1026,7 +1026,7 @@ class _Reconcile:
             message = (
                 decision.reason if corrective else retune_message(decision, applied.max_num_seqs, observation)
             )
-            if self.carries_template and not corrective:
+            if self.carries_template and not corrective and not message.endswith(WITH_TEMPLATE):
                 message = f"{message}; {WITH_TEMPLATE}"
             self.announce(rollouts[-1], rules.mode, message)
         elif (

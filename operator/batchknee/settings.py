@@ -220,7 +220,7 @@ class OperatorSettings(BaseSettings):
         "its place, so a template that does not start stops there; one namespace holds at most all places "
         "but one, so its engines cannot stop the rest); an engine that waits holds its "
         "batch limit meanwhile, but for a safety decrease (its TPOT target broken, its KV-cache pool "
-        "exceeded, restarting the engines): it rolls with the new template at once, in a free place or "
+        "exceeded, restarting the engines): it rolls with the new template without waiting, in a free place or "
         "one of as many again over this limit, within its namespace's share. LLMServing "
         "spec changes and hand edits of a Deployment put back do not wait. 0: no limit",
     )

@@ -724,25 +724,31 @@ def test_a_retune_after_a_drain_waits_for_the_check_of_the_change_before(world: 
     assert [(h["to"], h.get("verdict")) for h in history[-2:]] == [(16, "Inconclusive"), (64, None)]
 
 
-def test_a_safety_decrease_settles_from_the_completion_though_a_pods_ready_time_moves(world: World) -> None:
-    """A readiness probe that times out under load and recovers moves the pod's Ready time: while
-    a replaced pod drains, the KV-capacity decrease settles from the completion first seen all
-    the same, not from the newest flip."""
+@pytest.mark.parametrize("drains", [False, True])
+def test_a_safety_decrease_after_an_image_edits_rollout_settles_from_it(world: World, drains: bool) -> None:
+    """An image edit rolls the pods with no batch-limit change of its own: a replaced pod draining
+    after it must not date its completion by the last retune's, hours before (the guard would read
+    a window of the rollout itself)."""
     world.kube.create(
         llmserving(gpu={"type": "a10g", "count": 1}, tuning={"cooldownSeconds": 0, "kneeFactorPercent": 150})
     )
     world.reconcile()
-    engine_pod(world, "chat-old-0", deleted_in_s=3600, grace_s=3600)
+    world.kube.finish_rollout("default", "chat")
+    world.reconcile()
+    assert applied(world) == 16
+    world.clock.advance(7200)
+    world.kube.edit_spec("default", "chat", {"image": "vllm/vllm-openai:v0.35.0"})
+    world.reconcile()
+    world.clock.advance(300)
+    world.reconcile()  # seen rolling
+    if drains:
+        engine_pod(world, "chat-old-0", deleted_in_s=600, grace_s=600)
     engine_pod(world, "chat-new-0")
     world.kube.finish_rollout("default", "chat")
-    completed = world.clock.now
-    ready = world.kube.objects[("Pod", "default", "chat-new-0")]["status"]["conditions"][0]
-    while applied(world) == 16 and world.clock.now < completed + timedelta(seconds=600):
-        ready["lastTransitionTime"] = format_timestamp(world.clock.now)  # flipped back just now
-        world.observer.set("default", "chat", observation(world.clock.now, ctx=4000))
-        world.reconcile()
-        world.clock.advance(30)
-    assert applied(world) == 8 and world.clock.now <= completed + timedelta(seconds=180)
+    world.observer.set("default", "chat", observation(world.clock.now, ctx=4000))  # the pool holds 8
+    world.reconcile()
+    status = world.kube.status("default", "chat")
+    assert applied(world) == 16 and status["holdReason"] == "settling", status["reason"]
 
 
 def test_a_live_cap_changed_just_before_a_pod_terminates_still_settles(world: World) -> None:

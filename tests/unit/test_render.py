@@ -190,7 +190,8 @@ def test_the_progress_deadline_unset_grows_with_the_weights_each_pod_downloads()
     assert deadline(gpu={"type": "h100", "count": 1}) == 750  # the same weights on one GPU
     seventy = {"name": "meta-llama/Llama-3.1-70B-Instruct"}
     assert deadline(model=seventy, gpu={"type": "h100", "count": 4}) == 1916  # 131.50 GiB → 600 + 1316
-    assert deadline(model={**seventy, "weightDtype": "fp8"}, gpu={"type": "h100", "count": 4}) == 1258
+    # quantized to fp8 as it loads: the 16-bit checkpoint is what each pod downloads
+    assert deadline(model={**seventy, "weightDtype": "fp8"}, gpu={"type": "h100", "count": 4}) == 1916
     assert (
         deadline(model={"name": "meta-llama/Llama-3.1-405B-Instruct"}, gpu={"type": "h100", "count": 8})
         == 8161

@@ -637,7 +637,8 @@ class RolloutSpec(_Model):
         "roll back to the last good batch limit, and the failed one is quarantined; a stall after a pod "
         "template that was not a batch limit's (an image, an operator upgrade) is reported (Degraded, "
         "RolloutStalled), not rolled back. Unset, it grows with the model: 600 s plus 10 s per GiB of "
-        "weights (each new pod downloads the whole checkpoint, at about 100 MiB/s), at most 86400 — "
+        "weights, counted at 16 bits at least (each new pod downloads the whole checkpoint, at about "
+        "100 MiB/s), at most 86400 — "
         "about 750 s for an 8B model in bf16, 1,900 s for a 70B one. A value set always wins. "
         "It defaulted to 600 before: an object created then with spec.rollout holds that 600 (remove it "
         "to get the derived deadline).",

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from batchknee.api.models import MAX_PROGRESS_DEADLINE_S, Engine, LLMServing, LLMServingSpec
 from batchknee.core.catalog import GIB, CatalogError, GpuSpec, ModelArchitecture, find_gpu, find_model
+from batchknee.core.dtypes import dtype_bytes
 from batchknee.core.engine_args import (
     flag_value,
     float_flag,
@@ -45,6 +46,7 @@ MAX_SPEC_DEPTH = 32
 # gets 750 s, Llama-3.1-70B (131.5 GiB) 1916 s, Llama-3.1-405B (756 GiB) 8161 s.
 PROGRESS_DEADLINE_BASE_S = 600
 PROGRESS_DEADLINE_S_PER_GIB = 10
+CHECKPOINT_BYTES = 2.0  # per parameter, the least a checkpoint is counted at (bf16)
 
 
 class SpecError(ValueError):
@@ -221,13 +223,15 @@ def _roofline(spec: LLMServingSpec) -> DecodeRoofline:
 def progress_deadline_seconds(spec: LLMServingSpec) -> int:
     """The engine Deployment's progress deadline: spec.rollout.progressDeadlineSeconds when set,
     else PROGRESS_DEADLINE_BASE_S plus PROGRESS_DEADLINE_S_PER_GIB per GiB of the model's weights
-    (all of them, at the spec's weight dtype), at most MAX_PROGRESS_DEADLINE_S. A spec whose model
-    does not resolve (never rendered by the reconcile, which refuses it first) gets the base."""
+    (all of them, at 16 bits at least: a model quantized as it loads downloads its 16-bit
+    checkpoint), at most MAX_PROGRESS_DEADLINE_S. A spec whose model does not resolve (never
+    rendered by the reconcile, which refuses it first) gets the base."""
     explicit = spec.rolling_update.progress_deadline_seconds
     if explicit is not None:
         return explicit
     try:
-        weights = _roofline(spec).model_bytes
+        roofline = _roofline(spec)
+        weights = roofline.model_bytes * max(1.0, CHECKPOINT_BYTES / dtype_bytes(roofline.weight_dtype))
     except SpecError:
         return PROGRESS_DEADLINE_BASE_S
     derived = PROGRESS_DEADLINE_BASE_S + math.ceil(PROGRESS_DEADLINE_S_PER_GIB * weights / GIB)
