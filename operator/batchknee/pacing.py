@@ -116,11 +116,11 @@ class RolloutPacer:
                 if sum(normal.values()) >= self.at_once or normal[key[0]] >= share:
                     # over the limit; places resumed after a restart all count as the limit's, so
                     # the bounds hold on the places in all too
-                    namespace = normal[key[0]] + extra[key[0]]
                     if (
                         len(self._extra) >= self.at_once
                         or extra[key[0]] >= share
-                        or (len(self._under_way) >= 2 * self.at_once or namespace >= 2 * share)
+                        or len(self._under_way) >= 2 * self.at_once
+                        or normal[key[0]] + extra[key[0]] >= 2 * share
                     ):
                         self._waiting[key] = place.since
                         return False

@@ -1770,8 +1770,9 @@ class _Reconcile:
 
         Pods are listed only at the moment `settled_since` would store a new settle time (one not
         yet in status.rolloutCompleteTime): once per completed rollout, again each evaluation only
-        while old pods drain (their grace period, bounded), and never once it is stored. An adopted
-        workload's or a Live engine's pods are listed every evaluation anyway (the same LIST)."""
+        while old pods drain (their grace period, bounded), and never once it is stored. A Live
+        engine's pods are listed every evaluation anyway (the same LIST); an adopted workload is not
+        asked (its query leaves terminating pods out)."""
         if settled_since is None or settled_since == self.old.rollout_complete_time:
             return []
         return draining(self.pods, self.now)

@@ -197,10 +197,7 @@ def crash_looping(pods: Sequence[Mapping[str, Any]]) -> list[str]:
 # preStop and SIGTERM included), and deletes it a few seconds later. One still there past the margin
 # is stuck (its node gone, a finalizer): it no longer counts, so it cannot hold retuning forever.
 DRAIN_MARGIN_S = 60
-
-
-# A grace period longer than this is no drain to wait for (the pod is as good as stuck).
-MAX_DRAIN = timedelta(days=1)
+MAX_DRAIN = timedelta(days=1)  # a grace period longer than this is no drain to wait for (stuck)
 
 
 def draining(pods: Sequence[Mapping[str, Any]], now: datetime) -> list[str]:
